@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Installs everything the project needs on a fresh Debian 12 machine, and nothing twice:
+#   - Debian packages: Open MPI (mpirun + headers for mpi4py), OpenSSH server/client, iproute2.
+#   - A project-local virtual environment in .venv with the package and its test extras.
+# Safe to run again: each step checks what is already there.
+set -euo pipefail
+
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$repo_root"
+
+apt_packages=(openmpi-bin libopenmpi-dev openssh-server openssh-client iproute2 procps util-linux)
+
+missing=()
+for pkg in "${apt_packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if ((${#missing[@]})); then
+    echo "bootstrap: installing Debian packages: ${missing[*]}"
+    if [ "$(id -u)" -ne 0 ]; then
+        echo "bootstrap: need root (or sudo) to apt-get install: ${missing[*]}" >&2
+        exit 1
+    fi
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+python_bin="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+    echo "bootstrap: creating .venv with $($python_bin --version)"
+    "$python_bin" -m venv .venv
+fi
+
+# Reinstall only when the dependency list changed.
+stamp=.venv/.installed-pyproject.sha256
+want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+    echo "bootstrap: installing the project and its test dependencies into .venv"
+    .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
+    echo "$want" > "$stamp"
+fi
