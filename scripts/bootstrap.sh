@@ -35,6 +35,7 @@ stamp=.venv/.installed-pyproject.sha256
 want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     echo "bootstrap: installing the project and its test dependencies into .venv"
-    .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
+    .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]' \
+        2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
     echo "$want" > "$stamp"
 fi

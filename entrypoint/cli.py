@@ -1,0 +1,120 @@
+"""`python -m entrypoint train [--dry-run]`: read, decide, then run or print the plan."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from entrypoint import execute
+from entrypoint.config import JobConfig, find_missing_channel_dirs, load_job
+from entrypoint.distribution import parse_distribution, parse_launch_settings
+from entrypoint.errors import EXIT_BAD_JOB, JobDefinitionError
+from entrypoint.failure import MASK, build_job_definition_report, redact, secret_values
+from entrypoint.paths import MlPaths, build_paths
+from entrypoint.plan import LaunchPlan, Runtime, decide
+from entrypoint.probe import MachineFacts, probe_machine
+from entrypoint.program import check_program_name, decide_code_source, inspect_code
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m entrypoint",
+        description="SageMaker training entrypoint: reads /opt/ml (or SAGEMAKER_BASE_DIR), "
+        "decides how to launch the training program and runs it.",
+    )
+    parser.add_argument("command", choices=["train"], help="what SageMaker asks for (`docker run <image> train`)")
+    parser.add_argument("--dry-run", action="store_true", help="print the launch plan as JSON and run nothing")
+    return parser.parse_args(argv)
+
+
+def build_runtime(environ: dict[str, str]) -> Runtime:
+    return Runtime(python=sys.executable, runtime_dir=environ.get("BYOC_RUNTIME_DIR") or "/tmp/byoc")
+
+
+def decide_plan(job: JobConfig, facts: MachineFacts, runtime: Runtime) -> LaunchPlan:
+    """Everything between reading and running; the only I/O is the read-only look at the code."""
+    dist = parse_distribution(job)
+    settings = parse_launch_settings(job.environ)
+    program = check_program_name(job.program)
+    missing = find_missing_channel_dirs(job)
+    if missing:
+        raise JobDefinitionError(
+            f"inputdataconfig.json names the channel(s) {', '.join(missing)}, but "
+            f"{', '.join(job.paths.channel_dir(c) for c in missing)} "
+            f"{'does' if len(missing) == 1 else 'do'} not exist. In File and FastFile mode "
+            f"SageMaker puts each channel's data there before the container starts."
+        )
+    code_dir = job.paths.code_dir
+    code_dir_empty = not (os.path.isdir(code_dir) and os.listdir(code_dir))
+    code = decide_code_source(job.hyperparameters.sagemaker.get("sagemaker_submit_directory"), code_dir, code_dir_empty)
+    return decide(job, dist, facts, settings, runtime, code, inspect_code(code, code_dir, program), program)
+
+
+def render_plan(plan: LaunchPlan, environ: dict[str, str]) -> str:
+    secrets = secret_values({**environ, **plan.env_dict})
+    doc = {
+        "role": plan.role,
+        "launcher": plan.launcher,
+        "current_host": plan.current_host,
+        "hosts": list(plan.hosts),
+        "leader": plan.leader,
+        "network_interface": plan.interface,
+        "processes_per_host": plan.processes_per_host,
+        "cwd": plan.cwd,
+        "code": {"source": plan.code.kind, "uri": plan.code.uri, "entry_point": plan.entry.kind, "program": plan.entry.path},
+        "install": [list(step) for step in plan.install],
+        "processes": [
+            {"name": p.name, "argv": list(p.argv), "env": dict(p.env), **({"cwd": p.cwd} if p.cwd else {})}
+            for p in plan.processes
+        ],
+        "env": plan.env_dict,
+        "grace_period_s": plan.settings.grace_period_s,
+        "notes": list(plan.notes),
+    }
+    return redact(json.dumps(doc, indent=2, ensure_ascii=False), secrets) if secrets else json.dumps(doc, indent=2, ensure_ascii=False)
+
+
+def report_bad_job(paths: MlPaths, message: str, environ: dict[str, str], dry_run: bool) -> int:
+    report = build_job_definition_report(message, environ)
+    execute.log(report.strip())
+    if not dry_run:
+        try:
+            execute.write_outcome(paths, EXIT_BAD_JOB, report)
+        except OSError as exc:
+            execute.log(f"cannot write {paths.failure_file}: {exc}")
+    return EXIT_BAD_JOB
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    environ = dict(os.environ)
+    paths = build_paths(environ)
+    runtime = build_runtime(environ)
+    if not args.dry_run:
+        execute.clear_previous_outcome(paths)
+    try:
+        job = load_job(paths, environ)
+        facts = probe_machine()
+        plan = decide_plan(job, facts, runtime)
+    except JobDefinitionError as exc:
+        return report_bad_job(paths, str(exc), environ, args.dry_run)
+
+    for note in plan.notes:
+        execute.log(f"note: {note}")
+    if args.dry_run:
+        print(render_plan(plan, environ))
+        return 0
+
+    if plan.code.kind != "code_dir":
+        execute.log(f"fetching the source directory from {plan.code.uri}")
+        try:
+            execute.fetch_code(plan.code, paths.code_dir)
+        except Exception as exc:  # noqa: BLE001 - reported in output/failure, not as a traceback
+            return report_bad_job(paths, f"could not fetch sagemaker_submit_directory {plan.code.uri}: {exc}", environ, False)
+        try:
+            plan = decide_plan(job, facts, runtime)  # now the code folder tells the entry point's kind
+        except JobDefinitionError as exc:
+            return report_bad_job(paths, str(exc), environ, False)
+    return execute.run_plan(plan, paths, environ)

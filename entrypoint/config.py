@@ -1,0 +1,405 @@
+"""What SageMaker hands the container, read into frozen dataclasses.
+
+`parse_*` functions are pure: they take decoded JSON (or raw text) and return dataclasses or
+raise JobDefinitionError with one paragraph that names the file and key at fault.
+`load_job` is the only function here that touches the file system or the environment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Mapping
+
+from entrypoint.errors import JobDefinitionError
+from entrypoint.paths import MlPaths
+
+RESOURCE_CONFIG = "resourceconfig.json"
+HYPERPARAMETERS = "hyperparameters.json"
+INPUT_DATA_CONFIG = "inputdataconfig.json"
+CHECKPOINT_CONFIG = "checkpointconfig.json"
+
+# Hyperparameters the SDK writes for the platform, not for the user's script
+# (sagemaker_training.params.SAGEMAKER_HYPERPARAMETERS). Everything else starting with
+# "sagemaker_" is a framework parameter (distribution keys and the like).
+PLATFORM_HYPERPARAMETERS = frozenset(
+    {
+        "sagemaker_program",
+        "sagemaker_submit_directory",
+        "sagemaker_enable_cloudwatch_metrics",
+        "sagemaker_region",
+        "sagemaker_container_log_level",
+        "sagemaker_job_name",
+        "default_user_module_name",
+        "_tuning_objective_metric",
+        "sagemaker_s3_output",
+    }
+)
+SAGEMAKER_PREFIX = "sagemaker_"
+
+INPUT_MODES = ("File", "Pipe", "FastFile")
+DISTRIBUTION_TYPES = ("FullyReplicated", "ShardedByS3Key")
+
+
+def frozen_mapping(items: Mapping[str, Any]) -> Mapping[str, Any]:
+    return MappingProxyType(dict(items))
+
+
+def canonical_json(value: Any) -> str:
+    """The toolkit's rendering of a non-string value: compact, sorted keys, ASCII."""
+    return json.dumps(thaw(value), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
+def thaw(value: Any) -> Any:
+    """Plain dicts/lists again, for json.dumps (MappingProxyType is not serialisable)."""
+    if isinstance(value, Mapping):
+        return {k: thaw(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [thaw(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True)
+class InstanceGroup:
+    name: str
+    instance_type: str
+    hosts: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ResourceConfig:
+    current_host: str
+    hosts: tuple[str, ...]  # as given: SageMaker sorts as strings (algo-10 before algo-2)
+    current_instance_type: str
+    current_group_name: str
+    instance_groups: tuple[InstanceGroup, ...]
+    network_interface_name: str
+    raw: Mapping[str, Any]  # the file as read, for SM_RESOURCE_CONFIG and friends
+
+    @property
+    def host_index(self) -> int:
+        return self.hosts.index(self.current_host)
+
+
+@dataclass(frozen=True)
+class Hyperparameters:
+    """Every hyperparameter JSON-decoded (the raw string kept when it is not JSON)."""
+
+    values: Mapping[str, Any]
+
+    @property
+    def user(self) -> Mapping[str, Any]:
+        """What the user's script receives: all but sagemaker_* and the platform keys."""
+        return frozen_mapping(
+            {k: v for k, v in self.values.items() if not _is_sagemaker_key(k)}
+        )
+
+    @property
+    def sagemaker(self) -> Mapping[str, Any]:
+        return frozen_mapping({k: v for k, v in self.values.items() if _is_sagemaker_key(k)})
+
+    @property
+    def framework(self) -> Mapping[str, Any]:
+        """sagemaker_* keys that are not platform keys: the distribution settings."""
+        return frozen_mapping(
+            {k: v for k, v in self.sagemaker.items() if k not in PLATFORM_HYPERPARAMETERS}
+        )
+
+
+def _is_sagemaker_key(key: str) -> bool:
+    return key in PLATFORM_HYPERPARAMETERS or key.startswith(SAGEMAKER_PREFIX)
+
+
+@dataclass(frozen=True)
+class Channel:
+    name: str
+    input_mode: str  # File, Pipe or FastFile
+    distribution: str  # FullyReplicated or ShardedByS3Key
+    content_type: str | None
+
+
+@dataclass(frozen=True)
+class InputDataConfig:
+    channels: tuple[Channel, ...]
+    raw: Mapping[str, Any]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.channels)
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    local_path: str
+    s3_uri: str | None
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """Everything read from /opt/ml and the process environment, before any decision."""
+
+    paths: MlPaths
+    resource: ResourceConfig
+    hyperparameters: Hyperparameters
+    input_data: InputDataConfig
+    checkpoint: CheckpointConfig | None
+    program: str | None  # SAGEMAKER_PROGRAM or sagemaker_program
+    program_from_env: bool  # SAGEMAKER_PROGRAM wins over the hyperparameter, as in the toolkit
+    environ: Mapping[str, str]  # the entrypoint's own environment, as it was at start
+
+
+# --- parsing (pure) -----------------------------------------------------------------------
+
+
+def parse_json_document(text: str, file_name: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as exc:  # json.JSONDecodeError and UnicodeDecodeError
+        raise JobDefinitionError(
+            f"{file_name} is not valid JSON ({exc}). SageMaker writes this file from the "
+            f"training job request; when you write it yourself (local tests), check it with "
+            f"`python -m json.tool {file_name}`."
+        ) from None
+
+
+def _require_object(value: Any, file_name: str) -> dict:
+    if not isinstance(value, dict):
+        raise JobDefinitionError(
+            f"{file_name} must hold a JSON object, but it holds {_json_type(value)}."
+        )
+    return value
+
+
+def _json_type(value: Any) -> str:
+    return {
+        dict: "an object",
+        list: "an array",
+        str: "a string",
+        bool: "a boolean",
+        int: "a number",
+        float: "a number",
+        type(None): "null",
+    }.get(type(value), type(value).__name__)
+
+
+def _string_field(obj: dict, key: str, where: str, default: str | None = None) -> str:
+    if key not in obj or obj[key] is None:
+        if default is None:
+            raise JobDefinitionError(f"{where} has no \"{key}\"; it is required.")
+        return default
+    value = obj[key]
+    if not isinstance(value, str) or not value:
+        raise JobDefinitionError(
+            f"\"{key}\" in {where} must be a non-empty string, but it is {_json_type(value)}"
+            f"{'' if not isinstance(value, str) else ' (empty)'}."
+        )
+    return value
+
+
+def _string_list(obj: dict, key: str, where: str) -> tuple[str, ...]:
+    value = obj.get(key)
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise JobDefinitionError(
+            f"\"{key}\" in {where} must be a list of host names (non-empty strings), "
+            f"but it is {_json_type(value) if key in obj else 'missing'}."
+        )
+    if len(set(value)) != len(value):
+        dupes = sorted({v for v in value if value.count(v) > 1})
+        raise JobDefinitionError(f"\"{key}\" in {where} lists {', '.join(dupes)} more than once.")
+    return tuple(value)
+
+
+def parse_resource_config(doc: Any) -> ResourceConfig:
+    where = RESOURCE_CONFIG
+    obj = _require_object(doc, where)
+    hosts = _string_list(obj, "hosts", where)
+    if not hosts:
+        raise JobDefinitionError(
+            f"\"hosts\" in {where} is empty: a training job needs at least one host."
+        )
+    current_host = _string_field(obj, "current_host", where)
+    if current_host not in hosts:
+        raise JobDefinitionError(
+            f"current_host \"{current_host}\" in {where} is not one of its hosts "
+            f"({', '.join(hosts)}). Each host's resourceconfig.json must name that host "
+            f"itself as current_host."
+        )
+    groups_raw = obj.get("instance_groups") or []
+    if not isinstance(groups_raw, list):
+        raise JobDefinitionError(
+            f"\"instance_groups\" in {where} must be a list, but it is {_json_type(groups_raw)}."
+        )
+    groups = []
+    for i, group in enumerate(groups_raw):
+        gwhere = f"instance_groups[{i}] of {where}"
+        if not isinstance(group, dict):
+            raise JobDefinitionError(f"{gwhere} must be an object, but it is {_json_type(group)}.")
+        name = _string_field(group, "instance_group_name", gwhere)
+        group_hosts = _string_list(group, "hosts", gwhere)
+        strangers = [h for h in group_hosts if h not in hosts]
+        if strangers:
+            raise JobDefinitionError(
+                f"Instance group \"{name}\" in {where} lists {', '.join(strangers)}, "
+                f"which {'is' if len(strangers) == 1 else 'are'} not in \"hosts\"."
+            )
+        groups.append(
+            InstanceGroup(
+                name=name,
+                instance_type=_string_field(group, "instance_type", gwhere, default="local"),
+                hosts=group_hosts,
+            )
+        )
+    names = [g.name for g in groups]
+    if len(set(names)) != len(names):
+        raise JobDefinitionError(f"{where} names an instance group twice: {names}.")
+    current_group = _string_field(obj, "current_group_name", where, default="homogeneousCluster")
+    if groups and current_group not in names:
+        raise JobDefinitionError(
+            f"current_group_name \"{current_group}\" in {where} is not one of its "
+            f"instance_groups ({', '.join(names)})."
+        )
+    return ResourceConfig(
+        current_host=current_host,
+        hosts=hosts,
+        current_instance_type=_string_field(obj, "current_instance_type", where, default="local"),
+        current_group_name=current_group,
+        instance_groups=tuple(groups),
+        network_interface_name=_string_field(
+            obj, "network_interface_name", where, default="eth0"
+        ),
+        raw=frozen_mapping(obj),
+    )
+
+
+def decode_hyperparameter(value: Any) -> Any:
+    """SDK >= 2.110 JSON-encodes every value ("\\"train.py\\""); older ones write plain strings.
+    Decode as JSON, fall back to the raw value: the toolkit's rule, kept for parity."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value
+
+
+def parse_hyperparameters(doc: Any) -> Hyperparameters:
+    obj = _require_object(doc, HYPERPARAMETERS)
+    return Hyperparameters(
+        values=frozen_mapping({k: decode_hyperparameter(v) for k, v in obj.items()})
+    )
+
+
+def parse_input_data_config(doc: Any) -> InputDataConfig:
+    where = INPUT_DATA_CONFIG
+    obj = _require_object(doc, where)
+    channels = []
+    for name, spec in obj.items():
+        if not name or "/" in name or name in (".", "..") or "\x00" in name:
+            raise JobDefinitionError(
+                f"Channel name {name!r} in {where} cannot be used as a folder name under "
+                f"input/data/; use letters, digits, '-', '_' and '.'."
+            )
+        cwhere = f"channel \"{name}\" of {where}"
+        if not isinstance(spec, dict):
+            raise JobDefinitionError(f"The {cwhere} must be an object, but it is {_json_type(spec)}.")
+        mode = _string_field(spec, "TrainingInputMode", cwhere, default="File")
+        if mode not in INPUT_MODES:
+            raise JobDefinitionError(
+                f"TrainingInputMode \"{mode}\" of the {cwhere} is not one of "
+                f"{', '.join(INPUT_MODES)}."
+            )
+        distribution = _string_field(spec, "S3DistributionType", cwhere, default="FullyReplicated")
+        if distribution not in DISTRIBUTION_TYPES:
+            raise JobDefinitionError(
+                f"S3DistributionType \"{distribution}\" of the {cwhere} is not one of "
+                f"{', '.join(DISTRIBUTION_TYPES)}."
+            )
+        content_type = spec.get("ContentType")
+        if content_type is not None and not isinstance(content_type, str):
+            raise JobDefinitionError(f"ContentType of the {cwhere} must be a string.")
+        channels.append(Channel(name, mode, distribution, content_type))
+    return InputDataConfig(channels=tuple(channels), raw=frozen_mapping(obj))
+
+
+def parse_checkpoint_config(doc: Any, paths: MlPaths) -> CheckpointConfig:
+    where = CHECKPOINT_CONFIG
+    obj = _require_object(doc, where)
+    default = os.path.join(paths.base, "checkpoints")
+    local_path = _string_field(obj, "LocalPath", where, default=default)
+    s3_uri = obj.get("S3Uri")
+    if s3_uri is not None and not isinstance(s3_uri, str):
+        raise JobDefinitionError(f"\"S3Uri\" in {where} must be a string.")
+    return CheckpointConfig(local_path=local_path, s3_uri=s3_uri)
+
+
+def parse_program(hyperparameters: Hyperparameters, environ: Mapping[str, str]) -> tuple[str | None, bool]:
+    from_env = environ.get("SAGEMAKER_PROGRAM")
+    if from_env:
+        return from_env, True
+    value = hyperparameters.values.get("sagemaker_program")
+    if value is None or value == "":
+        return None, False
+    if not isinstance(value, str):
+        raise JobDefinitionError(
+            f"The hyperparameter sagemaker_program must be the name of a script (a string), "
+            f"but it is {_json_type(value)}: {canonical_json(value)}."
+        )
+    return value, False
+
+
+# --- loading (I/O) ------------------------------------------------------------------------
+
+
+def _read_config(paths: MlPaths, name: str, required: bool) -> Any:
+    path = paths.config_file(name)
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        if required:
+            raise JobDefinitionError(
+                f"{path} does not exist. SageMaker writes it before starting the container; "
+                f"when running outside SageMaker, create it (see README, \"Run a job "
+                f"locally\") or point SAGEMAKER_BASE_DIR at a prepared tree."
+            ) from None
+        return None
+    except OSError as exc:
+        raise JobDefinitionError(f"{path} cannot be read: {exc.strerror}.") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise JobDefinitionError(f"{path} is not UTF-8 text.") from None
+    return parse_json_document(text, name)
+
+
+def load_job(paths: MlPaths, environ: Mapping[str, str]) -> JobConfig:
+    resource = parse_resource_config(_read_config(paths, RESOURCE_CONFIG, required=True))
+    hp_doc = _read_config(paths, HYPERPARAMETERS, required=False)
+    hyperparameters = parse_hyperparameters({} if hp_doc is None else hp_doc)
+    idc_doc = _read_config(paths, INPUT_DATA_CONFIG, required=False)
+    input_data = parse_input_data_config({} if idc_doc is None else idc_doc)
+    ckpt_doc = _read_config(paths, CHECKPOINT_CONFIG, required=False)
+    checkpoint = None if ckpt_doc is None else parse_checkpoint_config(ckpt_doc, paths)
+    program, program_from_env = parse_program(hyperparameters, environ)
+    return JobConfig(
+        paths=paths,
+        resource=resource,
+        hyperparameters=hyperparameters,
+        input_data=input_data,
+        checkpoint=checkpoint,
+        program=program,
+        program_from_env=program_from_env,
+        environ=frozen_mapping(environ),
+    )
+
+
+def find_missing_channel_dirs(job: JobConfig) -> list[str]:
+    """File and FastFile channels must be folders under input/data; Pipe channels are FIFOs
+    named <channel>_<epoch>, created by the platform as the script reads them."""
+    return [
+        c.name
+        for c in job.input_data.channels
+        if c.input_mode != "Pipe" and not os.path.isdir(job.paths.channel_dir(c.name))
+    ]

@@ -1,0 +1,306 @@
+"""Run a LaunchPlan: the one layer that starts processes and writes output/success|failure.
+
+- Every child runs in its own process group (own session), never through a shell.
+- SIGTERM/SIGINT to us are forwarded to every child's group; after the grace period the
+  groups get SIGKILL. When one of several processes fails, the others get the same treatment.
+- Output is streamed live, byte for byte; a bounded tail is kept for the failure report, and
+  the root-cause lines that ranks print (see rank/record_errors.py) are collected.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tarfile
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+
+from entrypoint.failure import RootCause, build_failure_report, first_root_cause, parse_root_cause_line
+from entrypoint.paths import MlPaths
+from entrypoint.plan import LaunchPlan, ProcessSpec
+from entrypoint.program import CodeSource
+
+TAIL_LINES = 100
+TAIL_LINE_CHARS = 500
+POLL_S = 0.01
+
+
+def log(message: str) -> None:
+    sys.stderr.write(f"[entrypoint] {message}\n")
+    sys.stderr.flush()
+
+
+@dataclass
+class OutputCollector:
+    """Shared by the pumps of every child: the tail and the root causes seen so far."""
+
+    tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
+    root_causes: list = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add_line(self, raw: bytes) -> None:
+        line = raw.decode("utf-8", "replace").rstrip("\r\n")
+        cause = parse_root_cause_line(line) if "BYOC-ROOT-CAUSE" in line else None
+        with self.lock:
+            if cause is not None:
+                self.root_causes.append(cause)
+            else:
+                self.tail.append(line[:TAIL_LINE_CHARS])
+
+
+def _pump(pipe, sink, collector: OutputCollector) -> None:
+    partial = b""
+    try:
+        while True:
+            chunk = pipe.read1(65536)
+            if not chunk:
+                break
+            sink.write(chunk)
+            sink.flush()
+            partial += chunk
+            *lines, partial = partial.split(b"\n")
+            for line in lines:
+                collector.add_line(line)
+            if len(partial) > 65536:  # a very long line (progress bars with \r): keep moving
+                collector.add_line(partial[-TAIL_LINE_CHARS:])
+                partial = b""
+    except (OSError, ValueError):
+        pass
+    finally:
+        if partial:
+            collector.add_line(partial)
+        pipe.close()
+
+
+class Supervisor:
+    def __init__(self, grace_period_s: float, collector: OutputCollector):
+        self.grace_period_s = grace_period_s
+        self.collector = collector
+        self.children: list[tuple[ProcessSpec, subprocess.Popen]] = []
+        self.pumps: list[threading.Thread] = []
+        self.stopped_by: str | None = None
+        self.kill_at: float | None = None
+
+    def start(self, spec: ProcessSpec, env: dict[str, str], cwd: str) -> None:
+        proc = subprocess.Popen(
+            list(spec.argv),
+            env=env,
+            cwd=spec.cwd or cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        self.children.append((spec, proc))
+        for pipe, sink in ((proc.stdout, sys.stdout.buffer), (proc.stderr, sys.stderr.buffer)):
+            t = threading.Thread(target=_pump, args=(pipe, sink, self.collector), daemon=True)
+            t.start()
+            self.pumps.append(t)
+
+    def signal_all(self, sig: int) -> None:
+        for _, proc in self.children:
+            try:
+                os.killpg(proc.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def begin_stop(self, sig: int) -> None:
+        self.signal_all(sig)
+        if self.kill_at is None:
+            self.kill_at = time.monotonic() + self.grace_period_s
+
+    def on_signal(self, signum, _frame) -> None:
+        name = signal.Signals(signum).name
+        if self.stopped_by is None:
+            self.stopped_by = name
+            log(f"received {name}: forwarding it to the job, SIGKILL in {self.grace_period_s:g} s")
+        self.begin_stop(signum)
+
+    def wait(self) -> int:
+        """Wait for every child; the exit code of the first that failed, else 0."""
+        first_failure: int | None = None
+        running = list(self.children)
+        while running:
+            for item in list(running):
+                spec, proc = item
+                code = proc.poll()
+                if code is None:
+                    continue
+                running.remove(item)
+                code = 128 - code if code < 0 else code
+                if code != 0 and first_failure is None:
+                    first_failure = code
+                    if running:
+                        log(f"{spec.name} exited with code {code}; stopping the other processes")
+                        self.begin_stop(signal.SIGTERM)
+            if self.kill_at is not None and time.monotonic() >= self.kill_at and running:
+                log("grace period over: sending SIGKILL")
+                self.signal_all(signal.SIGKILL)
+                self.kill_at = float("inf")
+            if running:
+                time.sleep(POLL_S)
+        # Orphans (data-loader workers, a forked server) die with their group.
+        self.signal_all(signal.SIGKILL)
+        for t in self.pumps:
+            t.join(timeout=5)
+        return first_failure or 0
+
+
+def run_processes(
+    processes: tuple[ProcessSpec, ...], env: dict[str, str], cwd: str, grace_period_s: float, collector: OutputCollector
+) -> tuple[int, str | None]:
+    supervisor = Supervisor(grace_period_s, collector)
+    previous = {s: signal.signal(s, supervisor.on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        for spec in processes:
+            supervisor.start(spec, {**env, **dict(spec.env)}, cwd)
+        code = supervisor.wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    return code, supervisor.stopped_by
+
+
+# --- code preparation ------------------------------------------------------------------------
+
+
+def fetch_code(source: CodeSource, code_dir: str) -> None:
+    os.makedirs(code_dir, exist_ok=True)
+    if source.kind == "local_dir":
+        shutil.copytree(source.uri, code_dir, dirs_exist_ok=True, symlinks=True)
+    elif source.kind == "local_tar":
+        _extract(source.uri, code_dir)
+    elif source.kind == "s3":
+        import boto3  # only when code comes from S3: boto3 costs ~0.3 s to import
+
+        bucket, _, key = source.uri[len("s3://"):].partition("/")
+        client = boto3.client("s3", endpoint_url=os.environ.get("S3_ENDPOINT_URL") or None)
+        with tempfile.TemporaryDirectory() as tmp:
+            archive = os.path.join(tmp, "sourcedir.tar.gz")
+            client.download_file(bucket, key, archive)
+            _extract(archive, code_dir)
+
+
+def _extract(archive: str, dest: str) -> None:
+    with tarfile.open(archive) as tar:
+        tar.extractall(dest, filter="data")  # refuses absolute paths, '..' and device files
+
+
+def wait_for_hosts(hosts: tuple[str, ...], timeout_s: float) -> list[str]:
+    """Hosts that still do not resolve after timeout_s (SageMaker's DNS can lag at start)."""
+    deadline = time.monotonic() + timeout_s
+    pending = list(hosts)
+    delay = 0.1
+    while True:
+        for host in list(pending):
+            try:
+                socket.getaddrinfo(host, None)
+                pending.remove(host)
+            except OSError:
+                pass
+        if not pending or time.monotonic() >= deadline:
+            return pending
+        time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+        delay = min(delay * 2, 5.0)
+
+
+# --- the whole run -----------------------------------------------------------------------------
+
+
+def clear_previous_outcome(paths: MlPaths) -> None:
+    """A tree reused for a second local run still holds the first run's outcome; SageMaker
+    never hands us one. Remove it so "the script wrote its own failure file" means this run."""
+    for path in (paths.failure_file, paths.success_file):
+        try:
+            os.remove(path)
+        except FileNotFoundError:
+            pass
+
+
+def write_outcome(paths: MlPaths, exit_code: int, report: str | None) -> None:
+    os.makedirs(paths.output_dir, exist_ok=True)
+    if exit_code == 0:
+        with open(paths.success_file, "w"):
+            pass
+        return
+    if os.path.exists(paths.failure_file):
+        log("the script wrote its own output/failure; leaving it as it is")
+        return
+    with open(paths.failure_file, "w", encoding="utf-8") as f:
+        f.write(report or "")
+
+
+def describe(plan: LaunchPlan) -> str:
+    if plan.role == "single":
+        return f"{plan.entry.program}"
+    if plan.role == "mpi-leader":
+        return f"mpirun on {len(plan.hosts)} host(s)"
+    if plan.role == "torchrun":
+        return f"torchrun on {len(plan.hosts)} host(s)"
+    if plan.role == "parameter-server":
+        return f"the parameter-server job on {len(plan.hosts)} host(s)"
+    return f"{plan.entry.program} ({plan.role})"
+
+
+def run_plan(plan: LaunchPlan, paths: MlPaths, environ: dict[str, str]) -> int:
+    env = {**environ, **plan.env_dict}
+    collector = OutputCollector()
+
+    def fail(what: str, code: int, stopped_by: str | None = None) -> int:
+        report = build_failure_report(
+            what=what,
+            exit_code=code,
+            root_cause=first_root_cause(collector.root_causes),
+            tail=list(collector.tail),
+            current_host=plan.current_host,
+            environ=env,
+            stopped_by=stopped_by,
+        )
+        write_outcome(paths, code, report)
+        log(f"FAILED: {report.splitlines()[0]}")
+        return code
+
+    for step in plan.install:
+        what = "installing requirements.txt" if "-r" in step else "installing the source directory as a package"
+        log(what)
+        code, stopped_by = run_processes((ProcessSpec("pip", step),), env, plan.cwd, plan.settings.grace_period_s, collector)
+        if code != 0:
+            return fail(what, code, stopped_by)
+
+    if plan.role == "mpi-worker":
+        return fail("the MPI worker role", 1) if _no_worker_flow() else 0
+
+    if len(plan.hosts) > 1:
+        unresolved = wait_for_hosts(plan.hosts, plan.settings.host_resolution_timeout_s)
+        if unresolved:
+            collector.tail.append(
+                f"host(s) {', '.join(unresolved)} did not resolve within "
+                f"{plan.settings.host_resolution_timeout_s:g} s (BYOC_HOST_RESOLUTION_TIMEOUT_S)"
+            )
+            return fail("waiting for the other hosts' names to resolve", 1)
+
+    what = describe(plan)
+    log(f"{plan.current_host}: running {what} ({plan.role})")
+    started = time.monotonic()
+    code, stopped_by = run_processes(plan.processes, env, plan.cwd, plan.settings.grace_period_s, collector)
+    elapsed = time.monotonic() - started
+    if code != 0:
+        return fail(what, code, stopped_by)
+    write_outcome(paths, 0, None)
+    log(f"{plan.current_host}: {what} succeeded in {elapsed:.1f} s")
+    return 0
+
+
+def _no_worker_flow() -> bool:
+    # The MPI worker's sshd flow arrives with the multi-host launch; until then a worker
+    # must not pretend its ranks succeeded.
+    collector_note = "this image cannot yet act as an MPI worker host"
+    log(collector_note)
+    return True

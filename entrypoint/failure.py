@@ -1,0 +1,123 @@
+"""The text of output/failure (pure): the root cause first, then the output's tail.
+
+SageMaker shows the first 1,024 characters as FailureReason, so the first paragraph must
+stand alone: what failed, where (host, rank), the exception and the exit code. Values of
+environment variables whose names look like secrets are masked everywhere in the report.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+from entrypoint.rank.record_errors import MARKER
+
+SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|SESSION", re.IGNORECASE)
+MASK = "****"
+EXCEPTION_LINE = re.compile(r"^(?:\[[^\]]*\]<std(?:out|err)>:)?\s*([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Fault|Warning)\b[^\n]*)$")
+
+
+@dataclass(frozen=True)
+class RootCause:
+    host: str
+    rank: str
+    type: str
+    message: str
+    time: float
+    where: str = ""
+
+
+def parse_root_cause_line(line: str) -> RootCause | None:
+    at = line.find(MARKER)
+    if at < 0:
+        return None
+    try:
+        data = json.loads(line[at + len(MARKER):])
+        return RootCause(
+            host=str(data["host"]),
+            rank=str(data["rank"]),
+            type=str(data["type"]),
+            message=str(data["message"]),
+            time=float(data["time"]),
+            where=str(data.get("where", "")),
+        )
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def first_root_cause(causes: Iterable[RootCause]) -> RootCause | None:
+    causes = list(causes)
+    return min(causes, key=lambda c: c.time) if causes else None
+
+
+def describe_exit_code(code: int) -> str:
+    if code == 137:
+        return "exit code 137: killed by SIGKILL, most likely by the out-of-memory killer (the instance ran out of memory)"
+    if code > 128 and code - 128 < 65:
+        try:
+            name = signal.Signals(code - 128).name
+        except ValueError:
+            name = f"signal {code - 128}"
+        return f"exit code {code}: killed by {name}"
+    return f"exit code {code}"
+
+
+def guess_exception_from_tail(lines: list[str]) -> str | None:
+    """For programs that did not run under record_errors (shell scripts, executables): the
+    last line that looks like a Python exception."""
+    for line in reversed(lines):
+        if MARKER in line:
+            continue
+        match = EXCEPTION_LINE.match(line.strip())
+        if match:
+            return match.group(1)
+    return None
+
+
+def secret_values(environ: Mapping[str, str]) -> list[str]:
+    values = {v for k, v in environ.items() if SECRET_NAME.search(k) and len(v) >= 4}
+    return sorted(values, key=len, reverse=True)  # longest first: no partial masking
+
+
+def redact(text: str, secrets: list[str]) -> str:
+    for value in secrets:
+        text = text.replace(value, MASK)
+    return text
+
+
+def build_failure_report(
+    *,
+    what: str,
+    exit_code: int,
+    root_cause: RootCause | None,
+    tail: list[str],
+    current_host: str,
+    environ: Mapping[str, str],
+    stopped_by: str | None = None,
+) -> str:
+    """`what`: the stage that failed, e.g. "torchrun on 2 hosts", "installing requirements.txt"."""
+    if root_cause is not None:
+        head = (
+            f"{root_cause.type}: {root_cause.message}\n"
+            f"First failure: rank {root_cause.rank} on host {root_cause.host}, "
+            f"while running {what}; the job ended with {describe_exit_code(exit_code)}."
+        )
+        if root_cause.where:
+            head += f"\nWhere:\n{root_cause.where.rstrip()}"
+    else:
+        guess = guess_exception_from_tail(tail)
+        head = f"{what} failed on host {current_host} with {describe_exit_code(exit_code)}."
+        if guess:
+            head = f"{guess}\n" + head
+    if stopped_by:
+        head = f"Training was stopped by {stopped_by}. " + head
+    lines = [head.rstrip(), "", f"Last {len(tail)} lines of output:" if tail else "No output."]
+    lines += [line for line in tail if MARKER not in line]
+    return redact("\n".join(lines).rstrip() + "\n", secret_values(environ))
+
+
+def build_job_definition_report(message: str, environ: Mapping[str, str]) -> str:
+    return redact(f"The training job definition is invalid: {message}\n", secret_values(environ))

@@ -1,0 +1,332 @@
+"""Decide how to launch: one pure function from what was read to a LaunchPlan.
+
+The plan holds exact argv tuples and the environment to add; `--dry-run` prints it and
+entrypoint.execute runs it. Nothing here touches the machine.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from entrypoint import topology
+from entrypoint.config import JobConfig
+from entrypoint.distribution import MPI_BASED, Distribution, LaunchSettings
+from entrypoint.errors import JobDefinitionError
+from entrypoint.probe import MachineFacts
+from entrypoint.program import (
+    CodeFacts,
+    CodeSource,
+    EntryPoint,
+    build_install_steps,
+    build_program_argv,
+    decide_entry_point,
+)
+from entrypoint.smenv import build_sm_env, build_user_args
+
+RECORD_ERRORS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank", "record_errors.py")
+NEURON_ROOT_COMM_PORT = 46820
+
+# Environment names forwarded to remote ranks by `mpirun -x NAME` (the value never appears on
+# the command line), besides everything the plan itself adds.
+FORWARDED_NAMES = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "LANG", "LC_ALL", "TRAINING_JOB_NAME")
+FORWARDED_PREFIXES = ("NCCL_", "FI_", "TORCH_", "CUDA_", "OMP_", "MKL_", "HF_", "PYTHON", "BYOC_", "AWS_", "NEURON_", "XLA_")
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """Facts about this image, not the job: where python is, where per-job files go."""
+
+    python: str
+    runtime_dir: str = "/tmp/byoc"
+
+    @property
+    def ssh_config(self) -> str:
+        return os.path.join(self.runtime_dir, "ssh", "config")
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    name: str
+    argv: tuple[str, ...]
+    env: tuple[tuple[str, str], ...] = ()  # on top of the plan's env
+    cwd: str | None = None  # None: the plan's cwd
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    role: str  # single | outside-distribution | mpi-leader | mpi-worker | torchrun | parameter-server
+    launcher: str  # process | mpi | pytorchddp | torch_distributed | smdataparallel | parameter_server
+    current_host: str
+    hosts: tuple[str, ...]  # hosts taking part in the distribution, in SageMaker's order
+    leader: str
+    interface: str
+    processes_per_host: int
+    cwd: str
+    code: CodeSource
+    entry: EntryPoint
+    install: tuple[tuple[str, ...], ...]
+    processes: tuple[ProcessSpec, ...]
+    env: tuple[tuple[str, str], ...]
+    settings: LaunchSettings
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def env_dict(self) -> dict[str, str]:
+        return dict(self.env)
+
+
+def decide_processes_per_host(dist: Distribution, facts: MachineFacts) -> tuple[int, str | None]:
+    if dist.processes_per_host is not None:
+        return dist.processes_per_host, None
+    if facts.gpu_count:
+        return facts.gpu_count, None
+    if facts.neuron_core_count:
+        return facts.neuron_core_count, None
+    if dist.launcher in ("pytorchddp", "smdataparallel"):
+        return 1, f"{dist.launcher} normally runs one process per GPU; no GPU here, so 1 process per host"
+    return 1, None
+
+
+def build_launcher_env(
+    job: JobConfig, facts: MachineFacts, interface: str, leader: str, hosts: tuple[str, ...], settings: LaunchSettings
+) -> dict[str, str]:
+    """Variables the collective libraries need. A value the user set in the job's environment
+    wins: these are defaults, never overrides."""
+    env = {
+        "NCCL_SOCKET_IFNAME": interface,
+        "MASTER_ADDR": leader,
+        "MASTER_PORT": str(settings.master_port),
+    }
+    if facts.efa:
+        env["FI_PROVIDER"] = "efa"
+        env["RDMAV_FORK_SAFE"] = "1"
+        env["FI_EFA_FORK_SAFE"] = "1"
+        if facts.neuron_core_count:
+            # Every trn1/trn1n EFA device does device RDMA; on GPU instances libfabric
+            # detects it itself (forcing it breaks EFA devices without RDMA).
+            env["FI_EFA_USE_DEVICE_RDMA"] = "1"
+    if facts.neuron_core_count:
+        env["PJRT_DEVICE"] = "NEURON"
+        env["CCOM_SOCKET_IFNAME"] = interface
+        if len(hosts) > 1:
+            env["NEURON_RT_ROOT_COMM_ID"] = f"{leader}:{NEURON_ROOT_COMM_PORT}"
+    return {k: v for k, v in env.items() if k not in job.environ}
+
+
+def build_mpirun_argv(
+    hosts: tuple[str, ...],
+    processes_per_host: int,
+    num_processes: int,
+    interface: str,
+    forwarded: tuple[str, ...],
+    custom_options: tuple[str, ...],
+    program_argv: tuple[str, ...],
+    runtime: Runtime,
+) -> tuple[str, ...]:
+    """The toolkit's proven mpirun flags; environment forwarded by name only."""
+    argv = [
+        "mpirun",
+        "--host", ",".join(f"{h}:{processes_per_host}" for h in hosts),
+        "-np", str(num_processes),
+        "--allow-run-as-root",
+        "--tag-output",
+        "-mca", "plm_rsh_agent", f"ssh -F {runtime.ssh_config}",
+        "-mca", "btl_tcp_if_include", interface,
+        "-mca", "oob_tcp_if_include", interface,
+        "-mca", "plm_rsh_no_tree_spawn", "1",
+        "-bind-to", "none",
+        "-map-by", "slot",
+        "-mca", "pml", "ob1",
+        "-mca", "btl", "^openib",
+        "-mca", "orte_abort_on_non_zero_status", "1",
+        "-mca", "btl_vader_single_copy_mechanism", "none",
+    ]
+    for name in forwarded:
+        argv += ["-x", name]
+    argv += list(custom_options)
+    argv += list(program_argv)
+    return tuple(argv)
+
+
+def build_torchrun_argv(
+    python: str,
+    hosts: tuple[str, ...],
+    node_rank: int,
+    processes_per_host: int,
+    leader: str,
+    settings: LaunchSettings,
+    program_argv: tuple[str, ...],
+) -> tuple[str, ...]:
+    """The same command on every host; node rank from the host order.
+
+    One host: --standalone (a free local port, so two single-host jobs on one machine never
+    collide). program_argv's python runs under torchrun's own interpreter."""
+    argv = [python, "-m", "torch.distributed.run"]
+    if len(hosts) == 1:
+        argv += ["--standalone", "--nnodes", "1"]
+    else:
+        argv += [
+            "--nnodes", str(len(hosts)),
+            "--node_rank", str(node_rank),
+            "--master_addr", leader,
+            "--master_port", str(settings.master_port),
+        ]
+    argv += ["--nproc_per_node", str(processes_per_host), "--max_restarts", str(settings.max_restarts)]
+    if program_argv[:1] == (python,):
+        argv += list(program_argv[1:])  # torchrun starts the python itself
+    else:
+        argv += ["--no-python", *program_argv]
+    if settings.neuron_parallel_compile:
+        argv = ["neuron_parallel_compile", *argv]
+    return tuple(argv)
+
+
+def build_parameter_server_processes(
+    python: str,
+    hosts: tuple[str, ...],
+    host_index: int,
+    workers_per_host: int,
+    program_argv: tuple[str, ...],
+) -> tuple[ProcessSpec, ...]:
+    """One PS shard per host (torch.distributed.rpc ranks 0..H-1) plus the worker processes
+    (ranks H..). Rendezvous: MASTER_ADDR/MASTER_PORT from the plan's env."""
+    n_hosts = len(hosts)
+    n_workers = n_hosts * workers_per_host
+    common = (
+        ("WORLD_SIZE", str(n_hosts + n_workers)),
+        ("BYOC_PS_SERVERS", ",".join(f"ps{i}" for i in range(n_hosts))),
+        ("BYOC_NUM_WORKERS", str(n_workers)),
+    )
+    server = ProcessSpec(
+        name=f"ps{host_index}",
+        argv=(python, "-m", "train.ps_server"),
+        env=common + (("RANK", str(host_index)), ("LOCAL_RANK", "0"), ("BYOC_PS_ROLE", "server")),
+        # Not the code folder: a user's train.py there would shadow our train package.
+        cwd="/",
+    )
+    workers = []
+    for local in range(workers_per_host):
+        worker_rank = host_index * workers_per_host + local
+        workers.append(
+            ProcessSpec(
+                name=f"worker{worker_rank}",
+                argv=program_argv,
+                env=common
+                + (
+                    ("RANK", str(n_hosts + worker_rank)),
+                    ("LOCAL_RANK", str(local)),
+                    ("BYOC_PS_ROLE", "worker"),
+                    ("BYOC_WORKER_RANK", str(worker_rank)),
+                ),
+            )
+        )
+    return (server, *workers)
+
+
+def forwarded_names(plan_env: dict[str, str], environ: dict[str, str]) -> tuple[str, ...]:
+    names = set(plan_env)
+    names.update(n for n in environ if n in FORWARDED_NAMES or n.startswith(FORWARDED_PREFIXES))
+    return tuple(sorted(names))
+
+
+def decide(
+    job: JobConfig,
+    dist: Distribution,
+    facts: MachineFacts,
+    settings: LaunchSettings,
+    runtime: Runtime,
+    code: CodeSource,
+    code_facts: CodeFacts,
+    program: str,
+) -> LaunchPlan:
+    notes = list(dist.notes)
+    resource = job.resource
+    interface, why = topology.choose_interface(resource.network_interface_name, facts.interfaces)
+    if why:
+        notes.append(why)
+    code_dir = job.paths.code_dir
+    entry = decide_entry_point(program, code_dir, code_facts)
+    user_args = build_user_args(job.hyperparameters.user)
+    program_argv = build_program_argv(entry, runtime.python, code_facts, user_args, RECORD_ERRORS)
+    install = build_install_steps(runtime.python, code_dir, code_facts)
+    env = build_sm_env(job, facts, interface)
+
+    dist_hosts = tuple(topology.distribution_hosts(job))
+    leader = topology.leader_host(job)
+    launcher = dist.launcher
+    if launcher == "smdataparallel" and not facts.smddprun:
+        notes.append(
+            "smdistributed dataparallel requested but AWS's SMDDP library is not in this image; "
+            "launching with torchrun instead (use backend \"nccl\", not \"smddp\", in the script)"
+        )
+        launcher_kind = "torch_distributed"
+    else:
+        launcher_kind = launcher
+    pph, pph_note = decide_processes_per_host(dist, facts)
+    if pph_note:
+        notes.append(pph_note)
+
+    def plan(role: str, processes: tuple[ProcessSpec, ...], extra_env: dict[str, str], hosts=dist_hosts) -> LaunchPlan:
+        return LaunchPlan(
+            role=role,
+            launcher=launcher,
+            current_host=resource.current_host,
+            hosts=hosts,
+            leader=leader,
+            interface=interface,
+            processes_per_host=pph if role != "single" and role != "outside-distribution" else 1,
+            cwd=code_dir,
+            code=code,
+            entry=entry,
+            install=install,
+            processes=processes,
+            env=tuple(sorted({**env, **extra_env}.items())),
+            settings=settings,
+            notes=tuple(notes),
+        )
+
+    if launcher == "process":
+        return plan("single", (ProcessSpec("script", program_argv),), {}, hosts=(resource.current_host,))
+    if resource.current_host not in dist_hosts:
+        notes.append(
+            f"{resource.current_host} is in instance group \"{resource.current_group_name}\", "
+            f"outside the distribution's groups ({', '.join(topology.distribution_instance_groups(job))}); "
+            f"running the script once here, as the toolkit does"
+        )
+        return plan("outside-distribution", (ProcessSpec("script", program_argv),), {}, hosts=dist_hosts)
+
+    launcher_env = build_launcher_env(job, facts, interface, leader, dist_hosts, settings)
+    node_rank = dist_hosts.index(resource.current_host)
+
+    if launcher_kind in MPI_BASED:
+        total = len(dist_hosts) * pph
+        np_ = total
+        if dist.num_processes is not None:
+            if dist.num_processes > total:
+                raise JobDefinitionError(
+                    f"sagemaker_mpi_num_processes is {dist.num_processes}, more than the "
+                    f"{total} slots of {len(dist_hosts)} host(s) x {pph} process(es) per host. "
+                    f"Lower it or raise sagemaker_mpi_num_of_processes_per_host."
+                )
+            np_ = dist.num_processes
+        if resource.current_host != leader:
+            return plan("mpi-worker", (), launcher_env)
+        if launcher_kind == "smdataparallel":
+            program_argv = ("smddprun", *program_argv)
+        forwarded = forwarded_names({**env, **launcher_env}, dict(job.environ))
+        argv = build_mpirun_argv(
+            dist_hosts, pph, np_, interface, forwarded, dist.custom_mpi_options, program_argv, runtime
+        )
+        return plan("mpi-leader", (ProcessSpec("mpirun", argv),), launcher_env)
+
+    if launcher_kind == "torch_distributed":
+        argv = build_torchrun_argv(runtime.python, dist_hosts, node_rank, leader=leader,
+                                   processes_per_host=pph, settings=settings, program_argv=program_argv)
+        return plan("torchrun", (ProcessSpec("torchrun", argv),), launcher_env)
+
+    if launcher_kind == "parameter_server":
+        processes = build_parameter_server_processes(runtime.python, dist_hosts, node_rank, pph, program_argv)
+        return plan("parameter-server", processes, launcher_env)
+
+    raise AssertionError(f"unhandled launcher {launcher_kind}")  # parse_distribution lists them all

@@ -1,0 +1,122 @@
+"""Run a user's Python program as `python script.py args` (or `python -m module args`) would,
+and record the exception that ends it, so the failure report can name the root cause.
+
+Usage: python record_errors.py SCRIPT [ARGS...]   |   python record_errors.py -m MODULE [ARGS...]
+
+Run by path, never with -m: this folder then becomes sys.path[0] only until we replace it, and
+nothing in the user's code folder (an `entrypoint.py`, a `train.py`) can shadow it. Standard
+library only, imported lazily where possible: this runs in every rank.
+
+On an uncaught exception it
+  - prints one line `BYOC-ROOT-CAUSE {json}` on stderr (host, rank, exception type, message,
+    time, last frames): it travels with the rank's output (through mpirun and torchrun to the
+    leader) and the entrypoint picks the earliest one as the root cause;
+  - writes torchelastic's error file when torchrun asked for one (TORCHELASTIC_ERROR_FILE), so
+    torchrun's own summary names the failing rank too;
+  - prints the usual traceback and exits 1; under MPI with more than one rank it aborts the
+    whole job (what `python -m mpi4py` does), so the other ranks do not hang in a collective.
+"""
+
+import json
+import os
+import runpy
+import socket
+import sys
+import time
+import traceback
+
+MARKER = "BYOC-ROOT-CAUSE "
+MESSAGE_LIMIT = 2000
+
+
+def _rank() -> str:
+    for name in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"):
+        if os.environ.get(name):
+            return os.environ[name]
+    return "0"
+
+
+def _record(exc: BaseException) -> None:
+    frames = traceback.extract_tb(exc.__traceback__)
+    # Drop our own and runpy's frames: the report shows the user's code.
+    user_frames = [f for f in frames if f.filename != __file__ and "runpy" not in os.path.basename(f.filename)]
+    message = str(exc)
+    if len(message) > MESSAGE_LIMIT:
+        message = message[:MESSAGE_LIMIT] + "..."
+    record = {
+        "host": os.environ.get("SM_CURRENT_HOST") or socket.gethostname(),
+        "rank": _rank(),
+        "type": type(exc).__qualname__ if type(exc).__module__ in ("builtins", "__main__") else f"{type(exc).__module__}.{type(exc).__qualname__}",
+        "message": message,
+        "time": time.time(),
+        "where": "".join(traceback.format_list(user_frames[-3:])),
+    }
+    try:
+        sys.stderr.write(MARKER + json.dumps(record, ensure_ascii=True) + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if error_file:
+        payload = {
+            "message": {
+                "message": f"{record['type']}: {record['message']}",
+                "extraInfo": {
+                    "py_callstack": "".join(traceback.format_exception(exc)),
+                    "timestamp": str(int(record["time"])),
+                },
+            }
+        }
+        try:
+            with open(error_file, "w") as f:
+                json.dump(payload, f)
+        except OSError:
+            pass
+
+
+def _abort_mpi_job() -> None:
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is None:
+        return
+    try:
+        if mpi.Is_initialized() and not mpi.Is_finalized() and mpi.COMM_WORLD.Get_size() > 1:
+            sys.stderr.flush()
+            mpi.COMM_WORLD.Abort(1)
+    except Exception:  # noqa: BLE001 - best effort on the way out
+        pass
+
+
+def main(argv: list) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        sys.stderr.write(__doc__)
+        return 2
+    if argv[0] == "-m":
+        if len(argv) < 2:
+            sys.stderr.write("record_errors.py: -m needs a module name\n")
+            return 2
+        module, args = argv[1], argv[2:]
+        sys.argv = [module, *args]
+        sys.path[0] = os.getcwd()  # what `python -m` puts first
+        run = lambda: runpy.run_module(module, run_name="__main__", alter_sys=True)  # noqa: E731
+    else:
+        script = os.path.abspath(argv[0])
+        sys.argv = [argv[0], *argv[1:]]
+        sys.path[0] = os.path.dirname(script)  # what `python script.py` puts first
+        run = lambda: runpy.run_path(script, run_name="__main__")  # noqa: E731
+    try:
+        run()
+    except SystemExit:
+        raise
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - recorded, printed, then the job fails
+        _record(exc)
+        traceback.print_exc()
+        sys.stderr.flush()
+        _abort_mpi_job()
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
