@@ -28,6 +28,7 @@ from entrypoint.plan import LaunchPlan, ProcessSpec
 from entrypoint.program import CodeSource
 
 TAIL_LINES = 100
+DISTRIBUTED_ROLES = ("mpi-leader", "torchrun", "parameter-server")
 TAIL_LINE_CHARS = 500
 POLL_S = 0.01
 
@@ -277,7 +278,7 @@ def run_plan(plan: LaunchPlan, paths: MlPaths, environ: dict[str, str]) -> int:
     if plan.role == "mpi-worker":
         return fail("the MPI worker role", 1) if _no_worker_flow() else 0
 
-    if len(plan.hosts) > 1:
+    if plan.role in DISTRIBUTED_ROLES and len(plan.hosts) > 1:
         unresolved = wait_for_hosts(plan.hosts, plan.settings.host_resolution_timeout_s)
         if unresolved:
             collector.tail.append(

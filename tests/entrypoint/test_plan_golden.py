@@ -1,0 +1,209 @@
+"""Literal argv for each launcher x cluster shape (RE is this package's record_errors.py)."""
+
+import pytest
+
+from entrypoint.plan import RECORD_ERRORS as RE
+from support.jobs import CPU, GPU4, GPU8_EFA, PY, TRN1_EFA, make_job, plan_for
+
+SCRIPT = "/opt/ml/code/train.py"
+MPI_FLAGS = (
+    "--allow-run-as-root", "--tag-output",
+    "-mca", "plm_rsh_agent", "ssh -F /tmp/byoc/ssh/config",
+    "-mca", "btl_tcp_if_include", "eth0",
+    "-mca", "oob_tcp_if_include", "eth0",
+    "-mca", "plm_rsh_no_tree_spawn", "1",
+    "-bind-to", "none", "-map-by", "slot",
+    "-mca", "pml", "ob1", "-mca", "btl", "^openib",
+    "-mca", "orte_abort_on_non_zero_status", "1",
+    "-mca", "btl_vader_single_copy_mechanism", "none",
+)
+TORCH = {"sagemaker_torch_distributed_enabled": True}
+
+
+def non_sm_env(plan):
+    return {k: v for k, v in plan.env if not k.startswith("SM_")}
+
+
+def test_one_host_single_process():
+    plan = plan_for(make_job(hps={"epochs": 2, "lr": 0.1}))
+    assert plan.role == "single"
+    assert [p.argv for p in plan.processes] == [(PY, RE, SCRIPT, "--epochs", "2", "--lr", "0.1")]
+    assert non_sm_env(plan) == {}
+
+
+def test_one_host_torchrun_is_standalone():
+    plan = plan_for(make_job(hps=TORCH), GPU4)
+    assert plan.processes[0].argv == (
+        PY, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
+        "--nproc_per_node", "4", "--max_restarts", "0", RE, SCRIPT,
+    )
+
+
+@pytest.mark.parametrize("current, node_rank", [("algo-1", "0"), ("algo-2", "1")])
+def test_two_hosts_torchrun_same_command_node_rank_from_order(current, node_rank):
+    plan = plan_for(make_job(hosts=("algo-1", "algo-2"), current=current, hps={**TORCH, "lr": 1}), GPU8_EFA)
+    assert plan.role == "torchrun"
+    assert plan.processes[0].argv == (
+        PY, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", node_rank,
+        "--master_addr", "algo-1", "--master_port", "7777",
+        "--nproc_per_node", "8", "--max_restarts", "0", RE, SCRIPT, "--lr", "1",
+    )
+    assert non_sm_env(plan) == {
+        "FI_PROVIDER": "efa", "RDMAV_FORK_SAFE": "1", "FI_EFA_FORK_SAFE": "1",
+        "MASTER_ADDR": "algo-1", "MASTER_PORT": "7777", "NCCL_SOCKET_IFNAME": "eth0",
+    }
+
+
+def test_two_hosts_without_efa_gets_no_fi_variables():
+    plan = plan_for(make_job(hosts=("algo-1", "algo-2"), hps=TORCH), GPU4)
+    assert non_sm_env(plan) == {"MASTER_ADDR": "algo-1", "MASTER_PORT": "7777", "NCCL_SOCKET_IFNAME": "eth0"}
+
+
+def test_user_environment_wins_over_launcher_defaults():
+    job = make_job(hosts=("algo-1", "algo-2"), hps=TORCH, environ={"NCCL_SOCKET_IFNAME": "ens5", "FI_PROVIDER": "tcp"})
+    env = non_sm_env(plan_for(job, GPU8_EFA))
+    assert "NCCL_SOCKET_IFNAME" not in env and "FI_PROVIDER" not in env
+
+
+ELEVEN = tuple(f"algo-{i}" for i in (1, 10, 11, 2, 3, 4, 5, 6, 7, 8, 9))  # SageMaker's string order
+
+
+def test_eleven_hosts_keep_sagemaker_order_for_rank_and_leader():
+    plan = plan_for(make_job(hosts=ELEVEN, current="algo-2", hps=TORCH), CPU)
+    argv = plan.processes[0].argv
+    assert argv[3:11] == ("--nnodes", "11", "--node_rank", "3", "--master_addr", "algo-1", "--master_port", "7777")
+    assert plan.hosts == ELEVEN
+
+
+def test_eleven_hosts_mpirun_host_list_in_given_order():
+    plan = plan_for(make_job(hosts=ELEVEN, hps={"sagemaker_mpi_enabled": True}), CPU)
+    argv = plan.processes[0].argv
+    assert argv[:5] == ("mpirun", "--host", ",".join(f"{h}:1" for h in ELEVEN), "-np", "11")
+
+
+def test_mpirun_leader_two_hosts_golden():
+    job = make_job(
+        hosts=("algo-1", "algo-2"),
+        hps={"sagemaker_mpi_enabled": True, "sagemaker_mpi_num_of_processes_per_host": 2,
+             "sagemaker_mpi_custom_mpi_options": "-x NCCL_DEBUG=INFO --mca btl_tcp_if_exclude lo", "lr": 0.1},
+        environ={"PATH": "/usr/bin", "AWS_SECRET_ACCESS_KEY": "do-not-print", "HOME": "/root"},
+    )
+    plan = plan_for(job, CPU)
+    assert plan.role == "mpi-leader"
+    sm_names = sorted(k for k, _ in plan.env if k.startswith("SM_"))
+    forwarded = sorted(["AWS_SECRET_ACCESS_KEY", "MASTER_ADDR", "MASTER_PORT", "NCCL_SOCKET_IFNAME", "PATH", *sm_names])
+    expected = (
+        "mpirun", "--host", "algo-1:2,algo-2:2", "-np", "4", *MPI_FLAGS,
+        *[a for name in forwarded for a in ("-x", name)],
+        "-x", "NCCL_DEBUG=INFO", "--mca", "btl_tcp_if_exclude", "lo",
+        PY, RE, SCRIPT, "--lr", "0.1",
+    )
+    assert plan.processes[0].argv == expected
+    assert not any("do-not-print" in a for a in plan.processes[0].argv)  # names only, never values
+
+
+def test_mpirun_worker_runs_no_launcher():
+    plan = plan_for(make_job(hosts=("algo-1", "algo-2"), current="algo-2", hps={"sagemaker_mpi_enabled": True}), CPU)
+    assert plan.role == "mpi-worker" and plan.processes == ()
+
+
+def test_mpi_num_processes_caps_the_total():
+    plan = plan_for(make_job(hosts=("algo-1", "algo-2"), hps={"sagemaker_mpi_enabled": True, "sagemaker_mpi_num_processes": 3}), GPU4)
+    assert plan.processes[0].argv[:5] == ("mpirun", "--host", "algo-1:4,algo-2:4", "-np", "3")
+
+
+def test_pytorchddp_one_rank_per_gpu():
+    plan = plan_for(make_job(hosts=("algo-1", "algo-2"), hps={"sagemaker_pytorch_ddp_enabled": True}), GPU4)
+    assert plan.processes[0].argv[:5] == ("mpirun", "--host", "algo-1:4,algo-2:4", "-np", "8")
+
+
+def test_smdataparallel_without_aws_library_falls_back_to_torchrun():
+    plan = plan_for(make_job(hosts=("algo-1", "algo-2"), hps={"sagemaker_distributed_dataparallel_enabled": True}), GPU8_EFA)
+    assert plan.role == "torchrun" and plan.launcher == "smdataparallel"
+    assert plan.processes[0].argv[:3] == (PY, "-m", "torch.distributed.run")
+    assert any("SMDDP library is not in this image" in n for n in plan.notes)
+
+
+def test_smdataparallel_with_aws_library_uses_smddprun_under_mpirun():
+    from dataclasses import replace
+
+    plan = plan_for(make_job(hosts=("algo-1", "algo-2"), hps={"sagemaker_distributed_dataparallel_enabled": True}),
+                    replace(GPU8_EFA, smddprun=True))
+    argv = plan.processes[0].argv
+    assert argv[:5] == ("mpirun", "--host", "algo-1:8,algo-2:8", "-np", "16")
+    assert argv[-4:] == ("smddprun", PY, RE, SCRIPT)
+
+
+def test_trainium_torchrun_xla_settings_and_parallel_compile():
+    job = make_job(hosts=("algo-1", "algo-2"), hps=TORCH, environ={"RUN_NEURON_PARALLEL_COMPILE": "1"})
+    plan = plan_for(job, TRN1_EFA)
+    assert plan.processes[0].argv == (
+        "neuron_parallel_compile", PY, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", "0",
+        "--master_addr", "algo-1", "--master_port", "7777", "--nproc_per_node", "32", "--max_restarts", "0", RE, SCRIPT,
+    )
+    assert non_sm_env(plan) == {
+        "FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "FI_EFA_FORK_SAFE": "1", "RDMAV_FORK_SAFE": "1",
+        "PJRT_DEVICE": "NEURON", "CCOM_SOCKET_IFNAME": "eth0", "NEURON_RT_ROOT_COMM_ID": "algo-1:46820",
+        "MASTER_ADDR": "algo-1", "MASTER_PORT": "7777", "NCCL_SOCKET_IFNAME": "eth0",
+    }
+
+
+def test_parameter_server_processes_on_second_host():
+    plan = plan_for(make_job(hosts=("algo-1", "algo-2"), current="algo-2", hps={"sagemaker_parameter_server_enabled": True}), CPU)
+    assert plan.role == "parameter-server"
+    assert [(p.name, p.argv, dict(p.env), p.cwd) for p in plan.processes] == [
+        ("ps1", (PY, "-m", "train.ps_server"),
+         {"WORLD_SIZE": "4", "BYOC_PS_SERVERS": "ps0,ps1", "BYOC_NUM_WORKERS": "2", "RANK": "1", "LOCAL_RANK": "0", "BYOC_PS_ROLE": "server"}, "/"),
+        ("worker1", (PY, RE, SCRIPT),
+         {"WORLD_SIZE": "4", "BYOC_PS_SERVERS": "ps0,ps1", "BYOC_NUM_WORKERS": "2", "RANK": "3", "LOCAL_RANK": "0",
+          "BYOC_PS_ROLE": "worker", "BYOC_WORKER_RANK": "1"}, None),
+    ]
+
+
+HETERO = {
+    "current_group_name": "train",
+    "instance_groups": [
+        {"instance_group_name": "train", "instance_type": "ml.p4d.24xlarge", "hosts": ["algo-2", "algo-3"]},
+        {"instance_group_name": "data", "instance_type": "ml.c5.18xlarge", "hosts": ["algo-1"]},
+    ],
+}
+
+
+def test_heterogeneous_groups_leader_is_first_distribution_host():
+    hps = {**TORCH, "sagemaker_distribution_instance_groups": ["train"]}
+    plan = plan_for(make_job(hosts=("algo-1", "algo-2", "algo-3"), current="algo-3", hps=hps, resource_extra=HETERO), GPU8_EFA)
+    assert plan.hosts == ("algo-2", "algo-3") and plan.leader == "algo-2"
+    assert plan.processes[0].argv[3:11] == ("--nnodes", "2", "--node_rank", "1", "--master_addr", "algo-2", "--master_port", "7777")
+
+
+def test_heterogeneous_host_outside_distribution_runs_script_once_and_says_so():
+    hps = {**TORCH, "sagemaker_distribution_instance_groups": ["train"]}
+    extra = {**HETERO, "current_group_name": "data"}
+    plan = plan_for(make_job(hosts=("algo-1", "algo-2", "algo-3"), current="algo-1", hps=hps, resource_extra=extra), CPU)
+    assert plan.role == "outside-distribution"
+    assert [p.argv for p in plan.processes] == [(PY, RE, SCRIPT)]
+    assert any("outside the distribution's groups (train)" in n for n in plan.notes)
+
+
+def test_shell_and_package_entry_points():
+    from entrypoint.program import CodeFacts
+
+    sh = plan_for(make_job(hps={"sagemaker_program": "run.sh", "a": "x"}), CPU, CodeFacts(known=True, program_exists=True))
+    assert sh.processes[0].argv == ("/bin/sh", "/opt/ml/code/run.sh", "-a", "x")
+    bash = plan_for(make_job(hps={"sagemaker_program": "run.sh"}), CPU,
+                    CodeFacts(known=True, program_exists=True, shebang=("/usr/bin/env", "bash")))
+    assert bash.processes[0].argv == ("/usr/bin/env", "bash", "/opt/ml/code/run.sh")
+    pkg = plan_for(make_job(hps={"sagemaker_program": "trainer/main.py"}), CPU,
+                   CodeFacts(known=True, program_exists=True, installable=True, has_requirements=True))
+    assert pkg.processes[0].argv == (PY, RE, "-m", "trainer.main")
+    assert pkg.install == (
+        (PY, "-m", "pip", "install", "--disable-pip-version-check", "--no-input", "-r", "/opt/ml/code/requirements.txt"),
+        (PY, "-m", "pip", "install", "--disable-pip-version-check", "--no-input", "/opt/ml/code"),
+    )
+
+
+def test_missing_interface_falls_back_to_eth0():
+    plan = plan_for(make_job(hosts=("algo-1", "algo-2"), hps=TORCH, resource_extra={"network_interface_name": "ethwe"}), CPU)
+    assert plan.interface == "eth0" and dict(plan.env)["NCCL_SOCKET_IFNAME"] == "eth0"
+    assert dict(plan.env)["SM_NETWORK_INTERFACE_NAME"] == "eth0"
+    assert any('"ethwe" does not exist' in n for n in plan.notes)
