@@ -1,0 +1,168 @@
+"""Bad job definitions: one clear paragraph in output/failure, a non-zero exit, no traceback.
+Property-based: no parser raises anything but JobDefinitionError, whatever the input."""
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from entrypoint.config import (
+    parse_checkpoint_config,
+    parse_hyperparameters,
+    parse_input_data_config,
+    parse_json_document,
+    parse_resource_config,
+)
+from entrypoint.distribution import parse_distribution, parse_launch_settings
+from entrypoint.errors import EXIT_BAD_JOB, JobDefinitionError
+from entrypoint.paths import MlPaths
+from support.jobs import make_job
+from support.jobtree import failure_text, run_entrypoint, write_tree
+
+
+def corrupt(root, name, text):
+    (root / "input/config" / name).write_text(text)
+
+
+BAD_TREES = {
+    "malformed-json": (lambda r: corrupt(r, "resourceconfig.json", '{"current_host": "algo-1", hosts: }'), "resourceconfig.json is not valid JSON"),
+    "hosts-not-a-list": (lambda r: corrupt(r, "resourceconfig.json", '{"current_host": "algo-1", "hosts": "algo-1"}'), '"hosts" in resourceconfig.json must be a list'),
+    "empty-hosts": (lambda r: corrupt(r, "resourceconfig.json", '{"current_host": "algo-1", "hosts": []}'), '"hosts" in resourceconfig.json is empty'),
+    "current-host-unknown": (lambda r: corrupt(r, "resourceconfig.json", '{"current_host": "algo-9", "hosts": ["algo-1"]}'), 'current_host "algo-9" in resourceconfig.json is not one of its hosts'),
+    "current-host-wrong-type": (lambda r: corrupt(r, "resourceconfig.json", '{"current_host": 1, "hosts": ["algo-1"]}'), '"current_host" in resourceconfig.json must be a non-empty string'),
+    "hyperparameters-array": (lambda r: corrupt(r, "hyperparameters.json", "[1, 2]"), "hyperparameters.json must hold a JSON object, but it holds an array"),
+    "missing-program-name": (lambda r: corrupt(r, "hyperparameters.json", "{}"), "No training program is named"),
+    "program-file-missing": (lambda r: (r / "code/train.py").unlink(), "The training program train.py does not exist"),
+    "unsafe-program": (lambda r: corrupt(r, "hyperparameters.json", json.dumps({"sagemaker_program": '"../../etc/passwd"'})), "is not a plain relative path"),
+    "channel-without-folder": (lambda r: corrupt(r, "inputdataconfig.json", '{"train": {"TrainingInputMode": "File"}}'), "names the channel(s) train, but"),
+    "bad-input-mode": (lambda r: corrupt(r, "inputdataconfig.json", '{"train": {"TrainingInputMode": "Stream"}}'), 'TrainingInputMode "Stream"'),
+    "missing-resourceconfig": (lambda r: (r / "input/config/resourceconfig.json").unlink(), "resourceconfig.json does not exist"),
+    "bad-env-setting": (None, "BYOC_GRACE_PERIOD_S='soon'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_TREES))
+def test_bad_job_definition_is_one_clear_paragraph(tmp_path, case):
+    root = write_tree(tmp_path, script="print('must not run')\n")
+    breaker, expected = BAD_TREES[case]
+    env = {}
+    if breaker is None:
+        env = {"BYOC_GRACE_PERIOD_S": "soon"}
+    else:
+        breaker(root)
+    done = run_entrypoint(root, **env)
+    assert done.returncode == EXIT_BAD_JOB
+    report = failure_text(root)
+    assert report.startswith("The training job definition is invalid: ")
+    assert expected in report
+    assert "Traceback" not in report and "Traceback" not in done.stderr
+    assert report.count("\n") == 1 and len(report) < 1024
+    assert "must not run" not in done.stdout
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=12,
+)
+HOSTS = st.lists(st.sampled_from(["algo-1", "algo-2", "algo-10", "", 3]), max_size=4)
+RESOURCE = st.fixed_dictionaries(
+    {},
+    optional={
+        "current_host": st.sampled_from(["algo-1", "algo-2", "", None, 7]),
+        "hosts": HOSTS | JSON,
+        "instance_groups": st.lists(st.fixed_dictionaries({}, optional={"instance_group_name": st.sampled_from(["a", "b", 1]), "hosts": HOSTS, "instance_type": JSON}), max_size=3) | JSON,
+        "current_group_name": st.sampled_from(["a", "b", None, 5]),
+        "network_interface_name": JSON,
+        "current_instance_type": JSON,
+    },
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(JSON, RESOURCE))
+def test_parse_resource_config_never_raises_anything_else(doc):
+    try:
+        config = parse_resource_config(doc)
+    except JobDefinitionError as exc:
+        assert str(exc)
+    else:
+        assert config.current_host in config.hosts
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(JSON, st.dictionaries(st.text(max_size=10), st.text(max_size=10) | JSON, max_size=6)))
+def test_parse_hyperparameters_and_distribution_never_raise_anything_else(doc):
+    try:
+        hps = parse_hyperparameters(doc)
+    except JobDefinitionError:
+        return
+    assert set(hps.values) == set(doc)
+
+
+DIST_KEYS = st.sampled_from([
+    "sagemaker_mpi_enabled", "sagemaker_torch_distributed_enabled", "sagemaker_parameter_server_enabled",
+    "sagemaker_pytorch_ddp_enabled", "sagemaker_mpi_num_of_processes_per_host", "sagemaker_mpi_num_processes",
+    "sagemaker_mpi_custom_mpi_options", "sagemaker_distribution_instance_groups", "sagemaker_mpi_enable", "sagemaker_whatever",
+])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(DIST_KEYS, JSON | st.sampled_from(["true", "false", "2", "-x A 'unclosed"]), max_size=4))
+def test_parse_distribution_never_raises_anything_else(hps):
+    try:
+        job = make_job(hps=hps)
+        parse_distribution(job)
+    except JobDefinitionError as exc:
+        assert str(exc)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(JSON, st.dictionaries(st.text(max_size=10), st.one_of(JSON, st.fixed_dictionaries({}, optional={"TrainingInputMode": JSON | st.sampled_from(["File", "Pipe"]), "S3DistributionType": JSON, "ContentType": JSON})), max_size=4)))
+def test_parse_input_data_config_never_raises_anything_else(doc):
+    try:
+        config = parse_input_data_config(doc)
+    except JobDefinitionError:
+        return
+    assert all("/" not in c.name for c in config.channels)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=40) | st.binary(max_size=20).map(lambda b: b.decode("latin1")))
+def test_parse_json_document_never_raises_anything_else(text):
+    try:
+        parse_json_document(text, "x.json")
+    except JobDefinitionError as exc:
+        assert "x.json is not valid JSON" in str(exc)
+
+
+@settings(max_examples=200, deadline=None)
+@given(JSON)
+def test_parse_checkpoint_config_never_raises_anything_else(doc):
+    try:
+        config = parse_checkpoint_config(doc, MlPaths("/opt/ml"))
+    except JobDefinitionError:
+        return
+    assert config.local_path
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.sampled_from(["BYOC_MASTER_PORT", "BYOC_TORCHRUN_MAX_RESTARTS", "BYOC_GRACE_PERIOD_S", "BYOC_HOST_RESOLUTION_TIMEOUT_S"]), st.text(max_size=6)))
+def test_parse_launch_settings_never_raises_anything_else(environ):
+    try:
+        parse_launch_settings(environ)
+    except JobDefinitionError as exc:
+        assert "environment variable" in str(exc)
+
+
+def test_defaults_and_order_kept():
+    config = parse_resource_config({"current_host": "algo-2", "hosts": ["algo-1", "algo-10", "algo-2"]})
+    assert config.hosts == ("algo-1", "algo-10", "algo-2")
+    assert (config.current_instance_type, config.current_group_name, config.network_interface_name) == ("local", "homogeneousCluster", "eth0")
+    hps = parse_hyperparameters({"a": '"x"', "b": "[1, 2]", "c": "not json", "d": 5, "sagemaker_program": '"t.py"', "sagemaker_mpi_enabled": "true"})
+    assert dict(hps.user) == {"a": "x", "b": [1, 2], "c": "not json", "d": 5}
+    assert dict(hps.framework) == {"sagemaker_mpi_enabled": True}
+    channels = parse_input_data_config({"train": {}})
+    assert channels.channels[0].input_mode == "File" and channels.channels[0].distribution == "FullyReplicated"
+    assert parse_checkpoint_config({}, MlPaths("/opt/ml")).local_path == "/opt/ml/checkpoints"

@@ -1,0 +1,48 @@
+"""The probe reads the machine; fake sysfs/devfs trees stand in for EFA hosts."""
+
+import os
+
+from entrypoint.probe import parse_neuron_ls_json, parse_nvidia_smi_list, probe_efa, probe_interfaces, probe_machine
+from entrypoint.topology import choose_interface
+
+
+def test_efa_from_sysfs_driver_link(tmp_path):
+    dev = tmp_path / "sys/class/infiniband/rdmap16s27/device"
+    dev.mkdir(parents=True)
+    (tmp_path / "drivers/efa").mkdir(parents=True)
+    os.symlink(tmp_path / "drivers/efa", dev / "driver")
+    assert probe_efa(str(tmp_path)) is True
+
+
+def test_efa_from_uverbs_device(tmp_path):
+    (tmp_path / "dev/infiniband").mkdir(parents=True)
+    (tmp_path / "dev/infiniband/uverbs0").touch()
+    assert probe_efa(str(tmp_path)) is True
+
+
+def test_no_efa_on_an_empty_machine(tmp_path):
+    assert probe_efa(str(tmp_path)) is False
+
+
+def test_interfaces_listed(tmp_path):
+    for name in ("lo", "eth0", "ens5"):
+        (tmp_path / "sys/class/net" / name).mkdir(parents=True)
+    assert probe_interfaces(str(tmp_path)) == ("ens5", "eth0", "lo")
+
+
+def test_parsers():
+    assert parse_nvidia_smi_list("GPU 0: NVIDIA A100 (UUID: x)\nGPU 1: NVIDIA A100 (UUID: y)\n") == 2
+    assert parse_neuron_ls_json('[{"nc_count": 2}, {"nc_count": 2}]') == 4
+    assert parse_neuron_ls_json("not json") == 0
+
+
+def test_interface_fallbacks():
+    assert choose_interface("ethwe", ("eth0", "lo"))[0] == "eth0"
+    assert choose_interface("ethwe", ("ens5", "lo"))[0] == "ens5"
+    assert choose_interface("eth0", ("eth0", "lo")) == ("eth0", None)
+
+
+def test_this_machine_has_no_accelerators_and_has_loopback():
+    facts = probe_machine()
+    assert facts.gpu_count == 0 and facts.neuron_core_count == 0
+    assert "lo" in facts.interfaces and facts.cpu_count >= 1
