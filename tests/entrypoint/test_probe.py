@@ -42,7 +42,7 @@ def test_interface_fallbacks():
     assert choose_interface("eth0", ("eth0", "lo")) == ("eth0", None)
 
 
-def test_this_machine_has_no_accelerators_and_has_loopback():
+def test_probe_of_this_machine_is_plain_data():
     facts = probe_machine()
-    assert facts.gpu_count == 0 and facts.neuron_core_count == 0
+    assert facts.gpu_count >= 0 and facts.neuron_core_count >= 0
     assert "lo" in facts.interfaces and facts.cpu_count >= 1
