@@ -276,7 +276,11 @@ def run_plan(plan: LaunchPlan, paths: MlPaths, environ: dict[str, str]) -> int:
             return fail(what, code, stopped_by)
 
     if plan.role == "mpi-worker":
-        return fail("the MPI worker role", 1) if _no_worker_flow() else 0
+        # The worker side of mpirun-over-SSH (sshd, per-job keys, living as long as the
+        # leader's job) is not built yet. Fail loudly: a worker must never report success
+        # for ranks it did not see finish.
+        collector.tail.append("this image cannot act as an MPI worker host yet; run MPI jobs on one host or use torch_distributed")
+        return fail("the MPI worker role", 1)
 
     if plan.role in DISTRIBUTED_ROLES and len(plan.hosts) > 1:
         unresolved = wait_for_hosts(plan.hosts, plan.settings.host_resolution_timeout_s)
@@ -298,10 +302,3 @@ def run_plan(plan: LaunchPlan, paths: MlPaths, environ: dict[str, str]) -> int:
     log(f"{plan.current_host}: {what} succeeded in {elapsed:.1f} s")
     return 0
 
-
-def _no_worker_flow() -> bool:
-    # The MPI worker's sshd flow arrives with the multi-host launch; until then a worker
-    # must not pretend its ranks succeeded.
-    collector_note = "this image cannot yet act as an MPI worker host"
-    log(collector_note)
-    return True

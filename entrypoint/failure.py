@@ -78,7 +78,7 @@ def guess_exception_from_tail(lines: list[str]) -> str | None:
 
 
 def secret_values(environ: Mapping[str, str]) -> list[str]:
-    values = {v for k, v in environ.items() if SECRET_NAME.search(k) and len(v) >= 4}
+    values = {v for k, v in environ.items() if SECRET_NAME.search(k) and len(v) >= 6}
     return sorted(values, key=len, reverse=True)  # longest first: no partial masking
 
 

@@ -215,3 +215,12 @@ def test_dry_run_prints_the_plan_and_runs_nothing(tmp_path):
     assert plan["processes"][0]["argv"][-2:] == ["--lr", "0.5"]
     assert "hf_secret_value_123" not in done.stdout
     assert not (root / "output/success").exists() and not (root / "output/failure").exists()
+
+
+def test_mpi_worker_host_never_reports_success_it_did_not_see(tmp_path):
+    root = write_tree(tmp_path, hosts=("algo-1", "algo-2"), current_host="algo-2",
+                      script="print('x')\n", hyperparameters={"sagemaker_mpi_enabled": True})
+    done = run_entrypoint(root)
+    assert done.returncode != 0
+    assert "MPI worker" in failure_text(root)[:1024]
+    assert not (root / "output/success").exists()
