@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 
 from entrypoint import execute
 from entrypoint.config import JobConfig, find_missing_channel_dirs, load_job
@@ -30,7 +31,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def build_runtime(environ: dict[str, str]) -> Runtime:
-    return Runtime(python=sys.executable, runtime_dir=environ.get("BYOC_RUNTIME_DIR") or "/tmp/byoc")
+    # /run is a per-container tmpfs (and per-host in the emulated cluster): per-job keys
+    # never land on a disk that outlives the job.
+    default = "/run/byoc" if os.access("/run", os.W_OK) else os.path.join(tempfile.gettempdir(), f"byoc-{os.getuid()}")
+    return Runtime(python=sys.executable, runtime_dir=environ.get("BYOC_RUNTIME_DIR") or default)
 
 
 def decide_plan(job: JobConfig, facts: MachineFacts, runtime: Runtime) -> LaunchPlan:

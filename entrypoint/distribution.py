@@ -75,6 +75,9 @@ class LaunchSettings:
     grace_period_s: float = 90.0
     host_resolution_timeout_s: float = 300.0
     neuron_parallel_compile: bool = False
+    ssh_port: int = 22
+    ssh_wait_timeout_s: float = 300.0
+    leader_lost_timeout_s: float = 30.0
 
 
 def _as_bool(key: str, value: Any) -> bool:
@@ -220,4 +223,7 @@ def parse_launch_settings(environ: Mapping[str, str]) -> LaunchSettings:
         grace_period_s=number("BYOC_GRACE_PERIOD_S", 90.0, float, 0.0),
         host_resolution_timeout_s=number("BYOC_HOST_RESOLUTION_TIMEOUT_S", 300.0, float, 0.0),
         neuron_parallel_compile=environ.get("RUN_NEURON_PARALLEL_COMPILE") == "1",
+        ssh_port=number("BYOC_SSH_PORT", 22, int, 1, 65535),
+        ssh_wait_timeout_s=number("BYOC_SSH_WAIT_TIMEOUT_S", 300.0, float, 0.0),
+        leader_lost_timeout_s=number("BYOC_LEADER_LOST_TIMEOUT_S", 30.0, float, 1.0, 60.0),
     )

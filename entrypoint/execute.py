@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import shutil
 import signal
@@ -22,7 +23,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from entrypoint.failure import RootCause, build_failure_report, first_root_cause, parse_root_cause_line
+from entrypoint import mpi_hosts
+from entrypoint.failure import build_failure_report, build_job_outcome_report, first_root_cause, parse_root_cause_line
 from entrypoint.paths import MlPaths
 from entrypoint.plan import LaunchPlan, ProcessSpec
 from entrypoint.program import CodeSource
@@ -238,6 +240,41 @@ def write_outcome(paths: MlPaths, exit_code: int, report: str | None) -> None:
         f.write(report or "")
 
 
+@contextlib.contextmanager
+def stop_signals_set(stop: "mpi_hosts.StopRequest"):
+    """While waiting (not running children), SIGTERM/SIGINT only mark the wait as stopped."""
+
+    def on_signal(signum, _frame):
+        stop.signal_name = signal.Signals(signum).name
+        log(f"received {stop.signal_name}")
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield stop
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def run_mpi_worker(plan: LaunchPlan, paths: MlPaths, env: dict[str, str]) -> int:
+    log(f"{plan.current_host}: MPI worker for the leader {plan.leader}")
+    stop = mpi_hosts.StopRequest()
+    with stop_signals_set(stop):
+        code, reason = mpi_hosts.run_worker(plan, stop, log)
+    if code == 0:
+        write_outcome(paths, 0, None)
+        log(f"{plan.current_host}: the leader reports success")
+        return 0
+    if reason is None:
+        reason = (
+            f"The MPI job failed: the leader {plan.leader} reported exit code {code}. "
+            f"The leader's output/failure names the first failing host, rank and exception."
+        )
+    write_outcome(paths, code, build_job_outcome_report(reason, env))
+    log(f"{plan.current_host}: {reason}")
+    return code
+
+
 def describe(plan: LaunchPlan) -> str:
     if plan.role == "single":
         return f"{plan.entry.program}"
@@ -276,11 +313,7 @@ def run_plan(plan: LaunchPlan, paths: MlPaths, environ: dict[str, str]) -> int:
             return fail(what, code, stopped_by)
 
     if plan.role == "mpi-worker":
-        # The worker side of mpirun-over-SSH (sshd, per-job keys, living as long as the
-        # leader's job) is not built yet. Fail loudly: a worker must never report success
-        # for ranks it did not see finish.
-        collector.tail.append("this image cannot act as an MPI worker host yet; run MPI jobs on one host or use torch_distributed")
-        return fail("the MPI worker role", 1)
+        return run_mpi_worker(plan, paths, env)
 
     if plan.role in DISTRIBUTED_ROLES and len(plan.hosts) > 1:
         unresolved = wait_for_hosts(plan.hosts, plan.settings.host_resolution_timeout_s)
@@ -292,9 +325,25 @@ def run_plan(plan: LaunchPlan, paths: MlPaths, environ: dict[str, str]) -> int:
             return fail("waiting for the other hosts' names to resolve", 1)
 
     what = describe(plan)
+    sshd = None
+    if plan.role == "mpi-leader":
+        stop = mpi_hosts.StopRequest()
+        with stop_signals_set(stop):
+            sshd, problem = mpi_hosts.start_leader(plan, stop, log)
+        if problem:
+            collector.tail.append(problem)
+            mpi_hosts.tell_workers(plan, 1, log)
+            mpi_hosts.stop_process(sshd)
+            return fail(f"{what}: starting the workers", 1, stop.signal_name)
     log(f"{plan.current_host}: running {what} ({plan.role})")
     started = time.monotonic()
-    code, stopped_by = run_processes(plan.processes, env, plan.cwd, plan.settings.grace_period_s, collector)
+    code, stopped_by = 1, None
+    try:
+        code, stopped_by = run_processes(plan.processes, env, plan.cwd, plan.settings.grace_period_s, collector)
+    finally:
+        if plan.role == "mpi-leader":
+            mpi_hosts.tell_workers(plan, code, log)
+            mpi_hosts.stop_process(sshd)
     elapsed = time.monotonic() - started
     if code != 0:
         return fail(what, code, stopped_by)

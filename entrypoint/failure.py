@@ -119,5 +119,9 @@ def build_failure_report(
     return redact("\n".join(lines).rstrip() + "\n", secret_values(environ))
 
 
+def build_job_outcome_report(reason: str, environ: Mapping[str, str]) -> str:
+    return redact(reason.rstrip() + "\n", secret_values(environ))
+
+
 def build_job_definition_report(message: str, environ: Mapping[str, str]) -> str:
     return redact(f"The training job definition is invalid: {message}\n", secret_values(environ))

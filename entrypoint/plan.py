@@ -69,6 +69,7 @@ class LaunchPlan:
     processes: tuple[ProcessSpec, ...]
     env: tuple[tuple[str, str], ...]
     settings: LaunchSettings
+    runtime_dir: str = "/run/byoc"
     notes: tuple[str, ...] = field(default=())
 
     @property
@@ -283,6 +284,7 @@ def decide(
             processes=processes,
             env=tuple(sorted({**env, **extra_env}.items())),
             settings=settings,
+            runtime_dir=runtime.runtime_dir,
             notes=tuple(notes),
         )
 

@@ -217,10 +217,12 @@ def test_dry_run_prints_the_plan_and_runs_nothing(tmp_path):
     assert not (root / "output/success").exists() and not (root / "output/failure").exists()
 
 
-def test_mpi_worker_host_never_reports_success_it_did_not_see(tmp_path):
-    root = write_tree(tmp_path, hosts=("algo-1", "algo-2"), current_host="algo-2",
+def test_mpi_worker_without_a_leader_fails_within_its_timeout(tmp_path):
+    root = write_tree(tmp_path / "ml", hosts=("algo-1", "algo-2"), current_host="algo-2",
                       script="print('x')\n", hyperparameters={"sagemaker_mpi_enabled": True})
-    done = run_entrypoint(root)
-    assert done.returncode != 0
-    assert "MPI worker" in failure_text(root)[:1024]
+    started = time.monotonic()
+    done = run_entrypoint(root, BYOC_SSH_WAIT_TIMEOUT_S="2", BYOC_RUNTIME_DIR=str(tmp_path / "run"))
+    assert time.monotonic() - started < 30
+    assert done.returncode == 1
+    assert "the leader algo-1 did not serve SSH within 2 s" in failure_text(root)
     assert not (root / "output/success").exists()

@@ -1,0 +1,182 @@
+"""The hosts' side of mpirun over SSH: sshd on every host, the leader waiting for its workers,
+workers living exactly as long as the leader's job.
+
+How a worker learns the outcome: when mpirun ends, the leader writes its exit code into the
+worker's runtime folder over the same SSH channel mpirun used (`job-exit-code`). A worker
+exits with that code, so no worker reports success for ranks that failed. A worker whose
+leader stops answering on its SSH port for BYOC_LEADER_LOST_TIMEOUT_S (default 30 s) exits
+non-zero on its own. No fixed sleeps: every wait is a poll with a deadline.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+
+from entrypoint import ssh
+from entrypoint.plan import LaunchPlan
+
+POLL_S = 0.2
+OUTCOME_FILE = "job-exit-code"
+
+
+@dataclass
+class StopRequest:
+    """Set by the signal handler; waits check it so SIGTERM never waits out a timeout."""
+
+    signal_name: str | None = None
+
+
+def files_for(plan: LaunchPlan) -> ssh.SshFiles:
+    return ssh.SshFiles(os.path.join(plan.runtime_dir, "ssh"))
+
+
+def outcome_path(plan: LaunchPlan) -> str:
+    return os.path.join(plan.runtime_dir, OUTCOME_FILE)
+
+
+def start_sshd(files: ssh.SshFiles) -> subprocess.Popen:
+    ssh.prepare_sshd_runtime()
+    return subprocess.Popen(
+        list(ssh.sshd_argv(files)), stdin=subprocess.DEVNULL, start_new_session=True
+    )
+
+
+def stop_process(proc: subprocess.Popen | None) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def ssh_argv(files: ssh.SshFiles, host: str, remote_command: str) -> list[str]:
+    return ["ssh", "-F", files.client_config, host, remote_command]
+
+
+# --- leader ------------------------------------------------------------------------------------
+
+
+def start_leader(plan: LaunchPlan, stop: StopRequest, log) -> tuple[subprocess.Popen, str | None]:
+    """Start sshd (workers fetch our key from it) and wait until every worker accepts us.
+    Returns sshd and, on failure, a one-line reason."""
+    files = files_for(plan)
+    ssh.write_host_key_and_configs(files, plan.settings.ssh_port)
+    sshd = start_sshd(files)
+    workers = [h for h in plan.hosts if h != plan.current_host]
+    deadline = time.monotonic() + plan.settings.ssh_wait_timeout_s
+    pending = list(workers)
+    log(f"waiting for SSH on {', '.join(workers)}")
+    while pending:
+        for host in list(pending):
+            done = subprocess.run(ssh_argv(files, host, "true"), capture_output=True, stdin=subprocess.DEVNULL)
+            if done.returncode == 0:
+                pending.remove(host)
+        if not pending:
+            break
+        if stop.signal_name:
+            return sshd, f"stopped by {stop.signal_name} while waiting for the workers' SSH"
+        if time.monotonic() >= deadline:
+            return sshd, (
+                f"host(s) {', '.join(pending)} did not accept SSH within "
+                f"{plan.settings.ssh_wait_timeout_s:g} s (BYOC_SSH_WAIT_TIMEOUT_S)"
+            )
+        time.sleep(POLL_S)
+    log("every worker accepts SSH")
+    return sshd, None
+
+
+def tell_workers(plan: LaunchPlan, exit_code: int, log) -> None:
+    """Write the job's exit code on every worker, in parallel; a dead worker is skipped."""
+    files = files_for(plan)
+    target = outcome_path(plan)
+    command = f"printf %s {int(exit_code)} > {shlex.quote(target)}.tmp && mv {shlex.quote(target)}.tmp {shlex.quote(target)}"
+
+    def tell(host: str) -> None:
+        try:
+            done = subprocess.run(ssh_argv(files, host, command), capture_output=True, timeout=30, stdin=subprocess.DEVNULL)
+            if done.returncode != 0:
+                log(f"could not tell {host} the outcome: {done.stderr.decode(errors='replace').strip()}")
+        except subprocess.TimeoutExpired:
+            log(f"could not tell {host} the outcome: timed out")
+
+    threads = [threading.Thread(target=tell, args=(h,)) for h in plan.hosts if h != plan.current_host]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+# --- worker ------------------------------------------------------------------------------------
+
+
+def run_worker(plan: LaunchPlan, stop: StopRequest, log) -> tuple[int, str | None]:
+    """Authorize the leader, serve SSH until the leader reports the outcome.
+    Returns (exit code, reason when it is not the leader's outcome)."""
+    files = files_for(plan)
+    settings = plan.settings
+    try:
+        os.remove(outcome_path(plan))
+    except FileNotFoundError:
+        pass
+    ssh.write_host_key_and_configs(files, settings.ssh_port)
+
+    deadline = time.monotonic() + settings.ssh_wait_timeout_s
+    key = None
+    while key is None:
+        key = ssh.scan_host_key(plan.leader, settings.ssh_port)
+        if key is not None:
+            break
+        if stop.signal_name:
+            return 143, f"stopped by {stop.signal_name} before the leader {plan.leader} started"
+        if time.monotonic() >= deadline:
+            return 1, (
+                f"the leader {plan.leader} did not serve SSH within {settings.ssh_wait_timeout_s:g} s "
+                f"(BYOC_SSH_WAIT_TIMEOUT_S)"
+            )
+        time.sleep(POLL_S)
+    addresses = ssh.resolve_addresses(plan.leader)
+    ssh.authorize(files, key, addresses)
+    sshd = start_sshd(files)
+    log(f"serving SSH to the leader {plan.leader} ({', '.join(addresses)})")
+    try:
+        return _wait_for_outcome(plan, stop, log)
+    finally:
+        stop_process(sshd)
+
+
+def _wait_for_outcome(plan: LaunchPlan, stop: StopRequest, log) -> tuple[int, str | None]:
+    settings = plan.settings
+    path = outcome_path(plan)
+    last_contact = time.monotonic()
+    next_check = 0.0
+    stop_deadline = None
+    while True:
+        if os.path.exists(path):
+            with open(path) as f:
+                text = f.read().strip()
+            code = int(text) if text.lstrip("-").isdigit() else 1
+            return code, None
+        now = time.monotonic()
+        if stop.signal_name and stop_deadline is None:
+            # The leader's mpirun stops our ranks; give it the grace period to report.
+            stop_deadline = now + settings.grace_period_s
+        if stop_deadline is not None and now >= stop_deadline:
+            return 143, f"stopped by {stop.signal_name}; the leader did not report an outcome within the grace period"
+        if now >= next_check:
+            if ssh.can_connect(plan.leader, settings.ssh_port, timeout_s=2.0):
+                last_contact = time.monotonic()
+            elif time.monotonic() - last_contact > settings.leader_lost_timeout_s:
+                return 1, (
+                    f"lost the leader {plan.leader}: no answer on its SSH port for "
+                    f"{settings.leader_lost_timeout_s:g} s (BYOC_LEADER_LOST_TIMEOUT_S)"
+                )
+            next_check = time.monotonic() + 1.0
+        time.sleep(POLL_S)

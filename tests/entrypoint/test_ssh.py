@@ -1,0 +1,29 @@
+"""Per-job SSH trust: pure builders, and real key generation (no key in the image)."""
+
+from entrypoint import ssh
+
+
+def test_keyscan_output_to_public_key():
+    out = "# algo-1:22 SSH-2.0-OpenSSH_9.2\nalgo-1 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIExample\n"
+    assert ssh.parse_keyscan(out) == "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIExample"
+    assert ssh.parse_keyscan("") is None
+
+
+def test_authorized_key_is_bound_to_the_leader_addresses_and_restricted():
+    line = ssh.build_authorized_key("ssh-ed25519 AAAAkey", ["10.0.0.1", "fd00::1"])
+    assert line == 'from="10.0.0.1,fd00::1",restrict ssh-ed25519 AAAAkey\n'
+
+
+def test_sshd_config_allows_keys_only():
+    text = ssh.build_sshd_config(ssh.SshFiles("/run/byoc/ssh"), 22)
+    assert "PasswordAuthentication no" in text and "PermitRootLogin prohibit-password" in text
+    assert "AuthorizedKeysFile /run/byoc/ssh/authorized_keys" in text
+
+
+def test_every_start_generates_a_new_host_key(tmp_path):
+    files = ssh.SshFiles(str(tmp_path / "ssh"))
+    ssh.write_host_key_and_configs(files, 2222)
+    first = ssh.public_key(files)
+    ssh.write_host_key_and_configs(files, 2222)
+    assert first.startswith("ssh-ed25519 ") and ssh.public_key(files) != first
+    assert (tmp_path / "ssh/host_ed25519_key").stat().st_mode & 0o077 == 0
