@@ -89,6 +89,21 @@ def decide_processes_per_host(dist: Distribution, facts: MachineFacts) -> tuple[
     return 1, None
 
 
+def build_hostname_env(job: JobConfig, facts: MachineFacts) -> dict[str, str]:
+    """Ranks must see gethostname() == current_host (MPI and NCCL group ranks by host name;
+    a container's own name is random). The shim reads /opt/ml/input/config/resourceconfig.json,
+    so it only applies when the job's root is /opt/ml."""
+    if (
+        facts.gethostname_shim is None
+        or not facts.hostname
+        or facts.hostname == job.resource.current_host
+        or job.paths.base != "/opt/ml"
+    ):
+        return {}
+    preload = job.environ.get("LD_PRELOAD")
+    return {"LD_PRELOAD": f"{facts.gethostname_shim}:{preload}" if preload else facts.gethostname_shim}
+
+
 def build_launcher_env(
     job: JobConfig, facts: MachineFacts, interface: str, leader: str, hosts: tuple[str, ...], settings: LaunchSettings
 ) -> dict[str, str]:
@@ -298,7 +313,7 @@ def decide(
         )
         return plan("outside-distribution", (ProcessSpec("script", program_argv),), {}, hosts=dist_hosts)
 
-    launcher_env = build_launcher_env(job, facts, interface, leader, dist_hosts, settings)
+    launcher_env = {**build_launcher_env(job, facts, interface, leader, dist_hosts, settings), **build_hostname_env(job, facts)}
     node_rank = dist_hosts.index(resource.current_host)
 
     if launcher_kind in MPI_BASED:

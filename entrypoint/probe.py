@@ -7,9 +7,11 @@ MachineFacts. The decision code takes MachineFacts as plain data, so tests build
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
+import socket
 import subprocess
 from dataclasses import dataclass
 
@@ -25,6 +27,10 @@ class MachineFacts:
     interfaces: tuple[str, ...]  # network interfaces present, e.g. ("eth0", "lo")
     smddprun: bool = False  # AWS's closed SMDDP launcher is installed
     smddpmprun: bool = False
+    hostname: str = ""
+    # sagemaker-training's prebuilt LD_PRELOAD library (built when the image is built, never
+    # at container start): gethostname() answers current_host from resourceconfig.json.
+    gethostname_shim: str | None = None
 
 
 def probe_machine(root: str = "/") -> MachineFacts:
@@ -36,7 +42,15 @@ def probe_machine(root: str = "/") -> MachineFacts:
         interfaces=probe_interfaces(root),
         smddprun=shutil.which("smddprun") is not None,
         smddpmprun=shutil.which("smddpmprun") is not None,
+        hostname=socket.gethostname(),
+        gethostname_shim=probe_gethostname_shim(),
     )
+
+
+def probe_gethostname_shim() -> str | None:
+    spec = importlib.util.find_spec("gethostname")
+    origin = spec.origin if spec else None
+    return origin if origin and origin.endswith(".so") else None
 
 
 def probe_gpu_count() -> int:

@@ -207,3 +207,15 @@ def test_missing_interface_falls_back_to_eth0():
     assert plan.interface == "eth0" and dict(plan.env)["NCCL_SOCKET_IFNAME"] == "eth0"
     assert dict(plan.env)["SM_NETWORK_INTERFACE_NAME"] == "eth0"
     assert any('"ethwe" does not exist' in n for n in plan.notes)
+
+
+def test_hostname_shim_preloaded_when_the_container_name_differs():
+    from dataclasses import replace
+
+    facts = replace(GPU4, hostname="ip-10-0-1-23", gethostname_shim="/py/gethostname.so")
+    env = non_sm_env(plan_for(make_job(hosts=("algo-1", "algo-2"), hps=TORCH), facts))
+    assert env["LD_PRELOAD"] == "/py/gethostname.so"
+    same = replace(facts, hostname="algo-1")
+    assert "LD_PRELOAD" not in non_sm_env(plan_for(make_job(hosts=("algo-1", "algo-2"), hps=TORCH), same))
+    with_user = make_job(hosts=("algo-1", "algo-2"), hps=TORCH, environ={"LD_PRELOAD": "/usr/lib/libjemalloc.so"})
+    assert non_sm_env(plan_for(with_user, facts))["LD_PRELOAD"] == "/py/gethostname.so:/usr/lib/libjemalloc.so"

@@ -2,6 +2,8 @@
 
 import os
 
+import pytest
+
 from entrypoint.probe import parse_neuron_ls_json, parse_nvidia_smi_list, probe_efa, probe_interfaces, probe_machine
 from entrypoint.topology import choose_interface
 
@@ -46,3 +48,29 @@ def test_probe_of_this_machine_is_plain_data():
     facts = probe_machine()
     assert facts.gpu_count >= 0 and facts.neuron_core_count >= 0
     assert "lo" in facts.interfaces and facts.cpu_count >= 1
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root for a private mount namespace over /opt")
+def test_gethostname_shim_answers_current_host(tmp_path):
+    """The toolkit's prebuilt library, preloaded, makes gethostname() say current_host. It
+    reads /opt/ml itself, so the test gives it one in a private mount namespace."""
+    import json
+    import subprocess
+    import sys
+
+    from entrypoint.probe import probe_gethostname_shim
+
+    shim = probe_gethostname_shim()
+    assert shim is not None  # sagemaker-training is a dependency
+    config = tmp_path / "resourceconfig.json"
+    config.write_text(json.dumps({"current_host": "algo-7", "hosts": ["algo-7"]}))
+    script = (
+        "mount -t tmpfs none /opt && mkdir -p /opt/ml/input/config && "
+        f'cp "$1" /opt/ml/input/config/ && LD_PRELOAD="$2" "$3" -c "import socket; print(socket.gethostname())"'
+    )
+    done = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", str(config), shim, sys.executable],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "algo-7"
