@@ -78,6 +78,7 @@ class LaunchSettings:
     ssh_port: int = 22
     ssh_wait_timeout_s: float = 300.0
     leader_lost_timeout_s: float = 30.0
+    error_store_port: int = 7778
 
 
 def _as_bool(key: str, value: Any) -> bool:
@@ -217,8 +218,9 @@ def parse_launch_settings(environ: Mapping[str, str]) -> LaunchSettings:
             )
         return value
 
+    master_port = number("BYOC_MASTER_PORT", 7777, int, 1, 65535)
     return LaunchSettings(
-        master_port=number("BYOC_MASTER_PORT", 7777, int, 1, 65535),
+        master_port=master_port,
         max_restarts=number("BYOC_TORCHRUN_MAX_RESTARTS", 0, int, 0),
         grace_period_s=number("BYOC_GRACE_PERIOD_S", 90.0, float, 0.0),
         host_resolution_timeout_s=number("BYOC_HOST_RESOLUTION_TIMEOUT_S", 300.0, float, 0.0),
@@ -226,4 +228,5 @@ def parse_launch_settings(environ: Mapping[str, str]) -> LaunchSettings:
         ssh_port=number("BYOC_SSH_PORT", 22, int, 1, 65535),
         ssh_wait_timeout_s=number("BYOC_SSH_WAIT_TIMEOUT_S", 300.0, float, 0.0),
         leader_lost_timeout_s=number("BYOC_LEADER_LOST_TIMEOUT_S", 30.0, float, 1.0, 60.0),
+        error_store_port=number("BYOC_ERROR_STORE_PORT", master_port + 1 if master_port < 65535 else 7778, int, 1, 65535),
     )

@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass, field
 
 from entrypoint import mpi_hosts
+from entrypoint.error_store import RootCauseStore
 from entrypoint.failure import build_failure_report, build_job_outcome_report, first_root_cause, parse_root_cause_line
 from entrypoint.paths import MlPaths
 from entrypoint.plan import LaunchPlan, ProcessSpec
@@ -335,6 +336,9 @@ def run_plan(plan: LaunchPlan, paths: MlPaths, environ: dict[str, str]) -> int:
             mpi_hosts.tell_workers(plan, 1, log)
             mpi_hosts.stop_process(sshd)
             return fail(f"{what}: starting the workers", 1, stop.signal_name)
+    store = None
+    if plan.role in ("torchrun", "parameter-server") and plan.current_host == plan.leader and "BYOC_ERROR_STORE" in plan.env_dict:
+        store = RootCauseStore(plan.settings.error_store_port, log)
     log(f"{plan.current_host}: running {what} ({plan.role})")
     started = time.monotonic()
     code, stopped_by = 1, None
@@ -346,6 +350,8 @@ def run_plan(plan: LaunchPlan, paths: MlPaths, environ: dict[str, str]) -> int:
             mpi_hosts.stop_process(sshd)
     elapsed = time.monotonic() - started
     if code != 0:
+        if store is not None:
+            collector.root_causes.extend(store.collect())
         return fail(what, code, stopped_by)
     write_outcome(paths, 0, None)
     log(f"{plan.current_host}: {what} succeeded in {elapsed:.1f} s")

@@ -337,6 +337,10 @@ def decide(
         )
         return plan("mpi-leader", (ProcessSpec("mpirun", argv),), launcher_env)
 
+    if len(dist_hosts) > 1 and "BYOC_ERROR_STORE" not in job.environ:
+        # Ranks on every host report their exception to the leader (entrypoint/error_store.py).
+        launcher_env["BYOC_ERROR_STORE"] = f"{leader}:{settings.error_store_port}"
+
     if launcher_kind == "torch_distributed":
         argv = build_torchrun_argv(runtime.python, dist_hosts, node_rank, leader=leader,
                                    processes_per_host=pph, settings=settings, program_argv=program_argv)

@@ -27,6 +27,8 @@ import traceback
 
 MARKER = "BYOC-ROOT-CAUSE "
 MESSAGE_LIMIT = 2000
+STORE_COUNT_KEY = "byoc/root_cause_count"
+STORE_RECORD_KEY = "byoc/root_cause/{}"
 
 
 def _rank() -> str:
@@ -56,6 +58,7 @@ def _record(exc: BaseException) -> None:
         sys.stderr.flush()
     except (OSError, ValueError):
         pass
+    _report_to_leader(json.dumps(record, ensure_ascii=True))
     error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if error_file:
         payload = {
@@ -72,6 +75,24 @@ def _record(exc: BaseException) -> None:
                 json.dump(payload, f)
         except OSError:
             pass
+
+
+def _report_to_leader(line: str) -> None:
+    """Append the record to the leader's store (see entrypoint/error_store.py), if any."""
+    address = os.environ.get("BYOC_ERROR_STORE")
+    if not address or "torch" not in sys.modules:
+        return
+    try:
+        from datetime import timedelta
+
+        from torch.distributed import TCPStore
+
+        host, _, port = address.rpartition(":")
+        store = TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=5))
+        index = store.add(STORE_COUNT_KEY, 1)
+        store.set(STORE_RECORD_KEY.format(index), line)
+    except Exception:  # noqa: BLE001 - the local record is already printed
+        pass
 
 
 def _abort_mpi_job() -> None:
