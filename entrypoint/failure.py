@@ -77,6 +77,18 @@ def guess_exception_from_tail(lines: list[str]) -> str | None:
     return None
 
 
+LOST_DAEMON = re.compile(r"Remote daemon:.* on node (\S+)")
+
+
+def guess_lost_host(lines: list[str]) -> str | None:
+    """Open MPI's "ORTE has lost communication with a remote daemon" names the dead host."""
+    for line in lines:
+        match = LOST_DAEMON.search(line)
+        if match:
+            return match.group(1)
+    return None
+
+
 def secret_values(environ: Mapping[str, str]) -> list[str]:
     values = {v for k, v in environ.items() if SECRET_NAME.search(k) and len(v) >= 6}
     return sorted(values, key=len, reverse=True)  # longest first: no partial masking
@@ -109,8 +121,11 @@ def build_failure_report(
             head += f"\nWhere:\n{root_cause.where.rstrip()}"
     else:
         guess = guess_exception_from_tail(tail)
+        lost = guess_lost_host(tail)
         head = f"{what} failed on host {current_host} with {describe_exit_code(exit_code)}."
-        if guess:
+        if lost:
+            head = f"Host {lost} stopped responding: mpirun lost its daemon there (the host died or its network failed).\n" + head
+        elif guess:
             head = f"{guess}\n" + head
     if stopped_by:
         head = f"Training was stopped by {stopped_by}. " + head

@@ -139,6 +139,7 @@ def build_mpirun_argv(
     custom_options: tuple[str, ...],
     program_argv: tuple[str, ...],
     runtime: Runtime,
+    grace_s: int,
 ) -> tuple[str, ...]:
     """The toolkit's proven mpirun flags; environment forwarded by name only."""
     argv = [
@@ -157,6 +158,9 @@ def build_mpirun_argv(
         "-mca", "btl", "^openib",
         "-mca", "orte_abort_on_non_zero_status", "1",
         "-mca", "btl_vader_single_copy_mechanism", "none",
+        # On SIGTERM mpirun signals the ranks, then SIGKILLs them after this many seconds
+        # (Open MPI's default is 1): give scripts the job's grace period to checkpoint.
+        "-mca", "odls_base_sigkill_timeout", str(grace_s),
     ]
     for name in forwarded:
         argv += ["-x", name]
@@ -333,7 +337,8 @@ def decide(
             program_argv = ("smddprun", *program_argv)
         forwarded = forwarded_names({**env, **launcher_env}, dict(job.environ))
         argv = build_mpirun_argv(
-            dist_hosts, pph, np_, interface, forwarded, dist.custom_mpi_options, program_argv, runtime
+            dist_hosts, pph, np_, interface, forwarded, dist.custom_mpi_options, program_argv, runtime,
+            grace_s=max(1, int(settings.grace_period_s)),
         )
         return plan("mpi-leader", (ProcessSpec("mpirun", argv),), launcher_env)
 

@@ -16,6 +16,7 @@ MPI_FLAGS = (
     "-mca", "pml", "ob1", "-mca", "btl", "^openib",
     "-mca", "orte_abort_on_non_zero_status", "1",
     "-mca", "btl_vader_single_copy_mechanism", "none",
+    "-mca", "odls_base_sigkill_timeout", "90",
 )
 TORCH = {"sagemaker_torch_distributed_enabled": True}
 
@@ -222,3 +223,16 @@ def test_hostname_shim_preloaded_when_the_container_name_differs():
     assert "LD_PRELOAD" not in non_sm_env(plan_for(make_job(hosts=("algo-1", "algo-2"), hps=TORCH), same))
     with_user = make_job(hosts=("algo-1", "algo-2"), hps=TORCH, environ={"LD_PRELOAD": "/usr/lib/libjemalloc.so"})
     assert non_sm_env(plan_for(with_user, facts))["LD_PRELOAD"] == "/py/gethostname.so:/usr/lib/libjemalloc.so"
+
+
+def test_failure_report_names_a_lost_mpi_host():
+    from entrypoint.failure import build_failure_report
+
+    tail = [
+        "ORTE has lost communication with a remote daemon.",
+        "  HNP daemon   : [[4242,0],0] on node algo-1",
+        "  Remote daemon: [[4242,0],1] on node algo-2",
+    ]
+    report = build_failure_report(what="mpirun on 2 host(s)", exit_code=1, root_cause=None, tail=tail,
+                                  current_host="algo-1", environ={})
+    assert report.startswith("Host algo-2 stopped responding")
