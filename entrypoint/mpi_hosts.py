@@ -10,6 +10,7 @@ non-zero on its own. No fixed sleeps: every wait is a poll with a deadline.
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import subprocess
@@ -22,6 +23,7 @@ from entrypoint.plan import LaunchPlan
 
 POLL_S = 0.2
 OUTCOME_FILE = "job-exit-code"
+HOST_ENV_FILE = "host-env.json"
 
 
 @dataclass
@@ -41,9 +43,28 @@ def outcome_path(plan: LaunchPlan) -> str:
 
 def start_sshd(files: ssh.SshFiles) -> subprocess.Popen:
     ssh.prepare_sshd_runtime()
-    return subprocess.Popen(
-        list(ssh.sshd_argv(files)), stdin=subprocess.DEVNULL, start_new_session=True
-    )
+    # sshd logs every bare TCP probe (the workers' liveness checks); keep that out of the job's
+    # output, in the runtime folder.
+    with open(os.path.join(files.folder, "sshd.log"), "ab") as log_file:
+        return subprocess.Popen(
+            list(ssh.sshd_argv(files)), stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file,
+            start_new_session=True,
+        )
+
+
+def write_host_env(plan: LaunchPlan) -> None:
+    """This host's own SM_* and launcher values, for the ranks mpirun starts here: mpirun
+    forwards the leader's environment, which would tell a rank on algo-2 that SM_CURRENT_HOST
+    is algo-1. record_errors.py lays this file over the forwarded values."""
+    os.makedirs(plan.runtime_dir, exist_ok=True)
+    path = host_env_path(plan)
+    with open(path + ".tmp", "w") as f:
+        json.dump(plan.env_dict, f)
+    os.replace(path + ".tmp", path)
+
+
+def host_env_path(plan: LaunchPlan) -> str:
+    return os.path.join(plan.runtime_dir, HOST_ENV_FILE)
 
 
 def stop_process(proc: subprocess.Popen | None) -> None:
@@ -69,6 +90,7 @@ def start_leader(plan: LaunchPlan, stop: StopRequest, log) -> tuple[subprocess.P
     Returns sshd and, on failure, a one-line reason."""
     files = files_for(plan)
     ssh.write_host_key_and_configs(files, plan.settings.ssh_port)
+    write_host_env(plan)
     sshd = start_sshd(files)
     workers = [h for h in plan.hosts if h != plan.current_host]
     deadline = time.monotonic() + plan.settings.ssh_wait_timeout_s
@@ -143,6 +165,7 @@ def run_worker(plan: LaunchPlan, stop: StopRequest, log) -> tuple[int, str | Non
             )
         time.sleep(POLL_S)
     addresses = ssh.resolve_addresses(plan.leader)
+    write_host_env(plan)
     ssh.authorize(files, key, addresses)
     sshd = start_sshd(files)
     log(f"serving SSH to the leader {plan.leader} ({', '.join(addresses)})")

@@ -331,6 +331,8 @@ def decide(
                     f"Lower it or raise sagemaker_mpi_num_of_processes_per_host."
                 )
             np_ = dist.num_processes
+        # Each host's ranks take that host's own SM_* values (entrypoint/mpi_hosts.py).
+        launcher_env["BYOC_HOST_ENV_FILE"] = os.path.join(runtime.runtime_dir, "host-env.json")
         if resource.current_host != leader:
             return plan("mpi-worker", (), launcher_env)
         if launcher_kind == "smdataparallel":

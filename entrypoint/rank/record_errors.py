@@ -107,10 +107,24 @@ def _abort_mpi_job() -> None:
         pass
 
 
+def _apply_host_env() -> None:
+    """Under mpirun, this host's own SM_* values replace the ones forwarded from the leader."""
+    path = os.environ.get("BYOC_HOST_ENV_FILE")
+    if not path:
+        return
+    try:
+        with open(path) as f:
+            values = json.load(f)
+    except (OSError, ValueError):
+        return
+    os.environ.update({k: v for k, v in values.items() if isinstance(v, str)})
+
+
 def main(argv: list) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         sys.stderr.write(__doc__)
         return 2
+    _apply_host_env()
     if argv[0] == "-m":
         if len(argv) < 2:
             sys.stderr.write("record_errors.py: -m needs a module name\n")

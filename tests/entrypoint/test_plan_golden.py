@@ -94,7 +94,7 @@ def test_mpirun_leader_two_hosts_golden():
     plan = plan_for(job, CPU)
     assert plan.role == "mpi-leader"
     sm_names = sorted(k for k, _ in plan.env if k.startswith("SM_"))
-    forwarded = sorted(["AWS_SECRET_ACCESS_KEY", "MASTER_ADDR", "MASTER_PORT", "NCCL_SOCKET_IFNAME", "PATH", *sm_names])
+    forwarded = sorted(["AWS_SECRET_ACCESS_KEY", "BYOC_HOST_ENV_FILE", "MASTER_ADDR", "MASTER_PORT", "NCCL_SOCKET_IFNAME", "PATH", *sm_names])
     expected = (
         "mpirun", "--host", "algo-1:2,algo-2:2", "-np", "4", *MPI_FLAGS,
         *[a for name in forwarded for a in ("-x", name)],
