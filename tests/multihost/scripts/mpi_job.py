@@ -1,0 +1,42 @@
+"""An mpi4py job for the multi-host tests: allreduce, ranks report where they ran; --fail
+picks a fault."""
+import argparse
+import json
+import os
+import signal
+import socket
+import sys
+import time
+
+from mpi4py import MPI
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--fail", default="none")  # none | leader | worker
+parser.add_argument("--hold", type=float, default=0.0)  # seconds to stay in the job
+args = parser.parse_args()
+comm = MPI.COMM_WORLD
+rank, size = comm.Get_rank(), comm.Get_size()
+model = os.environ["SM_MODEL_DIR"]
+host = socket.gethostname()
+
+
+def on_sigterm(*_):
+    with open(os.path.join(model, f"sigterm-{rank}"), "w") as f:
+        f.write(host)
+    sys.exit(143)
+
+
+signal.signal(signal.SIGTERM, on_sigterm)
+total = comm.allreduce(rank + 1)
+with open(os.path.join(model, f"started-{rank}"), "w") as f:
+    f.write(host)
+if args.fail == "worker" and rank == size - 1:
+    raise RuntimeError(f"injected failure on {host}")
+if args.fail == "leader" and rank == 0:
+    raise RuntimeError(f"injected failure on {host}")
+deadline = time.time() + args.hold
+while time.time() < deadline:
+    time.sleep(0.05)
+comm.Barrier()
+with open(os.path.join(model, f"rank-{rank}.json"), "w") as f:
+    json.dump({"rank": rank, "size": size, "host": host, "sum": total, "sm_current_host": os.environ["SM_CURRENT_HOST"]}, f)

@@ -1,0 +1,59 @@
+"""Multi-host jobs through the real entrypoint on emulated hosts (no mocks)."""
+
+import json
+import os
+
+import pytest
+
+from support.multihost import ENTRYPOINT, FAST, assert_nothing_left, job, needs_root
+from localcluster import EmulatedCluster
+from localcluster.optml import InstanceGroupSpec, JobSpec
+
+pytestmark = [needs_root, pytest.mark.slow]
+
+
+def ranks(model_dir):
+    found = [json.load(open(os.path.join(model_dir, n))) for n in os.listdir(model_dir) if n.startswith("rank-")]
+    return sorted(found, key=lambda r: r["rank"])
+
+
+def test_mpirun_over_ssh_two_hosts_ranks_see_their_own_host():
+    spec = JobSpec(**{**job("mpi_job.py", "mpi").__dict__, "processes_per_host": 2})
+    with EmulatedCluster(["algo-1", "algo-2"], spec) as cluster:
+        result = cluster.run_all(ENTRYPOINT, env=FAST, timeout=120)
+        assert result.ok, {h: r.output[-3000:] for h, r in result.results.items()}
+        assert [(r["rank"], r["host"], r["sm_current_host"], r["sum"]) for r in ranks(cluster.model_dir)] == [
+            (0, "algo-1", "algo-1", 10), (1, "algo-1", "algo-1", 10), (2, "algo-2", "algo-2", 10), (3, "algo-2", "algo-2", 10),
+        ]
+        for host in cluster.host_names:
+            assert os.path.exists(os.path.join(cluster.opt_ml(host), "output", "success"))
+        assert_nothing_left(cluster)
+
+
+def test_torchrun_two_hosts_gloo_allreduce():
+    with EmulatedCluster(["algo-1", "algo-2"], job("torch_job.py", "torch_distributed")) as cluster:
+        result = cluster.run_all(ENTRYPOINT, env=FAST, timeout=180)
+        assert result.ok, {h: r.output[-3000:] for h, r in result.results.items()}
+        assert [(r["rank"], r["host"], r["sum"]) for r in ranks(cluster.model_dir)] == [(0, "algo-1", 3.0), (1, "algo-2", 3.0)]
+        assert_nothing_left(cluster)
+
+
+def test_three_hosts_whose_names_sort_out_of_numeric_order():
+    """SageMaker lists algo-1, algo-10, algo-2: rank order follows that list, never the number."""
+    with EmulatedCluster(["algo-2", "algo-10", "algo-1"], job("mpi_job.py", "mpi")) as cluster:
+        result = cluster.run_all(ENTRYPOINT, env=FAST, timeout=120)
+        assert result.ok, {h: r.output[-3000:] for h, r in result.results.items()}
+        assert [(r["rank"], r["host"]) for r in ranks(cluster.model_dir)] == [(0, "algo-1"), (1, "algo-10"), (2, "algo-2")]
+
+
+def test_heterogeneous_groups_only_the_distribution_group_trains():
+    base = job("mpi_job.py", "mpi")
+    spec = JobSpec(**{**base.__dict__, "instance_groups": (InstanceGroupSpec("train", 2), InstanceGroupSpec("data", 1)),
+                      "distribution_instance_groups": ("train",), "program": "hetero_job.py"})
+    with EmulatedCluster(["algo-1", "algo-2", "algo-3"], spec) as cluster:
+        result = cluster.run_all(ENTRYPOINT, env=FAST, timeout=120)
+        assert result.ok, {h: r.output[-3000:] for h, r in result.results.items()}
+        assert [(r["rank"], r["host"]) for r in ranks(cluster.model_dir)] == [(0, "algo-1"), (1, "algo-2")]
+        with open(os.path.join(cluster.model_dir, "outside-algo-3")) as f:
+            assert f.read() == "data"
+        assert "outside the distribution's groups (train)" in result.results["algo-3"].output
