@@ -76,8 +76,8 @@ class LaunchSettings:
     host_resolution_timeout_s: float = 300.0
     neuron_parallel_compile: bool = False
     ssh_port: int = 22
-    ssh_wait_timeout_s: float = 300.0
-    leader_lost_timeout_s: float = 30.0
+    peer_wait_timeout_s: float = 300.0
+    host_lost_timeout_s: float = 30.0
     error_store_port: int = 7778
 
 
@@ -226,7 +226,7 @@ def parse_launch_settings(environ: Mapping[str, str]) -> LaunchSettings:
         host_resolution_timeout_s=number("BYOC_HOST_RESOLUTION_TIMEOUT_S", 300.0, float, 0.0),
         neuron_parallel_compile=environ.get("RUN_NEURON_PARALLEL_COMPILE") == "1",
         ssh_port=number("BYOC_SSH_PORT", 22, int, 1, 65535),
-        ssh_wait_timeout_s=number("BYOC_SSH_WAIT_TIMEOUT_S", 300.0, float, 0.0),
-        leader_lost_timeout_s=number("BYOC_LEADER_LOST_TIMEOUT_S", 30.0, float, 1.0, 60.0),
+        peer_wait_timeout_s=number("BYOC_PEER_WAIT_TIMEOUT_S", 300.0, float, 0.0),
+        host_lost_timeout_s=number("BYOC_HOST_LOST_TIMEOUT_S", 30.0, float, 1.0, 60.0),
         error_store_port=number("BYOC_ERROR_STORE_PORT", master_port + 1 if master_port < 65535 else 7778, int, 1, 65535),
     )

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from entrypoint import mpi_hosts
 from entrypoint.error_store import RootCauseStore
+from entrypoint.liveness import LivenessListener, PeerWatch
 from entrypoint.failure import build_failure_report, build_job_outcome_report, first_root_cause, parse_root_cause_line
 from entrypoint.paths import MlPaths
 from entrypoint.plan import LaunchPlan, ProcessSpec
@@ -158,13 +159,20 @@ class Supervisor:
 
 
 def run_processes(
-    processes: tuple[ProcessSpec, ...], env: dict[str, str], cwd: str, grace_period_s: float, collector: OutputCollector
+    processes: tuple[ProcessSpec, ...],
+    env: dict[str, str],
+    cwd: str,
+    grace_period_s: float,
+    collector: OutputCollector,
+    on_started=None,
 ) -> tuple[int, str | None]:
     supervisor = Supervisor(grace_period_s, collector)
     previous = {s: signal.signal(s, supervisor.on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         for spec in processes:
             supervisor.start(spec, {**env, **dict(spec.env)}, cwd)
+        if on_started is not None:
+            on_started(supervisor)
         code = supervisor.wait()
     finally:
         for s, handler in previous.items():
@@ -288,11 +296,73 @@ def describe(plan: LaunchPlan) -> str:
     return f"{plan.entry.program} ({plan.role})"
 
 
+class StartProblem(Exception):
+    """A multi-host job could not start (workers never answered, stopped while waiting)."""
+
+    def __init__(self, reason: str, stopped_by: str | None):
+        super().__init__(reason)
+        self.stopped_by = stopped_by
+
+
+@dataclass
+class HostServices:
+    """What runs beside the job's processes on a multi-host launch (see liveness.py)."""
+
+    plan: LaunchPlan
+    collector: OutputCollector
+    exit_code: int = 1
+    lost: str | None = None
+    store: RootCauseStore | None = None
+    listener: LivenessListener | None = None
+    sshd: object = None
+    watch: PeerWatch | None = None
+
+    def watch_peers(self, supervisor: "Supervisor") -> None:
+        plan = self.plan
+        if plan.role not in DISTRIBUTED_ROLES or len(plan.hosts) < 2:
+            return
+        peers = [h for h in plan.hosts if h != plan.current_host] if plan.current_host == plan.leader else [plan.leader]
+        port = plan.settings.ssh_port if plan.role == "mpi-leader" else plan.settings.error_store_port
+
+        def on_lost(host: str, reason: str) -> None:
+            self.lost = reason
+            log(f"{reason}: stopping the job")
+            supervisor.begin_stop(signal.SIGTERM)
+
+        self.watch = PeerWatch(peers, port, plan.settings.host_lost_timeout_s, plan.settings.peer_wait_timeout_s, on_lost)
+
+
+@contextlib.contextmanager
+def host_services(plan: LaunchPlan, collector: OutputCollector):
+    services = HostServices(plan, collector)
+    multi_host = plan.role in DISTRIBUTED_ROLES and len(plan.hosts) > 1
+    try:
+        if plan.role == "mpi-leader" and multi_host:
+            stop = mpi_hosts.StopRequest()
+            with stop_signals_set(stop):
+                services.sshd, problem = mpi_hosts.start_leader(plan, stop, log)
+            if problem:
+                raise StartProblem(problem, stop.signal_name)
+        elif multi_host and plan.current_host == plan.leader:
+            services.store = RootCauseStore(plan.settings.error_store_port, log)
+        elif multi_host:
+            services.listener = LivenessListener(plan.settings.error_store_port)
+        yield services
+    finally:
+        if services.watch is not None:
+            services.watch.close()
+        if plan.role == "mpi-leader" and multi_host:
+            mpi_hosts.tell_workers(plan, services.exit_code, log)
+            mpi_hosts.stop_process(services.sshd)
+        if services.listener is not None:
+            services.listener.close()
+
+
 def run_plan(plan: LaunchPlan, paths: MlPaths, environ: dict[str, str]) -> int:
     env = {**environ, **plan.env_dict}
     collector = OutputCollector()
 
-    def fail(what: str, code: int, stopped_by: str | None = None) -> int:
+    def fail(what: str, code: int, stopped_by: str | None = None, lost: str | None = None) -> int:
         report = build_failure_report(
             what=what,
             exit_code=code,
@@ -301,6 +371,7 @@ def run_plan(plan: LaunchPlan, paths: MlPaths, environ: dict[str, str]) -> int:
             current_host=plan.current_host,
             environ=env,
             stopped_by=stopped_by,
+            lost=lost,
         )
         write_outcome(paths, code, report)
         log(f"FAILED: {report.splitlines()[0]}")
@@ -326,34 +397,22 @@ def run_plan(plan: LaunchPlan, paths: MlPaths, environ: dict[str, str]) -> int:
             return fail("waiting for the other hosts' names to resolve", 1)
 
     what = describe(plan)
-    sshd = None
-    if plan.role == "mpi-leader":
-        stop = mpi_hosts.StopRequest()
-        with stop_signals_set(stop):
-            sshd, problem = mpi_hosts.start_leader(plan, stop, log)
-        if problem:
-            collector.tail.append(problem)
-            mpi_hosts.tell_workers(plan, 1, log)
-            mpi_hosts.stop_process(sshd)
-            return fail(f"{what}: starting the workers", 1, stop.signal_name)
-    store = None
-    if plan.role in ("torchrun", "parameter-server") and plan.current_host == plan.leader and "BYOC_ERROR_STORE" in plan.env_dict:
-        store = RootCauseStore(plan.settings.error_store_port, log)
-    log(f"{plan.current_host}: running {what} ({plan.role})")
     started = time.monotonic()
-    code, stopped_by = 1, None
     try:
-        code, stopped_by = run_processes(plan.processes, env, plan.cwd, plan.settings.grace_period_s, collector)
-    finally:
-        if plan.role == "mpi-leader":
-            mpi_hosts.tell_workers(plan, code, log)
-            mpi_hosts.stop_process(sshd)
+        with host_services(plan, collector) as services:
+            log(f"{plan.current_host}: running {what} ({plan.role})")
+            code, stopped_by = run_processes(
+                plan.processes, env, plan.cwd, plan.settings.grace_period_s, collector, on_started=services.watch_peers
+            )
+            services.exit_code = code
+    except StartProblem as problem:
+        collector.tail.append(str(problem))
+        return fail(f"{what}: starting the workers", 1, problem.stopped_by)
     elapsed = time.monotonic() - started
     if code != 0:
-        if store is not None:
-            collector.root_causes.extend(store.collect())
-        return fail(what, code, stopped_by)
+        if services.store is not None:
+            collector.root_causes.extend(services.store.collect())
+        return fail(what, code, stopped_by, services.lost)
     write_outcome(paths, 0, None)
     log(f"{plan.current_host}: {what} succeeded in {elapsed:.1f} s")
     return 0
-

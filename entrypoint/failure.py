@@ -109,6 +109,7 @@ def build_failure_report(
     current_host: str,
     environ: Mapping[str, str],
     stopped_by: str | None = None,
+    lost: str | None = None,
 ) -> str:
     """`what`: the stage that failed, e.g. "torchrun on 2 hosts", "installing requirements.txt"."""
     if root_cause is not None:
@@ -121,12 +122,14 @@ def build_failure_report(
             head += f"\nWhere:\n{root_cause.where.rstrip()}"
     else:
         guess = guess_exception_from_tail(tail)
-        lost = guess_lost_host(tail)
+        lost_daemon = guess_lost_host(tail)
         head = f"{what} failed on host {current_host} with {describe_exit_code(exit_code)}."
-        if lost:
-            head = f"Host {lost} stopped responding: mpirun lost its daemon there (the host died or its network failed).\n" + head
+        if lost_daemon:
+            head = f"Host {lost_daemon} stopped responding: mpirun lost its daemon there (the host died or its network failed).\n" + head
         elif guess:
             head = f"{guess}\n" + head
+    if lost and root_cause is None:
+        head = f"The job lost a host: {lost}.\n" + head
     if stopped_by:
         head = f"Training was stopped by {stopped_by}. " + head
     lines = [head.rstrip(), "", f"Last {len(tail)} lines of output:" if tail else "No output."]

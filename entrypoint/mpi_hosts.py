@@ -4,7 +4,7 @@ workers living exactly as long as the leader's job.
 How a worker learns the outcome: when mpirun ends, the leader writes its exit code into the
 worker's runtime folder over the same SSH channel mpirun used (`job-exit-code`). A worker
 exits with that code, so no worker reports success for ranks that failed. A worker whose
-leader stops answering on its SSH port for BYOC_LEADER_LOST_TIMEOUT_S (default 30 s) exits
+leader stops answering on its SSH port for BYOC_HOST_LOST_TIMEOUT_S (default 30 s) exits
 non-zero on its own. No fixed sleeps: every wait is a poll with a deadline.
 """
 
@@ -93,7 +93,7 @@ def start_leader(plan: LaunchPlan, stop: StopRequest, log) -> tuple[subprocess.P
     write_host_env(plan)
     sshd = start_sshd(files)
     workers = [h for h in plan.hosts if h != plan.current_host]
-    deadline = time.monotonic() + plan.settings.ssh_wait_timeout_s
+    deadline = time.monotonic() + plan.settings.peer_wait_timeout_s
     pending = list(workers)
     log(f"waiting for SSH on {', '.join(workers)}")
     while pending:
@@ -108,7 +108,7 @@ def start_leader(plan: LaunchPlan, stop: StopRequest, log) -> tuple[subprocess.P
         if time.monotonic() >= deadline:
             return sshd, (
                 f"host(s) {', '.join(pending)} did not accept SSH within "
-                f"{plan.settings.ssh_wait_timeout_s:g} s (BYOC_SSH_WAIT_TIMEOUT_S)"
+                f"{plan.settings.peer_wait_timeout_s:g} s (BYOC_PEER_WAIT_TIMEOUT_S)"
             )
         time.sleep(POLL_S)
     log("every worker accepts SSH")
@@ -150,7 +150,7 @@ def run_worker(plan: LaunchPlan, stop: StopRequest, log) -> tuple[int, str | Non
         pass
     ssh.write_host_key_and_configs(files, settings.ssh_port)
 
-    deadline = time.monotonic() + settings.ssh_wait_timeout_s
+    deadline = time.monotonic() + settings.peer_wait_timeout_s
     key = None
     while key is None:
         key = ssh.scan_host_key(plan.leader, settings.ssh_port)
@@ -160,8 +160,8 @@ def run_worker(plan: LaunchPlan, stop: StopRequest, log) -> tuple[int, str | Non
             return 143, f"stopped by {stop.signal_name} before the leader {plan.leader} started"
         if time.monotonic() >= deadline:
             return 1, (
-                f"the leader {plan.leader} did not serve SSH within {settings.ssh_wait_timeout_s:g} s "
-                f"(BYOC_SSH_WAIT_TIMEOUT_S)"
+                f"the leader {plan.leader} did not serve SSH within {settings.peer_wait_timeout_s:g} s "
+                f"(BYOC_PEER_WAIT_TIMEOUT_S)"
             )
         time.sleep(POLL_S)
     addresses = ssh.resolve_addresses(plan.leader)
@@ -196,10 +196,10 @@ def _wait_for_outcome(plan: LaunchPlan, stop: StopRequest, log) -> tuple[int, st
         if now >= next_check:
             if ssh.can_connect(plan.leader, settings.ssh_port, timeout_s=2.0):
                 last_contact = time.monotonic()
-            elif time.monotonic() - last_contact > settings.leader_lost_timeout_s:
+            elif time.monotonic() - last_contact > settings.host_lost_timeout_s:
                 return 1, (
                     f"lost the leader {plan.leader}: no answer on its SSH port for "
-                    f"{settings.leader_lost_timeout_s:g} s (BYOC_LEADER_LOST_TIMEOUT_S)"
+                    f"{settings.host_lost_timeout_s:g} s (BYOC_HOST_LOST_TIMEOUT_S)"
                 )
             next_check = time.monotonic() + 1.0
         time.sleep(POLL_S)

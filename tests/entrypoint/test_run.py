@@ -221,7 +221,7 @@ def test_mpi_worker_without_a_leader_fails_within_its_timeout(tmp_path):
     root = write_tree(tmp_path / "ml", hosts=("algo-1", "algo-2"), current_host="algo-2",
                       script="print('x')\n", hyperparameters={"sagemaker_mpi_enabled": True})
     started = time.monotonic()
-    done = run_entrypoint(root, BYOC_SSH_WAIT_TIMEOUT_S="2", BYOC_RUNTIME_DIR=str(tmp_path / "run"))
+    done = run_entrypoint(root, BYOC_PEER_WAIT_TIMEOUT_S="2", BYOC_RUNTIME_DIR=str(tmp_path / "run"))
     assert time.monotonic() - started < 30
     assert done.returncode == 1
     assert "the leader algo-1 did not serve SSH within 2 s" in failure_text(root)
