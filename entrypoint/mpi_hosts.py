@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
 import subprocess
 import threading
 import time
@@ -65,6 +66,78 @@ def write_host_env(plan: LaunchPlan) -> None:
 
 def host_env_path(plan: LaunchPlan) -> str:
     return os.path.join(plan.runtime_dir, HOST_ENV_FILE)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below pid (from /proc), deepest last."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def become_subreaper() -> None:
+    """Open MPI's orted daemonizes out of the sshd session; as a child subreaper we inherit it
+    (and the ranks under it) instead of init, so the worker can end them."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
+
+
+def stop_sshd_and_sessions(proc: subprocess.Popen | None, grace_s: float) -> None:
+    """Stop sshd and whatever its sessions still run (orted and the ranks when the leader
+    vanished without ending them): nothing of the job outlives the worker."""
+    if proc is None:
+        return
+    stop_process(proc)
+    left = [p for p in descendants(os.getpid()) if p != proc.pid]
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 0)):
+        for pid in left:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + wait_s
+        while wait_s and time.monotonic() < deadline and any(os.path.exists(f"/proc/{p}") and not _is_zombie(p) for p in left):
+            _reap()
+            time.sleep(0.1)
+    _reap()
+
+
+def _reap() -> None:
+    """Collect exited orphans we adopted as subreaper."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+        return stat[stat.rindex(")") + 2] == "Z"
+    except OSError:
+        return True
 
 
 def stop_process(proc: subprocess.Popen | None) -> None:
@@ -167,12 +240,13 @@ def run_worker(plan: LaunchPlan, stop: StopRequest, log) -> tuple[int, str | Non
     addresses = ssh.resolve_addresses(plan.leader)
     write_host_env(plan)
     ssh.authorize(files, key, addresses)
+    become_subreaper()
     sshd = start_sshd(files)
     log(f"serving SSH to the leader {plan.leader} ({', '.join(addresses)})")
     try:
         return _wait_for_outcome(plan, stop, log)
     finally:
-        stop_process(sshd)
+        stop_sshd_and_sessions(sshd, min(plan.settings.grace_period_s, 10.0))
 
 
 def _wait_for_outcome(plan: LaunchPlan, stop: StopRequest, log) -> tuple[int, str | None]:

@@ -44,10 +44,21 @@ def assert_nothing_left(cluster: EmulatedCluster) -> None:
         left = {h: probe_namespace_members(cluster.init_pid(h)) for h in cluster.host_names if cluster.is_up(h)}
         if not any(left.values()):
             return
-        assert time.monotonic() < deadline, f"processes left: {left}"
+        assert time.monotonic() < deadline, f"processes left: {describe(left)}"
         time.sleep(0.2)
 
 
 def failure(cluster: EmulatedCluster, host: str) -> str:
     with open(os.path.join(cluster.opt_ml(host), "output", "failure")) as f:
         return f.read()
+
+
+def describe(left: dict) -> dict:
+    def cmdline(pid):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                return f.read().replace(b"\0", b" ").decode(errors="replace")[:120]
+        except OSError:
+            return "?"
+
+    return {h: [(p, cmdline(p)) for p in pids] for h, pids in left.items()}
