@@ -1,0 +1,50 @@
+"""SSH between hosts trusts one per-job key, only from the leader's address (threat model:
+docs/multi-host.md). Someone holding the image, or the key but not the leader's address,
+gets nowhere."""
+
+import os
+import signal
+import subprocess
+
+import pytest
+
+from localcluster import EmulatedCluster
+from localcluster.optml import InstanceGroupSpec, JobSpec
+from support.multihost import job, needs_root, start, wait_for_files
+
+pytestmark = [needs_root, pytest.mark.slow]
+
+SSH_OPTS = ["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "ConnectTimeout=5"]
+
+
+def test_only_the_leaders_per_job_key_from_the_leaders_address_gets_in(tmp_path):
+    base = job("hetero_job.py", "mpi", hold=60)
+    spec = JobSpec(**{**base.__dict__, "instance_groups": (InstanceGroupSpec("train", 2), InstanceGroupSpec("data", 1)),
+                      "distribution_instance_groups": ("train",)})
+    with EmulatedCluster(["algo-1", "algo-2", "algo-3"], spec) as cluster:
+        run = start(cluster)
+        try:
+            wait_for_files(cluster.model_dir, "started-", 2, timeout=90)
+            # The leader itself, with the job's configuration: allowed.
+            ok = cluster.run_on("algo-1", ["ssh", "-F", "/run/byoc/ssh/config", "algo-2", "hostname"])
+            assert ok.returncode == 0 and ok.output.strip().endswith("algo-2"), ok.output
+
+            # Someone with a key of their own (all that holding the image gives): refused.
+            own = tmp_path / "own_key"
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(own)], check=True)
+            denied = cluster.run_on("algo-3", ["ssh", *SSH_OPTS, "-i", str(own), "algo-2", "true"])
+            assert denied.returncode == 255 and "Permission denied" in denied.output, denied.output
+
+            # The leader's per-job key itself, used from another host: refused (from= binding).
+            stolen = tmp_path / "stolen_key"
+            key = cluster.run_on("algo-1", ["cat", "/run/byoc/ssh/host_ed25519_key"])
+            stolen.write_text(key.output)
+            os.chmod(stolen, 0o600)
+            denied = cluster.run_on("algo-3", ["ssh", *SSH_OPTS, "-i", str(stolen), "algo-2", "true"])
+            assert denied.returncode == 255 and "Permission denied" in denied.output, denied.output
+
+            # The per-job key never lands in the image or on a shared disk: /run is per host.
+            assert not os.path.exists("/run/byoc/ssh/host_ed25519_key") or open("/run/byoc/ssh/host_ed25519_key").read() != key.output
+        finally:
+            run.signal(signal.SIGTERM)
+            run.wait(timeout=60, fail_fast=False)
