@@ -14,6 +14,8 @@ torchrun, gloo and plain TCP between hosts work.
 
 from __future__ import annotations
 
+import os
+
 from localcluster import hostinit
 
 MARKER = "LOCALCLUSTER_USERNS"  # set in the re-executed process's environment
@@ -47,4 +49,8 @@ def prepare_user_namespace() -> None:
         # Outside a user namespace these mounts would cover the real machine's /run and /etc.
         raise RuntimeError(f"{MARKER} is set but this process is not in a user namespace")
     hostinit.mount_tmpfs("/run", 0o755)
-    hostinit.ensure_mount_point("/etc/netns", is_dir=True)
+    if os.path.isdir("/etc/netns"):
+        # Real root's clusters (running now, or an earlier one) made it: cover it, ours is private.
+        hostinit.mount_tmpfs("/etc/netns", 0o755)
+    else:
+        hostinit.ensure_mount_point("/etc/netns", is_dir=True)
