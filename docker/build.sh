@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# Builds one flavour of the image with every version from docker/versions.env passed as
+# a --build-arg (the Dockerfiles have no version defaults). Used by buildspec.yml,
+# docker/build-and-push.sh and tests/images/; works with Docker (BuildKit) or buildah.
+#
+# usage: docker/build.sh --flavor cpu|gpu|trn1 --tag IMAGE:TAG [options] [-- ENGINE_ARGS...]
+#   --engine docker|buildah   docker (default): `docker buildx build --load` with Docker
+#                             media types and no provenance/SBOM attestations (SageMaker
+#                             rejects OCI manifests and attestation indexes);
+#                             buildah: `buildah bud --isolation chroot --format docker --layers`
+#   --set KEY=VALUE           override one versions.env entry for this build, e.g.
+#                             --set CPU_BASE_IMAGE=localhost/debian:bookworm (repeatable)
+#   --revision SHA            OCI revision label (default: git HEAD)
+#   --version VERSION         OCI version label (default: pyproject.toml's version)
+#   --source URL              OCI source label (default: git remote origin, if any)
+#   --cache-from REF          docker only: an earlier image with inline cache to reuse
+#   --buildah-root DIR / --buildah-runroot DIR   buildah's private image store
+#   --print                   print the command (one argument a line) instead of running it
+# ENGINE_ARGS go to the engine's build command as they are (e.g. buildah's -v mounts).
+set -euo pipefail
+
+repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+versions_file="$repo_root/docker/versions.env"
+
+die() { echo "build.sh: $*" >&2; exit 2; }
+
+flavor='' tag='' engine=docker revision='' version='' source_url='' cache_from='' print=0
+buildah_root='' buildah_runroot=''
+overrides=()
+engine_args=()
+while (($#)); do
+    case "$1" in
+        --flavor) flavor=${2:?--flavor needs a value}; shift 2 ;;
+        --tag) tag=${2:?--tag needs a value}; shift 2 ;;
+        --engine) engine=${2:?--engine needs a value}; shift 2 ;;
+        --set) overrides+=("${2:?--set needs KEY=VALUE}"); shift 2 ;;
+        --revision) revision=${2?}; shift 2 ;;
+        --version) version=${2?}; shift 2 ;;
+        --source) source_url=${2?}; shift 2 ;;
+        --cache-from) cache_from=${2:?--cache-from needs a value}; shift 2 ;;
+        --buildah-root) buildah_root=${2:?}; shift 2 ;;
+        --buildah-runroot) buildah_runroot=${2:?}; shift 2 ;;
+        --print) print=1; shift ;;
+        --) shift; engine_args=("$@"); break ;;
+        -h|--help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+        *) die "unknown argument: $1 (see --help)" ;;
+    esac
+done
+
+case "$flavor" in
+    cpu) dockerfile=docker/Dockerfile.cpu; prefix=CPU_ ;;
+    gpu) dockerfile=Dockerfile.gpu; prefix=GPU_ ;;
+    trn1) dockerfile=Dockerfile.trn1; prefix=TRN1_ ;;
+    *) die "--flavor must be cpu, gpu or trn1 (got '${flavor}')" ;;
+esac
+[ -n "$tag" ] || die "--tag is required"
+case "$engine" in docker|buildah) ;; *) die "--engine must be docker or buildah" ;; esac
+
+# versions.env → KEY VALUE pairs; --set entries replace values of existing keys only
+# (a typo must not pass silently).
+declare -A pins=()
+order=()
+while IFS= read -r line || [ -n "$line" ]; do
+    case "$line" in ''|'#'*) continue ;; esac
+    [[ "$line" =~ ^[A-Z][A-Z0-9_]*= ]] || die "bad line in versions.env: $line"
+    key=${line%%=*}
+    pins[$key]=${line#*=}
+    order+=("$key")
+done <"$versions_file"
+for kv in "${overrides[@]}"; do
+    key=${kv%%=*}
+    [[ "$kv" == *=* && -v "pins[$key]" ]] || die "--set $kv: no such key in versions.env"
+    pins[$key]=${kv#*=}
+done
+
+# COMMON_X and <FLAVOR>_X become the build argument X; other flavours' keys are left out.
+build_args=()
+for key in "${order[@]}"; do
+    case "$key" in
+        COMMON_*) build_args+=(--build-arg "${key#COMMON_}=${pins[$key]}") ;;
+        "$prefix"*) build_args+=(--build-arg "${key#"$prefix"}=${pins[$key]}") ;;
+    esac
+done
+
+if [ -z "$revision" ]; then
+    revision=$(git -C "$repo_root" rev-parse HEAD 2>/dev/null || echo unknown)
+fi
+if [ -z "$version" ]; then
+    version=$(sed -n 's/^version *= *"\(.*\)"/\1/p' "$repo_root/pyproject.toml" | head -n1)
+fi
+if [ -z "$source_url" ]; then
+    source_url=$(git -C "$repo_root" remote get-url origin 2>/dev/null || true)
+fi
+build_args+=(--build-arg "IMAGE_SOURCE=$source_url" --build-arg "IMAGE_REVISION=$revision"
+             --build-arg "IMAGE_VERSION=$version")
+
+if [ "$engine" = docker ]; then
+    cmd=(docker buildx build --provenance=false --sbom=false --load
+         --file "$repo_root/$dockerfile" --tag "$tag")
+    if [ -n "$cache_from" ]; then
+        cmd+=(--cache-from "$cache_from" --build-arg BUILDKIT_INLINE_CACHE=1)
+    fi
+else
+    cmd=(buildah)
+    [ -n "$buildah_root" ] && cmd+=(--root "$buildah_root")
+    [ -n "$buildah_runroot" ] && cmd+=(--runroot "$buildah_runroot")
+    cmd+=(--storage-driver overlay bud --isolation chroot --format docker --layers
+          --file "$repo_root/$dockerfile" --tag "$tag")
+fi
+cmd+=("${build_args[@]}" "${engine_args[@]}" "$repo_root")
+
+if ((print)); then
+    printf '%s\n' "${cmd[@]}"
+    exit 0
+fi
+echo "build.sh: building $flavor as $tag with $engine" >&2
+exec "${cmd[@]}"

