@@ -12,7 +12,7 @@ from entrypoint import execute
 from entrypoint.config import JobConfig, find_missing_channel_dirs, load_job
 from entrypoint.distribution import parse_distribution, parse_launch_settings
 from entrypoint.errors import EXIT_BAD_JOB, JobDefinitionError
-from entrypoint.failure import MASK, build_job_definition_report, redact, secret_values
+from entrypoint.failure import build_job_definition_report, redact, secret_values
 from entrypoint.paths import MlPaths, build_paths
 from entrypoint.plan import LaunchPlan, Runtime, decide
 from entrypoint.probe import MachineFacts, probe_machine
@@ -77,7 +77,7 @@ def render_plan(plan: LaunchPlan, environ: dict[str, str]) -> str:
         "grace_period_s": plan.settings.grace_period_s,
         "notes": list(plan.notes),
     }
-    return redact(json.dumps(doc, indent=2, ensure_ascii=False), secrets) if secrets else json.dumps(doc, indent=2, ensure_ascii=False)
+    return redact(json.dumps(doc, indent=2, ensure_ascii=False), secrets)
 
 
 def report_bad_job(paths: MlPaths, message: str, environ: dict[str, str], dry_run: bool) -> int:
