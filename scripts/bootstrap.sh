@@ -8,7 +8,7 @@ set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo_root"
 
-apt_packages=(openmpi-bin libopenmpi-dev openssh-server openssh-client iproute2 procps util-linux)
+apt_packages=(openmpi-bin libopenmpi-dev openssh-server openssh-client iproute2 procps util-linux cmake g++ make)
 
 missing=()
 for pkg in "${apt_packages[@]}"; do
@@ -38,4 +38,14 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]' \
         2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
     echo "$want" > "$stamp"
+fi
+
+# Horovod 0.28.1 needs a C++17 patch to build against torch 2.13: scripts/build-horovod-wheel.sh
+# builds that wheel once into a wheelhouse outside the repo (~3 minutes on 2 cores).
+if ! .venv/bin/python -c 'import horovod.torch' 2>/dev/null; then
+    echo "bootstrap: building and installing Horovod (the horovod extra)"
+    bash scripts/build-horovod-wheel.sh
+    .venv/bin/python -m pip install -q --disable-pip-version-check \
+        --find-links "${BYOC_WHEELHOUSE:-$HOME/.cache/byoc-wheelhouse}" -e '.[test,horovod]' \
+        2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
 fi

@@ -27,23 +27,25 @@ if ((${#existing[@]})); then
     exit 0
 fi
 
+"$python_bin" -c 'import torch' || {
+    echo "build-horovod-wheel: $python_bin has no torch; run scripts/bootstrap.sh first" >&2
+    exit 1
+}
 for tool in cmake g++ make mpicxx; do
     command -v "$tool" >/dev/null || {
         echo "build-horovod-wheel: '$tool' not found (apt-get install cmake g++ make libopenmpi-dev)" >&2
         exit 1
     }
 done
-"$python_bin" -c 'import torch' || {
-    echo "build-horovod-wheel: $python_bin has no torch; run scripts/bootstrap.sh first" >&2
-    exit 1
-}
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 
 echo "build-horovod-wheel: downloading the horovod $horovod_version sdist"
+# (The grep drops pip's notes about index folders that this machine's pip.conf names but lacks.)
 "$python_bin" -m pip download -q --disable-pip-version-check --no-deps --no-binary :all: \
-    --no-build-isolation "horovod==$horovod_version" -d "$work/sdist"
+    --no-build-isolation "horovod==$horovod_version" -d "$work/sdist" \
+    2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
 tar -xzf "$work"/sdist/horovod-"$horovod_version".tar.gz -C "$work"
 src="$work/horovod-$horovod_version"
 

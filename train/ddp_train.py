@@ -1,0 +1,143 @@
+"""PyTorch DistributedDataParallel training: nccl on GPU, gloo on CPU, xla on Trainium.
+
+Run it under any launcher:
+    torchrun --nproc_per_node 2 -m train.ddp_train --epochs 5
+    mpirun -np 2 python -m train.ddp_train          (rank 0 publishes its address over MPI)
+    python -m train.ddp_train                       (one process)
+Gradient compression (--grad_compression fp16|bf16) uses DDP's communication hooks.
+"""
+
+from __future__ import annotations
+
+import datetime
+import gc
+import socket
+from typing import Mapping
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from train.backend import Backend
+from train.config import TrainConfig
+from train.devices import apply_cpu_threads, probe_device, probe_device_type
+from train.ranks import RankInfo, parse_rank_info
+from train.script import run_script
+
+_OPS = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
+PROCESS_GROUP_BACKENDS = {"cuda": "nccl", "cpu": "gloo", "xla": "xla"}
+
+
+def decide_rendezvous(environ: Mapping[str, str], ranks: RankInfo) -> str:
+    """'env' (torchrun or the entrypoint set MASTER_ADDR), 'mpi' (publish it over MPI), 'local'."""
+    if environ.get("MASTER_ADDR") and environ.get("MASTER_PORT"):
+        return "env"
+    if ranks.world_size == 1:
+        return "local"
+    if ranks.launcher in ("openmpi", "pmi"):
+        return "mpi"
+    raise RuntimeError(f"{ranks.world_size} ranks from {ranks.launcher} but no MASTER_ADDR/MASTER_PORT:"
+                       " launch with torchrun or mpirun, or set both variables")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def start_process_group(pg_backend: str, ranks: RankInfo, environ: Mapping[str, str]) -> None:
+    timeout = datetime.timedelta(minutes=int(environ.get("BYOC_COLLECTIVE_TIMEOUT_MIN", "30")))
+    how = decide_rendezvous(environ, ranks)
+    if pg_backend == "xla":
+        import torch_xla.distributed.xla_backend  # noqa: F401  registers the "xla" process group
+
+        dist.init_process_group("xla", init_method="xla://", timeout=timeout)
+    elif how == "env":
+        dist.init_process_group(pg_backend, init_method="env://", rank=ranks.rank,
+                                world_size=ranks.world_size, timeout=timeout)
+    elif how == "local":
+        dist.init_process_group(pg_backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+    else:
+        from mpi4py import MPI
+
+        # The hostname SageMaker gives the host resolves on every host; gethostname() may not.
+        host = environ.get("SM_CURRENT_HOST") or socket.gethostname()
+        address = MPI.COMM_WORLD.bcast((host, _free_port()) if ranks.rank == 0 else None, root=0)
+        dist.init_process_group(pg_backend, init_method=f"tcp://{address[0]}:{address[1]}", rank=ranks.rank,
+                                world_size=ranks.world_size, timeout=timeout)
+
+
+class DDPBackend(Backend):
+    name = "ddp"
+
+    def __init__(self, config: TrainConfig, ranks: RankInfo, device: torch.device):
+        super().__init__(ranks, device)
+        self.config = config
+
+    def reduce(self, values, op):
+        tensor = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(tensor, op=_OPS[op])
+        return tensor.tolist()
+
+    def broadcast_object(self, obj):
+        holder = [obj]
+        # nccl and xla move objects through device memory; gloo through the CPU.
+        dist.broadcast_object_list(holder, src=0, device=self.device if self.device.type != "cpu" else None)
+        return holder[0]
+
+    def barrier(self):
+        dist.barrier()
+
+    def prepare(self, model: nn.Module, optimizer, start_step, checkpoint):
+        if self.config.sync_batchnorm:
+            if self.device.type != "cuda":
+                raise ValueError("--sync_batchnorm needs GPUs (torch's SyncBatchNorm is CUDA-only)")
+            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        device_ids = [self.device.index] if self.device.type == "cuda" else None
+        # DDP broadcasts rank 0's weights here; gradients travel in buckets of bucket_mb.
+        ddp = DistributedDataParallel(model, device_ids=device_ids, bucket_cap_mb=self.config.bucket_mb,
+                                      gradient_as_bucket_view=True)
+        if self.config.grad_compression == "bf16" and self.device.type != "cuda":
+            raise ValueError("--grad_compression bf16 needs GPUs (DDP's bf16 hook needs NCCL); use fp16 on CPU")
+        if self.config.grad_compression != "none":
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+            hook = {"fp16": default_hooks.fp16_compress_hook,
+                    "bf16": default_hooks.bf16_compress_hook}[self.config.grad_compression]
+            ddp.register_comm_hook(state=None, hook=hook)
+        return ddp, optimizer, start_step
+
+    def backward_step(self, loss, optimizer, scaler, lr):
+        super().backward_step(loss, optimizer, scaler, lr)
+        if self.device.type == "xla":
+            import torch_xla.core.xla_model as xm
+
+            xm.mark_step()  # XLA runs the graph traced so far
+
+    def finish(self):
+        if dist.is_initialized():
+            # Collect the DDP wrapper (reference cycles keep it alive) before tearing down:
+            # Gloo work objects that outlive the group abort the process at interpreter exit
+            # ("terminate called without an active exception").
+            gc.collect()
+            dist.destroy_process_group()
+
+
+def build_ddp_backend(config: TrainConfig, environ: Mapping[str, str]) -> DDPBackend:
+    ranks = parse_rank_info(environ)
+    device_type = probe_device_type(environ)
+    if device_type == "cpu":
+        apply_cpu_threads(environ, ranks.local_world_size)
+    device = probe_device(device_type, ranks.local_rank)
+    start_process_group(PROCESS_GROUP_BACKENDS[device_type], ranks, environ)
+    return DDPBackend(config, ranks, device)
+
+
+def main(argv=None) -> None:
+    run_script(build_ddp_backend, argv)
+
+
+if __name__ == "__main__":
+    main()

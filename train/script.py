@@ -1,0 +1,49 @@
+"""What every training script does around its backend: parse, set up, run, report errors."""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from typing import Callable, Mapping, Sequence
+
+from train.config import HyperparameterError, TrainConfig, parse_config
+from train.loop import TrainResult, run_training
+from train.paths import parse_job_paths
+
+
+def write_failure(environ: Mapping[str, str], message: str) -> None:
+    """output/failure is what SageMaker shows as FailureReason; keep one that is already there."""
+    path = os.path.join(parse_job_paths(environ).output_dir, "failure")
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "x", encoding="utf-8") as f:
+            f.write(message[:1024])
+    except OSError:
+        pass  # already written (first failure wins) or not writable outside SageMaker
+
+
+def run_script(build_backend: Callable[[TrainConfig, Mapping[str, str]], object],
+               argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> TrainResult:
+    environ = os.environ if environ is None else environ
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        config = parse_config(argv)
+    except HyperparameterError as err:
+        write_failure(environ, f"bad hyperparameter: {err}")
+        raise SystemExit(f"error: {err}") from None
+    backend = build_backend(config, environ)
+    try:
+        result = run_training(config, backend, environ)
+    except SystemExit:
+        raise
+    except BaseException as err:
+        rank = backend.rank_info.rank
+        write_failure(environ, f"rank {rank}: {type(err).__name__}: {err}\n{traceback.format_exc()}")
+        try:
+            backend.abort()
+        except Exception:  # already failing: the first error is the one to report
+            pass
+        raise
+    backend.finish()
+    return result
