@@ -78,7 +78,7 @@ class LaunchSettings:
     ssh_port: int = 22
     peer_wait_timeout_s: float = 300.0
     host_lost_timeout_s: float = 30.0
-    error_store_port: int = 7778
+    job_port: int = 7778
 
 
 def _as_bool(key: str, value: Any) -> bool:
@@ -228,5 +228,5 @@ def parse_launch_settings(environ: Mapping[str, str]) -> LaunchSettings:
         ssh_port=number("BYOC_SSH_PORT", 22, int, 1, 65535),
         peer_wait_timeout_s=number("BYOC_PEER_WAIT_TIMEOUT_S", 300.0, float, 0.0),
         host_lost_timeout_s=number("BYOC_HOST_LOST_TIMEOUT_S", 30.0, float, 1.0, 60.0),
-        error_store_port=number("BYOC_ERROR_STORE_PORT", master_port + 1 if master_port < 65535 else 7778, int, 1, 65535),
+        job_port=number("BYOC_JOB_PORT", master_port + 1 if master_port < 65535 else 7778, int, 1, 65535),
     )

@@ -24,8 +24,7 @@ import time
 from dataclasses import dataclass, field
 
 from entrypoint import mpi_hosts
-from entrypoint.error_store import RootCauseStore
-from entrypoint.liveness import LivenessListener, PeerWatch
+from entrypoint.liveness import JobPort, PeerWatch
 from entrypoint.failure import build_failure_report, build_job_outcome_report, first_root_cause, parse_root_cause_line
 from entrypoint.paths import MlPaths
 from entrypoint.plan import LaunchPlan, ProcessSpec
@@ -51,7 +50,10 @@ class OutputCollector:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def add_line(self, raw: bytes) -> None:
-        line = raw.decode("utf-8", "replace").rstrip("\r\n")
+        self.add_line_text(raw.decode("utf-8", "replace"))
+
+    def add_line_text(self, line: str) -> None:
+        line = line.rstrip("\r\n")
         cause = parse_root_cause_line(line) if "BYOC-ROOT-CAUSE" in line else None
         with self.lock:
             if cause is not None:
@@ -312,8 +314,7 @@ class HostServices:
     collector: OutputCollector
     exit_code: int = 1
     lost: str | None = None
-    store: RootCauseStore | None = None
-    listener: LivenessListener | None = None
+    job_port: JobPort | None = None
     sshd: object = None
     watch: PeerWatch | None = None
 
@@ -322,14 +323,17 @@ class HostServices:
         if plan.role not in DISTRIBUTED_ROLES or len(plan.hosts) < 2:
             return
         peers = [h for h in plan.hosts if h != plan.current_host] if plan.current_host == plan.leader else [plan.leader]
-        port = plan.settings.ssh_port if plan.role == "mpi-leader" else plan.settings.error_store_port
+        port = plan.settings.ssh_port if plan.role == "mpi-leader" else plan.settings.job_port
 
         def on_lost(host: str, reason: str) -> None:
             self.lost = reason
             log(f"{reason}: stopping the job")
             supervisor.begin_stop(signal.SIGTERM)
 
-        self.watch = PeerWatch(peers, port, plan.settings.host_lost_timeout_s, plan.settings.peer_wait_timeout_s, on_lost)
+        self.watch = PeerWatch(
+            peers, port, plan.settings.host_lost_timeout_s, plan.settings.peer_wait_timeout_s, on_lost,
+            seen_at_start=plan.role == "mpi-leader",  # start_leader has just reached every worker
+        )
 
 
 @contextlib.contextmanager
@@ -343,10 +347,10 @@ def host_services(plan: LaunchPlan, collector: OutputCollector):
                 services.sshd, problem = mpi_hosts.start_leader(plan, stop, log)
             if problem:
                 raise StartProblem(problem, stop.signal_name)
-        elif multi_host and plan.current_host == plan.leader:
-            services.store = RootCauseStore(plan.settings.error_store_port, log)
         elif multi_host:
-            services.listener = LivenessListener(plan.settings.error_store_port)
+            # The leader's port also takes root-cause reports from ranks on every host.
+            on_report = collector.add_line_text if plan.current_host == plan.leader else None
+            services.job_port = JobPort(plan.settings.job_port, on_report)
         yield services
     finally:
         if services.watch is not None:
@@ -354,8 +358,8 @@ def host_services(plan: LaunchPlan, collector: OutputCollector):
         if plan.role == "mpi-leader" and multi_host:
             mpi_hosts.tell_workers(plan, services.exit_code, log)
             mpi_hosts.stop_process(services.sshd)
-        if services.listener is not None:
-            services.listener.close()
+        if services.job_port is not None:
+            services.job_port.close()
 
 
 def run_plan(plan: LaunchPlan, paths: MlPaths, environ: dict[str, str]) -> int:
@@ -410,8 +414,6 @@ def run_plan(plan: LaunchPlan, paths: MlPaths, environ: dict[str, str]) -> int:
         return fail(f"{what}: starting the workers", 1, problem.stopped_by)
     elapsed = time.monotonic() - started
     if code != 0:
-        if services.store is not None:
-            collector.root_causes.extend(services.store.collect())
         return fail(what, code, stopped_by, services.lost)
     write_outcome(paths, 0, None)
     log(f"{plan.current_host}: {what} succeeded in {elapsed:.1f} s")

@@ -2,9 +2,8 @@
 
 A collective blocked on a peer whose cable was pulled waits for gloo/NCCL/MPI timeouts
 (minutes to hours); a dead host must instead end the job within a minute. Every host of a
-multi-host job keeps one TCP port answering while its job runs: sshd's under mpirun, the
-leader's root-cause store and a bare listener on the workers under torchrun and the
-parameter server. The leader connects to every worker's port, the workers to the leader's,
+multi-host job keeps one TCP port answering while its job runs: sshd's under mpirun, and
+under torchrun and the parameter server a JobPort on every host (BYOC_JOB_PORT). The leader connects to every worker's port, the workers to the leader's,
 once a second; a host that has not answered for BYOC_HOST_LOST_TIMEOUT_S (default 30 s,
 at most 60) is lost and the job is stopped, naming it.
 """
@@ -20,12 +19,17 @@ from entrypoint.ssh import can_connect
 CHECK_EVERY_S = 1.0
 
 
-class LivenessListener:
-    """Accepts connections and closes them: "this host is up" and nothing more."""
+MAX_REPORT_BYTES = 65536
 
-    def __init__(self, port: int):
-        self._sock = socket.create_server(("", port), reuse_port=False)
-        self._sock.settimeout(0.5)
+
+class JobPort:
+    """The host's port for its peers. A connection that sends nothing is a liveness probe.
+    On the leader, a connection may carry one root-cause line from a failing rank on any host
+    (rank/record_errors.py sends it), handed to on_report."""
+
+    def __init__(self, port: int, on_report=None):
+        self._sock = socket.create_server(("", port))
+        self._on_report = on_report
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._thread.start()
@@ -34,20 +38,47 @@ class LivenessListener:
         while not self._stop.is_set():
             try:
                 conn, _ = self._sock.accept()
-                conn.close()
             except OSError:
-                continue
+                continue  # closed by close(), or a transient error
+            if self._on_report is None:
+                conn.close()
+            else:
+                threading.Thread(target=self._read_report, args=(conn,), daemon=True).start()
+
+    def _read_report(self, conn: socket.socket) -> None:
+        data = b""
+        try:
+            conn.settimeout(5)
+            while len(data) < MAX_REPORT_BYTES:
+                chunk = conn.recv(8192)
+                if not chunk:
+                    break
+                data += chunk
+        except OSError:
+            pass
+        finally:
+            conn.close()
+        for line in data.decode("utf-8", "replace").splitlines():
+            if line.strip():
+                self._on_report(line)
 
     def close(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=2)
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         self._sock.close()
+        self._thread.join(timeout=2)
 
 
 class PeerWatch:
     """Calls on_lost(host, reason) once when a peer stops answering on `port`."""
 
-    def __init__(self, peers, port: int, lost_after_s: float, first_contact_s: float, on_lost):
+    def __init__(self, peers, port: int, lost_after_s: float, first_contact_s: float, on_lost, seen_at_start: bool = False):
+        """seen_at_start: the peers are known to be up now (the MPI leader has just reached
+        every worker over SSH), so silence counts from now with lost_after_s, not first_contact_s."""
+        self.seen_at_start = seen_at_start
         self.peers = tuple(peers)
         self.port = port
         self.lost_after_s = lost_after_s
@@ -59,8 +90,8 @@ class PeerWatch:
 
     def _watch(self) -> None:
         started = time.monotonic()
-        last_seen: dict[str, float | None] = {p: None for p in self.peers}
-        while not self._stop.wait(CHECK_EVERY_S):
+        last_seen: dict[str, float | None] = {p: started if self.seen_at_start else None for p in self.peers}
+        while True:
             for peer in self.peers:
                 if can_connect(peer, self.port, timeout_s=2.0):
                     last_seen[peer] = time.monotonic()
@@ -72,6 +103,8 @@ class PeerWatch:
                     what = "stopped answering" if seen is not None else "never answered"
                     self.on_lost(peer, f"host {peer} {what} on port {self.port} for {limit:g} s")
                     return
+            if self._stop.wait(CHECK_EVERY_S):
+                return
 
     def close(self) -> None:
         self._stop.set()

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from entrypoint import ssh
 from entrypoint.plan import LaunchPlan
 
-POLL_S = 0.2
+POLL_S = 0.05
 OUTCOME_FILE = "job-exit-code"
 HOST_ENV_FILE = "host-env.json"
 

@@ -27,8 +27,6 @@ import traceback
 
 MARKER = "BYOC-ROOT-CAUSE "
 MESSAGE_LIMIT = 2000
-STORE_COUNT_KEY = "byoc/root_cause_count"
-STORE_RECORD_KEY = "byoc/root_cause/{}"
 
 
 def _rank() -> str:
@@ -78,21 +76,17 @@ def _record(exc: BaseException) -> None:
 
 
 def _report_to_leader(line: str) -> None:
-    """Append the record to the leader's store (see entrypoint/error_store.py), if any."""
-    address = os.environ.get("BYOC_ERROR_STORE")
-    if not address or "torch" not in sys.modules:
+    """Send the record to the leader's job port (entrypoint/liveness.py), if the launch has
+    one: the first failure on any host then leads the leader's output/failure."""
+    address = os.environ.get("BYOC_LEADER_JOB_PORT")
+    if not address:
         return
     try:
-        from datetime import timedelta
-
-        from torch.distributed import TCPStore
-
         host, _, port = address.rpartition(":")
-        store = TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=5))
-        index = store.add(STORE_COUNT_KEY, 1)
-        store.set(STORE_RECORD_KEY.format(index), line)
-    except Exception:  # noqa: BLE001 - the local record is already printed
-        pass
+        with socket.create_connection((host, int(port)), timeout=5) as conn:
+            conn.sendall((MARKER + line + "\n").encode("utf-8"))
+    except (OSError, ValueError):
+        pass  # the local record is already printed
 
 
 def _abort_mpi_job() -> None:

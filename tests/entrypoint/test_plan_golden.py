@@ -13,7 +13,7 @@ MPI_FLAGS = (
     "-mca", "oob_tcp_if_include", "eth0",
     "-mca", "plm_rsh_no_tree_spawn", "1",
     "-bind-to", "none", "-map-by", "slot",
-    "-mca", "pml", "ob1", "-mca", "btl", "^openib",
+    "-mca", "pml", "ob1", "-mca", "btl", "^openib,ofi",
     "-mca", "orte_abort_on_non_zero_status", "1",
     "-mca", "btl_vader_single_copy_mechanism", "none",
     "-mca", "odls_base_sigkill_timeout", "90",
@@ -52,14 +52,14 @@ def test_two_hosts_torchrun_same_command_node_rank_from_order(current, node_rank
     assert non_sm_env(plan) == {
         "FI_PROVIDER": "efa", "RDMAV_FORK_SAFE": "1", "FI_EFA_FORK_SAFE": "1",
         "MASTER_ADDR": "algo-1", "MASTER_PORT": "7777", "NCCL_SOCKET_IFNAME": "eth0",
-        "BYOC_ERROR_STORE": "algo-1:7778",
+        "BYOC_LEADER_JOB_PORT": "algo-1:7778",
     }
 
 
 def test_two_hosts_without_efa_gets_no_fi_variables():
     plan = plan_for(make_job(hosts=("algo-1", "algo-2"), hps=TORCH), GPU4)
     assert non_sm_env(plan) == {"MASTER_ADDR": "algo-1", "MASTER_PORT": "7777", "NCCL_SOCKET_IFNAME": "eth0",
-                                "BYOC_ERROR_STORE": "algo-1:7778"}
+                                "BYOC_LEADER_JOB_PORT": "algo-1:7778"}
 
 
 def test_user_environment_wins_over_launcher_defaults():
@@ -148,7 +148,7 @@ def test_trainium_torchrun_xla_settings_and_parallel_compile():
         "FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "FI_EFA_FORK_SAFE": "1", "RDMAV_FORK_SAFE": "1",
         "PJRT_DEVICE": "NEURON", "CCOM_SOCKET_IFNAME": "eth0", "NEURON_RT_ROOT_COMM_ID": "algo-1:46820",
         "MASTER_ADDR": "algo-1", "MASTER_PORT": "7777", "NCCL_SOCKET_IFNAME": "eth0",
-        "BYOC_ERROR_STORE": "algo-1:7778",
+        "BYOC_LEADER_JOB_PORT": "algo-1:7778",
     }
 
 
@@ -236,3 +236,8 @@ def test_failure_report_names_a_lost_mpi_host():
     report = build_failure_report(what="mpirun on 2 host(s)", exit_code=1, root_cause=None, tail=tail,
                                   current_host="algo-1", environ={})
     assert report.startswith("Host algo-2 stopped responding")
+
+
+def test_mpirun_keeps_the_ofi_btl_only_with_efa():
+    argv = plan_for(make_job(hosts=("algo-1", "algo-2"), hps={"sagemaker_mpi_enabled": True}), GPU8_EFA).processes[0].argv
+    assert argv[argv.index("btl") + 1] == "^openib"
