@@ -16,7 +16,9 @@ from tests.images.dockerfiles import REPO_ROOT
 
 FAKE = r"""#!/usr/bin/env bash
 # Records its argv (one JSON list a line) and answers like the real CLI would.
-python3 -c 'import json, sys; print(json.dumps(sys.argv[1:]))' "$(basename "$0")" "$@" >>"$CALLS"
+# One write(2) on an O_APPEND file: the two ends of `aws … | docker login` run at once, and
+# print() may split a record and its newline into two writes that interleave.
+python3 -c 'import json, os, sys; os.write(1, (json.dumps(sys.argv[1:]) + "\n").encode())' "$(basename "$0")" "$@" >>"$CALLS"
 case "$(basename "$0") $1 $2" in
     "aws sts get-caller-identity") echo 123456789012 ;;
     "aws ecr get-login-password") echo token ;;
