@@ -29,6 +29,7 @@ def to_cpu(value):
 class Backend:
     name = "single"
     stop_request = None  # the loop's StopRequest, for backends that carry it themselves
+    cpu_plan = None  # devices.CpuPlan on CPU: threads and cores, reported in the [setup] line
 
     def __init__(self, rank_info: RankInfo, device: torch.device):
         self.rank_info = rank_info

@@ -40,6 +40,7 @@ class TrainConfig:
     precision: str = "auto"  # auto | fp32 | bf16 | fp16 (auto: bf16/fp16 on GPU, fp32 elsewhere)
     grad_compression: str = "none"  # none | fp16 | bf16: gradients travel in 16 bits
     bucket_mb: float = 4.0  # gradient bucket size (DDP and the mpi4py trainer)
+    cpu_binding: str = "auto"  # auto | none: on CPU, each of a host's ranks on its own cores
     # data
     train_channel: str = "train"
     validation_channel: str = "validation"
@@ -57,6 +58,7 @@ class TrainConfig:
             "grad_compression": ("none", "fp16", "bf16"),
             "ps_mode": ("sync", "async"),
             "model": ("mlp",),
+            "cpu_binding": ("auto", "none"),
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import gc
+import os
 import socket
 from typing import Mapping
 
@@ -21,7 +22,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from train.backend import Backend
 from train.config import TrainConfig
-from train.devices import apply_cpu_threads, probe_device, probe_device_type
+from train.devices import probe_device, probe_device_type, setup_cpu
 from train.ranks import RankInfo, parse_rank_info
 from train.script import run_script
 
@@ -125,14 +126,58 @@ class DDPBackend(Backend):
             dist.destroy_process_group()
 
 
+GLOO_IO_THREAD = "gloo_tcp_loop"  # the name gloo's TCP transport gives its epoll thread
+
+
+def find_threads(name: str) -> list[int]:
+    """Thread ids of this process whose name is `name`."""
+    found = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                if f.read().strip() == name:
+                    found.append(int(tid))
+        except OSError:
+            continue  # the thread ended
+    return found
+
+
+def yield_gloo_io_thread() -> int:
+    """Run gloo's TCP I/O thread only when nothing else of this rank wants its cores.
+
+    The I/O thread handles a socket only if it gets the connection's lock at once; when a
+    process-group worker holds it (posting the next send), the thread returns to epoll, which
+    reports the same unread data again: it spins until the worker runs. With a rank bound to
+    its own core the spinning thread and that worker share the core, and the worker waits for
+    the scheduler to preempt the spinner (up to a time slice, ~1-4 ms, per hand-off). As
+    SCHED_IDLE, the I/O thread steps aside at once; it still runs whenever the rank waits for
+    the network, which is when it has work. Measured on 2 cores, 2 ranks: a 340 KB allreduce
+    1.0 -> 0.3 ms. Returns how many threads were changed (0 when gloo names its thread differently).
+    """
+    changed = 0
+    for tid in find_threads(GLOO_IO_THREAD):
+        try:
+            os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+            changed += 1
+        except OSError:
+            continue
+    return changed
+
+
 def build_ddp_backend(config: TrainConfig, environ: Mapping[str, str]) -> DDPBackend:
     ranks = parse_rank_info(environ)
     device_type = probe_device_type(environ)
-    if device_type == "cpu":
-        apply_cpu_threads(environ, ranks.local_world_size)
+    cpu_plan = setup_cpu(environ, ranks.local_rank, ranks.local_world_size, config.cpu_binding) \
+        if device_type == "cpu" else None
     device = probe_device(device_type, ranks.local_rank)
     start_process_group(PROCESS_GROUP_BACKENDS[device_type], ranks, environ)
-    return DDPBackend(config, ranks, device)
+    if cpu_plan is not None and cpu_plan.cores is not None:
+        # Only for a bound rank: unbound, the spinning thread takes a core from another rank
+        # instead, and SCHED_IDLE could leave it waiting behind every busy process on the host.
+        yield_gloo_io_thread()
+    backend = DDPBackend(config, ranks, device)
+    backend.cpu_plan = cpu_plan
+    return backend
 
 
 def main(argv=None) -> None:

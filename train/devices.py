@@ -70,7 +70,58 @@ def decide_cpu_threads(environ: Mapping[str, str], cpu_count: int, local_world_s
     return max(1, cpu_count // max(1, local_world_size))
 
 
-def apply_cpu_threads(environ: Mapping[str, str], local_world_size: int) -> int:
-    threads = decide_cpu_threads(environ, os.cpu_count() or 1, local_world_size)
-    torch.set_num_threads(threads)
-    return threads
+@dataclass(frozen=True)
+class CpuPlan:
+    threads: int  # torch's intra-op threads for this rank
+    cores: tuple[int, ...] | None  # the cores this rank keeps to itself; None: affinity left as it was
+
+    def describe(self) -> str:
+        cores = "unbound" if self.cores is None else ",".join(map(str, self.cores))
+        return f"cpu_threads={self.threads} cpu_cores={cores}"
+
+
+CPU_BINDINGS = ("auto", "none")
+
+
+def decide_cpu_plan(environ: Mapping[str, str], allowed_cores: tuple[int, ...], local_rank: int,
+                    local_world_size: int, binding: str) -> CpuPlan:
+    """How many threads a CPU rank runs, and which cores it keeps to itself.
+
+    `auto` gives each of a host's ranks its own slice of the cores the process may use, in
+    order (local rank 0 the first `threads`, ...), when there are enough for every rank:
+    otherwise a rank's helper threads (gloo's I/O, Horovod's background loop) and the other
+    ranks' compute are scheduled onto the same cores and each hand-off waits for a scheduler
+    slice. A rank alone on its host, or one a launcher already bound to fewer cores than the
+    host's ranks need (mpirun --bind-to core), is left as it is.
+    """
+    if binding not in CPU_BINDINGS:
+        raise ValueError(f"--cpu_binding {binding!r}: expected one of {', '.join(CPU_BINDINGS)}")
+    threads = decide_cpu_threads(environ, len(allowed_cores), local_world_size)
+    if binding == "none" or local_world_size < 2 or not 0 <= local_rank < local_world_size:
+        return CpuPlan(threads, None)
+    if len(allowed_cores) < threads * local_world_size:
+        return CpuPlan(threads, None)  # oversubscribed: binding would only pile ranks together
+    cores = sorted(allowed_cores)
+    return CpuPlan(threads, tuple(cores[local_rank * threads:(local_rank + 1) * threads]))
+
+
+def probe_allowed_cores() -> tuple[int, ...]:
+    """The cores this process may run on (its affinity: cgroups, taskset, a launcher's binding)."""
+    return tuple(sorted(os.sched_getaffinity(0)))
+
+
+def apply_cpu_plan(plan: CpuPlan) -> None:
+    if plan.cores is not None:
+        # Every thread that exists now, then the ones created later inherit it.
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                os.sched_setaffinity(int(tid), plan.cores)
+            except (ProcessLookupError, PermissionError):
+                pass  # a thread that just ended, or one we may not move
+    torch.set_num_threads(plan.threads)
+
+
+def setup_cpu(environ: Mapping[str, str], local_rank: int, local_world_size: int, binding: str) -> CpuPlan:
+    plan = decide_cpu_plan(environ, probe_allowed_cores(), local_rank, local_world_size, binding)
+    apply_cpu_plan(plan)
+    return plan

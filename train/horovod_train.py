@@ -15,7 +15,7 @@ from torch import nn
 
 from train.backend import Backend
 from train.config import TrainConfig
-from train.devices import apply_cpu_threads, probe_device, probe_device_type
+from train.devices import probe_device, probe_device_type, setup_cpu
 from train.ranks import RankInfo
 from train.script import run_script
 
@@ -102,9 +102,11 @@ def build_horovod_backend(config: TrainConfig, environ: Mapping[str, str]) -> Ho
     device_type = probe_device_type(environ)
     if device_type == "xla":
         raise RuntimeError("Horovod does not run on Trainium; use train.ddp_train (xla process group)")
-    if device_type == "cpu":
-        apply_cpu_threads(environ, ranks.local_world_size)
-    return HorovodBackend(config, hvd, ranks, probe_device(device_type, ranks.local_rank))
+    cpu_plan = setup_cpu(environ, ranks.local_rank, ranks.local_world_size, config.cpu_binding) \
+        if device_type == "cpu" else None
+    backend = HorovodBackend(config, hvd, ranks, probe_device(device_type, ranks.local_rank))
+    backend.cpu_plan = cpu_plan
+    return backend
 
 
 def main(argv=None) -> None:

@@ -181,7 +181,8 @@ def _train(config, backend, environ, paths, reporter, stop) -> TrainResult:
     reporter.line(f"[setup] backend={backend.name} world_size={ranks.world_size} device={device}"
                   f" steps={total_steps} steps_per_epoch={steps_per_epoch} global_batch="
                   f"{config.batch_size * ranks.world_size} peak_lr={peak_lr:g} warmup_steps={warmup_steps}"
-                  f" precision={precision.autocast_dtype or 'fp32'}")
+                  f" precision={precision.autocast_dtype or 'fp32'}"
+                  + (f" {backend.cpu_plan.describe()}" if backend.cpu_plan is not None else ""))
 
     def write_checkpoint(step: int) -> None:
         state = backend.checkpoint_state(train_model, optimizer)

@@ -16,7 +16,7 @@ import torch.distributed.rpc as rpc
 from train.backend import Backend, to_cpu
 from train.channels import ShardPlan
 from train.config import TrainConfig
-from train.devices import apply_cpu_threads, probe_device, probe_device_type
+from train.devices import probe_device, probe_device_type, setup_cpu
 from train.models import unwrap
 from train.ps import JobDirectory, ParameterShard, PSTopology, build_rpc_options, build_shard_plan, parse_ps_topology
 from train.ranks import parse_rank_info
@@ -123,12 +123,14 @@ def build_ps_backend(config: TrainConfig, environ: Mapping[str, str]) -> PSWorke
     if device_type == "xla":
         raise RuntimeError("the parameter-server trainer does not run on Trainium; use train.ddp_train")
     backend_ranks = parse_rank_info(environ)
-    if device_type == "cpu":
-        apply_cpu_threads(environ, backend_ranks.local_world_size)
+    cpu_plan = setup_cpu(environ, backend_ranks.local_rank, backend_ranks.local_world_size,
+                         config.cpu_binding) if device_type == "cpu" else None
     device = probe_device(device_type, topology.local_rank)
     rpc.init_rpc(topology.rpc_name, rank=topology.rank, world_size=topology.world_size,
                  rpc_backend_options=build_rpc_options(topology))
-    return PSWorkerBackend(config, topology, device, environ)
+    backend = PSWorkerBackend(config, topology, device, environ)
+    backend.cpu_plan = cpu_plan
+    return backend
 
 
 def main(argv=None) -> None:
