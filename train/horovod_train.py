@@ -8,6 +8,7 @@ Gradient compression (--grad_compression fp16) uses hvd.Compression.fp16.
 
 from __future__ import annotations
 
+import os
 from typing import Mapping
 
 import torch
@@ -15,8 +16,9 @@ from torch import nn
 
 from train.backend import Backend
 from train.config import TrainConfig
-from train.devices import probe_device, probe_device_type, setup_cpu
-from train.ranks import RankInfo
+from train.devices import (apply_cpu_plan, decide_cpu_plan, probe_allowed_cores, probe_device,
+                           probe_device_type)
+from train.ranks import RankInfo, parse_rank_info
 from train.script import run_script
 
 
@@ -97,13 +99,25 @@ class HorovodBackend(Backend):
 def build_horovod_backend(config: TrainConfig, environ: Mapping[str, str]) -> HorovodBackend:
     import horovod.torch as hvd
 
-    hvd.init()
-    ranks = RankInfo(hvd.rank(), hvd.local_rank(), hvd.size(), hvd.local_size(), "horovod")
     device_type = probe_device_type(environ)
     if device_type == "xla":
         raise RuntimeError("Horovod does not run on Trainium; use train.ddp_train (xla process group)")
-    cpu_plan = setup_cpu(environ, ranks.local_rank, ranks.local_world_size, config.cpu_binding) \
-        if device_type == "cpu" else None
+    cpu_plan = None
+    if device_type == "cpu":
+        # Decided before hvd.init() (the launcher's variables give the local rank) because
+        # Open MPI reads its settings when Horovod initializes it.
+        launched = parse_rank_info(environ)
+        cpu_plan = decide_cpu_plan(environ, probe_allowed_cores(), launched.local_rank,
+                                   launched.local_world_size, config.cpu_binding)
+        if cpu_plan.cores is not None:
+            # Horovod's background thread waits inside MPI calls, which spin by default; bound,
+            # it spins on the core the rank computes on. Yielding gives the core back: measured
+            # 2 ranks on 2 cores, batch 2048, 170k -> 240k samples/s.
+            os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
+    hvd.init()
+    ranks = RankInfo(hvd.rank(), hvd.local_rank(), hvd.size(), hvd.local_size(), "horovod")
+    if cpu_plan is not None:
+        apply_cpu_plan(cpu_plan)  # every thread, Horovod's background thread included
     backend = HorovodBackend(config, hvd, ranks, probe_device(device_type, ranks.local_rank))
     backend.cpu_plan = cpu_plan
     return backend
