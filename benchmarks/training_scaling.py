@@ -88,6 +88,13 @@ def run_once(argv: list[str], root: str) -> float:
     return statistics.median(windows[1:-1] if len(windows) > 3 else windows[1:])
 
 
+def build_paired_efficiency(samples: dict[str, list[float]], name: str) -> float:
+    """The median over repeats of (2-rank run) / (2 x the 1-rank run of the same repeat): runs
+    of one repeat are back to back, so a machine that drifts between repeats (a shared host)
+    moves both sides of each ratio alike."""
+    return statistics.median(two / (2 * one) for two, one in zip(samples[name], samples["ddp-1"]))
+
+
 def summarize(samples: dict[str, list[float]], batch_size: int, pick) -> dict:
     throughput = {name: pick(values) for name, values in samples.items()}
     step_ms = {name: 1000 * batch_size * RANKS[name] / throughput[name] for name in samples}
@@ -148,6 +155,10 @@ def main(argv=None) -> int:
             for label, pick in (("median", statistics.median), ("best", max)):
                 entry[label] = summarize(samples, batch_size, pick)
                 print_summary(f"per-rank batch {batch_size}, {label} of {args.repeats} runs:", entry[label])
+            entry["paired_scaling_efficiency"] = {name: build_paired_efficiency(samples, name)
+                                                  for name in samples if RANKS[name] == 2}
+            print(f"\nper-rank batch {batch_size}, scaling efficiency paired by repeat (median): " + ", ".join(
+                f"{name} {value:.3f}" for name, value in entry["paired_scaling_efficiency"].items()))
             results["batch_sizes"][str(batch_size)] = entry
     finally:
         shutil.rmtree(root, ignore_errors=True)
