@@ -16,6 +16,9 @@ from dataclasses import dataclass
 from typing import Sequence
 
 
+CPU_BINDINGS = ("auto", "none")
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     # schedule
@@ -58,7 +61,7 @@ class TrainConfig:
             "grad_compression": ("none", "fp16", "bf16"),
             "ps_mode": ("sync", "async"),
             "model": ("mlp",),
-            "cpu_binding": ("auto", "none"),
+            "cpu_binding": CPU_BINDINGS,
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:

@@ -167,13 +167,17 @@ def yield_gloo_io_thread() -> int:
 def build_ddp_backend(config: TrainConfig, environ: Mapping[str, str]) -> DDPBackend:
     ranks = parse_rank_info(environ)
     device_type = probe_device_type(environ)
-    cpu_plan = setup_cpu(environ, ranks.local_rank, ranks.local_world_size, config.cpu_binding) \
+    cpu_plan = setup_cpu(environ, ranks, config.cpu_binding) \
         if device_type == "cpu" else None
     device = probe_device(device_type, ranks.local_rank)
     start_process_group(PROCESS_GROUP_BACKENDS[device_type], ranks, environ)
-    if cpu_plan is not None and cpu_plan.cores is not None:
-        # Only for a bound rank: unbound, the spinning thread takes a core from another rank
-        # instead, and SCHED_IDLE could leave it waiting behind every busy process on the host.
+    if cpu_plan is not None and cpu_plan.cores is not None and len(cpu_plan.cores) == 1:
+        # Only for a rank bound to one core (so one thread), the case measured. Unbound, the
+        # spinning thread takes a core from another rank instead, and SCHED_IDLE could leave
+        # it waiting behind every busy process on the host; with more cores the rank has a
+        # spare one for it, and with more threads it would wait behind OpenMP's workers,
+        # which spin for a while after each parallel region. Process groups made later
+        # (dist.new_group) get their own I/O thread, left as it is.
         yield_gloo_io_thread()
     backend = DDPBackend(config, ranks, device)
     backend.cpu_plan = cpu_plan

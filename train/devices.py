@@ -13,6 +13,9 @@ from typing import Mapping
 
 import torch
 
+from train.config import CPU_BINDINGS
+from train.ranks import RankInfo
+
 
 @dataclass(frozen=True)
 class Precision:
@@ -80,39 +83,52 @@ class CpuPlan:
         return f"cpu_threads={self.threads} cpu_cores={cores}"
 
 
-CPU_BINDINGS = ("auto", "none")
+@dataclass(frozen=True)
+class CpuFacts:
+    allowed_cores: tuple[int, ...]  # this process's affinity (cgroup cpuset, taskset, a launcher's binding)
+    launcher_cores: tuple[int, ...] | None  # the affinity of the process that started it; None: unknown
 
 
-def decide_cpu_plan(environ: Mapping[str, str], allowed_cores: tuple[int, ...], local_rank: int,
+def decide_cpu_plan(environ: Mapping[str, str], facts: CpuFacts, local_rank: int | None,
                     local_world_size: int, binding: str) -> CpuPlan:
     """How many threads a CPU rank runs, and which cores it keeps to itself.
 
-    `auto` gives each of a host's ranks its own slice of the cores the process may use, in
-    order (local rank 0 the first `threads`, ...), when there are enough for every rank:
-    otherwise a rank's helper threads (gloo's I/O, Horovod's background loop) and the other
-    ranks' compute are scheduled onto the same cores and each hand-off waits for a scheduler
-    slice. A rank alone on its host, or one a launcher already bound to fewer cores than the
-    host's ranks need (mpirun --bind-to core), is left as it is.
+    `auto` splits the cores the process may use evenly between the host's ranks, in order
+    (local rank 0 the first slice, ...), when each slice holds the rank's threads. Unbound, a
+    rank's helper threads (gloo's I/O, Horovod's background loop) and the other ranks' compute
+    are scheduled onto the same cores and each hand-off waits for a scheduler slice. Left as
+    they are: a rank alone on its host; a rank whose launcher did not say its local rank
+    (`local_rank` None: every rank would take the first slice); a rank that already has fewer
+    cores than its launcher (mpirun --bind-to core/socket: the launcher placed it).
     """
     if binding not in CPU_BINDINGS:
         raise ValueError(f"--cpu_binding {binding!r}: expected one of {', '.join(CPU_BINDINGS)}")
-    threads = decide_cpu_threads(environ, len(allowed_cores), local_world_size)
-    if binding == "none" or local_world_size < 2 or not 0 <= local_rank < local_world_size:
-        return CpuPlan(threads, None)
-    if len(allowed_cores) < threads * local_world_size:
-        return CpuPlan(threads, None)  # oversubscribed: binding would only pile ranks together
-    cores = sorted(allowed_cores)
-    return CpuPlan(threads, tuple(cores[local_rank * threads:(local_rank + 1) * threads]))
+    allowed = sorted(facts.allowed_cores)
+    threads = decide_cpu_threads(environ, len(allowed), local_world_size)
+    unbound = CpuPlan(threads, None)
+    if binding == "none" or local_world_size < 2 or local_rank is None or not 0 <= local_rank < local_world_size:
+        return unbound
+    if facts.launcher_cores is not None and sorted(facts.launcher_cores) != allowed:
+        return unbound
+    per_rank = len(allowed) // local_world_size
+    if per_rank < threads:
+        return unbound  # oversubscribed: binding would only pile ranks together
+    return CpuPlan(threads, tuple(allowed[local_rank * per_rank:(local_rank + 1) * per_rank]))
 
 
-def probe_allowed_cores() -> tuple[int, ...]:
-    """The cores this process may run on (its affinity: cgroups, taskset, a launcher's binding)."""
-    return tuple(sorted(os.sched_getaffinity(0)))
+def probe_cpu_facts() -> CpuFacts:
+    try:
+        launcher = tuple(sorted(os.sched_getaffinity(os.getppid())))
+    except OSError:
+        launcher = None  # the parent already exited, or is not ours to look at
+    return CpuFacts(tuple(sorted(os.sched_getaffinity(0))), launcher)
 
 
 def apply_cpu_plan(plan: CpuPlan) -> None:
     if plan.cores is not None:
-        # Every thread that exists now, then the ones created later inherit it.
+        # Every thread that exists now (the launcher's libraries may have started some);
+        # threads started later inherit it. (One started by a thread not yet moved while
+        # this loop runs would keep the old affinity: none of ours start threads here.)
         for tid in os.listdir("/proc/self/task"):
             try:
                 os.sched_setaffinity(int(tid), plan.cores)
@@ -121,7 +137,8 @@ def apply_cpu_plan(plan: CpuPlan) -> None:
     torch.set_num_threads(plan.threads)
 
 
-def setup_cpu(environ: Mapping[str, str], local_rank: int, local_world_size: int, binding: str) -> CpuPlan:
-    plan = decide_cpu_plan(environ, probe_allowed_cores(), local_rank, local_world_size, binding)
+def setup_cpu(environ: Mapping[str, str], ranks: RankInfo, binding: str) -> CpuPlan:
+    plan = decide_cpu_plan(environ, probe_cpu_facts(), ranks.local_rank if ranks.local_rank_known else None,
+                           ranks.local_world_size, binding)
     apply_cpu_plan(plan)
     return plan

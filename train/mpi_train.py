@@ -181,7 +181,7 @@ def build_mpi_backend(config: TrainConfig, environ: Mapping[str, str]) -> MPIBac
     device_type = probe_device_type(environ)
     if device_type == "xla":
         raise RuntimeError("the mpi4py trainer does not run on Trainium; use train.ddp_train")
-    cpu_plan = setup_cpu(environ, ranks.local_rank, ranks.local_world_size, config.cpu_binding) \
+    cpu_plan = setup_cpu(environ, ranks, config.cpu_binding) \
         if device_type == "cpu" else None
     backend = MPIBackend(config, comm, ranks, probe_device(device_type, ranks.local_rank))
     backend.cpu_plan = cpu_plan

@@ -123,8 +123,7 @@ def build_ps_backend(config: TrainConfig, environ: Mapping[str, str]) -> PSWorke
     if device_type == "xla":
         raise RuntimeError("the parameter-server trainer does not run on Trainium; use train.ddp_train")
     backend_ranks = parse_rank_info(environ)
-    cpu_plan = setup_cpu(environ, backend_ranks.local_rank, backend_ranks.local_world_size,
-                         config.cpu_binding) if device_type == "cpu" else None
+    cpu_plan = setup_cpu(environ, backend_ranks, config.cpu_binding) if device_type == "cpu" else None
     device = probe_device(device_type, topology.local_rank)
     rpc.init_rpc(topology.rpc_name, rank=topology.rank, world_size=topology.world_size,
                  rpc_backend_options=build_rpc_options(topology))

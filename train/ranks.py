@@ -23,6 +23,7 @@ class RankInfo:
     world_size: int
     local_world_size: int
     launcher: str  # "ps", "torchrun", "horovod", "openmpi", "pmi", "single"
+    local_rank_known: bool = True  # False: the launcher set no local-rank variable (0 assumed)
 
     @property
     def is_leader(self) -> bool:
@@ -83,12 +84,13 @@ def parse_rank_info(environ: Mapping[str, str]) -> RankInfo:
         per_host = max(1, workers // max(1, len(servers)))
         local = _int(environ, "LOCAL_RANK", 0)
         return _checked(RankInfo(_int(environ, "BYOC_WORKER_RANK"), local, workers,
-                                 max(per_host, local + 1), "ps"))
+                                 max(per_host, local + 1), "ps", environ.get("LOCAL_RANK", "") != ""))
     for launcher, rank, size, local_rank, local_size in _LAUNCHER_VARIABLES:
         if environ.get(rank, "") != "" and environ.get(size, "") != "":
             world = _int(environ, size)
             local = _int(environ, local_rank, 0)
             # Without a local size, assume every rank is on this host only when there is one.
             local_world = _int(environ, local_size, world if local_rank not in environ else local + 1)
-            return _checked(RankInfo(_int(environ, rank), local, world, local_world, launcher))
+            return _checked(RankInfo(_int(environ, rank), local, world, local_world, launcher,
+                                     environ.get(local_rank, "") != ""))
     return RankInfo(0, 0, 1, 1, "single")

@@ -2,7 +2,8 @@
 
 Why (docs/training.md, Benchmark): with two ranks on two cores and nothing bound, gloo's TCP
 thread spins on the other rank's core while the worker it waits for cannot run; the DDP
-2-rank scaling efficiency was 0.60. Bound, with the I/O thread as SCHED_IDLE, ~0.85.
+2-rank scaling efficiency at 512 records per rank was 0.64. Bound, with the I/O thread as
+SCHED_IDLE, 0.81.
 """
 
 from __future__ import annotations
@@ -15,40 +16,58 @@ import pytest
 
 from tests.train.train_helpers import MPIRUN, PYTHON, free_port, job_env, needs_horovod, needs_mpirun
 from train.config import TrainConfig, parse_config, HyperparameterError
-from train.devices import CpuPlan, decide_cpu_plan
+from train.devices import CpuFacts, CpuPlan, decide_cpu_plan
+from train.ranks import parse_rank_info
 
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 
 
-@pytest.mark.parametrize("environ, allowed, local_rank, local_world_size, expected", [
-    # one thread per rank, a core each, in order
-    (ONE_THREAD, (0, 1), 0, 2, CpuPlan(1, (0,))),
-    (ONE_THREAD, (0, 1), 1, 2, CpuPlan(1, (1,))),
-    (ONE_THREAD, tuple(range(16)), 3, 4, CpuPlan(1, (3,))),
+def facts(allowed, launcher="same") -> CpuFacts:
+    return CpuFacts(tuple(allowed), tuple(allowed) if launcher == "same" else launcher)
+
+
+@pytest.mark.parametrize("environ, cpu, local_rank, local_world_size, expected", [
+    # one thread per rank on as many cores: a core each, in order
+    (ONE_THREAD, facts((0, 1)), 0, 2, CpuPlan(1, (0,))),
+    (ONE_THREAD, facts((0, 1)), 1, 2, CpuPlan(1, (1,))),
+    # more cores than threads: the cores are still split evenly (room for the rank's helpers)
+    (ONE_THREAD, facts(range(16)), 3, 4, CpuPlan(1, (12, 13, 14, 15))),
     # no OMP_NUM_THREADS: the cores shared out, each rank a contiguous slice
-    ({}, (0, 1, 2, 3), 1, 2, CpuPlan(2, (2, 3))),
-    ({}, tuple(range(8)), 2, 3, CpuPlan(2, (4, 5))),
-    # a process already limited to some cores (cgroup, taskset): slices of those, sorted
-    (ONE_THREAD, (9, 2, 7, 5), 1, 4, CpuPlan(1, (5,))),
+    ({}, facts((0, 1, 2, 3)), 1, 2, CpuPlan(2, (2, 3))),
+    ({}, facts(range(8)), 2, 3, CpuPlan(2, (4, 5))),
+    # a whole job limited to some cores (cgroup cpuset, taskset on the launcher): slices of those, sorted
+    (ONE_THREAD, facts((9, 2, 7, 5)), 1, 4, CpuPlan(1, (5,))),
+    # unknown launcher affinity: judged from this process's alone
+    (ONE_THREAD, facts((0, 1), launcher=None), 1, 2, CpuPlan(1, (1,))),
     # alone on the host: nothing to keep apart
-    (ONE_THREAD, (0, 1), 0, 1, CpuPlan(1, None)),
-    # a launcher bound the rank to fewer cores than the host's ranks need (mpirun --bind-to core)
-    (ONE_THREAD, (1,), 1, 2, CpuPlan(1, None)),
+    (ONE_THREAD, facts((0, 1)), 0, 1, CpuPlan(1, None)),
+    # the launcher did not say the local rank: every rank would take the first slice
+    (ONE_THREAD, facts((0, 1)), None, 2, CpuPlan(1, None)),
+    # the launcher placed the rank itself (mpirun --bind-to socket / core): left there
+    (ONE_THREAD, facts(range(8, 16), launcher=tuple(range(16))), 1, 2, CpuPlan(1, None)),
+    (ONE_THREAD, facts((1,), launcher=(0, 1)), 1, 2, CpuPlan(1, None)),
     # more threads asked for than there are cores: binding would only pile ranks together
-    ({"OMP_NUM_THREADS": "4"}, (0, 1, 2, 3), 0, 2, CpuPlan(4, None)),
+    ({"OMP_NUM_THREADS": "4"}, facts((0, 1, 2, 3)), 0, 2, CpuPlan(4, None)),
 ])
-def test_auto_binding_gives_each_local_rank_its_own_cores(environ, allowed, local_rank, local_world_size, expected):
-    assert decide_cpu_plan(environ, allowed, local_rank, local_world_size, "auto") == expected
+def test_auto_binding_gives_each_local_rank_its_own_cores(environ, cpu, local_rank, local_world_size, expected):
+    assert decide_cpu_plan(environ, cpu, local_rank, local_world_size, "auto") == expected
 
 
 def test_binding_none_leaves_affinity_and_bad_values_are_refused():
-    assert decide_cpu_plan(ONE_THREAD, (0, 1), 1, 2, "none") == CpuPlan(1, None)
+    assert decide_cpu_plan(ONE_THREAD, facts((0, 1)), 1, 2, "none") == CpuPlan(1, None)
     with pytest.raises(ValueError, match="--cpu_binding 'cores'"):
-        decide_cpu_plan(ONE_THREAD, (0, 1), 1, 2, "cores")
+        decide_cpu_plan(ONE_THREAD, facts((0, 1)), 1, 2, "cores")
     assert parse_config(["--cpu_binding", "none"]).cpu_binding == "none"
     assert TrainConfig().cpu_binding == "auto"
     with pytest.raises(HyperparameterError, match="cpu_binding"):
         parse_config(["--cpu_binding", "yes"])
+
+
+def test_ranks_say_whether_the_launcher_gave_a_local_rank():
+    assert parse_rank_info({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}).local_rank_known
+    assert not parse_rank_info({"PMI_RANK": "1", "PMI_SIZE": "4"}).local_rank_known
+    assert parse_rank_info({"PMI_RANK": "1", "PMI_SIZE": "4", "MPI_LOCALRANKID": "1",
+                            "MPI_LOCALNRANKS": "2"}).local_rank_known
 
 
 def test_plan_is_reported_in_one_readable_field():

@@ -32,7 +32,7 @@ DOCS = Path(__file__).resolve().parents[2] / "docs" / "training.md"
       "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}, RankInfo(2, 0, 4, 2, "openmpi")),
     ({"HOROVOD_RANK": "1", "HOROVOD_SIZE": "2", "HOROVOD_LOCAL_RANK": "1", "HOROVOD_LOCAL_SIZE": "2"},
      RankInfo(1, 1, 2, 2, "horovod")),
-    ({"PMI_RANK": "1", "PMI_SIZE": "2"}, RankInfo(1, 0, 2, 2, "pmi")),
+    ({"PMI_RANK": "1", "PMI_SIZE": "2"}, RankInfo(1, 0, 2, 2, "pmi", local_rank_known=False)),
     # The PS launch: the training rank is the worker rank, RANK counts the shards too.
     ({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "0", "BYOC_PS_ROLE": "worker", "BYOC_PS_SERVERS": "ps0,ps1",
       "BYOC_NUM_WORKERS": "2", "BYOC_WORKER_RANK": "1"}, RankInfo(1, 0, 2, 1, "ps")),
