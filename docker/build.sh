@@ -4,10 +4,14 @@
 # docker/build-and-push.sh and tests/images/; works with Docker (BuildKit) or buildah.
 #
 # usage: docker/build.sh --flavor cpu|gpu|trn1 --tag IMAGE:TAG [options] [-- ENGINE_ARGS...]
-#   --engine docker|buildah   docker (default): `docker buildx build --load` with Docker
-#                             media types and no provenance/SBOM attestations (SageMaker
-#                             rejects OCI manifests and attestation indexes);
+#   --engine docker|buildah   docker (default): with BuildKit (`docker buildx` present),
+#                             `docker buildx build --load` with Docker media types and no
+#                             provenance/SBOM attestations (SageMaker rejects OCI manifests
+#                             and attestation indexes); without buildx, the legacy builder
+#                             (`DOCKER_BUILDKIT=0 docker build`) with the same arguments and
+#                             tags (it writes Docker media types and no attestations);
 #                             buildah: `buildah bud --isolation chroot --format docker --layers`
+#   --builder auto|buildx|legacy  docker only: which builder (default auto, as above)
 #   --set KEY=VALUE           override one versions.env entry for this build, e.g.
 #                             --set CPU_BASE_IMAGE=localhost/debian:bookworm (repeatable)
 #   --revision SHA            OCI revision label (default: git HEAD)
@@ -24,7 +28,7 @@ versions_file="$repo_root/docker/versions.env"
 
 die() { echo "build.sh: $*" >&2; exit 2; }
 
-flavor='' tag='' engine=docker revision='' version='' source_url='' cache_from='' print=0
+flavor='' tag='' engine=docker builder=auto revision='' version='' source_url='' cache_from='' print=0
 buildah_root='' buildah_runroot=''
 overrides=()
 engine_args=()
@@ -33,6 +37,7 @@ while (($#)); do
         --flavor) flavor=${2:?--flavor needs a value}; shift 2 ;;
         --tag) tag=${2:?--tag needs a value}; shift 2 ;;
         --engine) engine=${2:?--engine needs a value}; shift 2 ;;
+        --builder) builder=${2:?--builder needs a value}; shift 2 ;;
         --set) overrides+=("${2:?--set needs KEY=VALUE}"); shift 2 ;;
         --revision) revision=${2?}; shift 2 ;;
         --version) version=${2?}; shift 2 ;;
@@ -55,6 +60,7 @@ case "$flavor" in
 esac
 [ -n "$tag" ] || die "--tag is required"
 case "$engine" in docker|buildah) ;; *) die "--engine must be docker or buildah" ;; esac
+case "$builder" in auto|buildx|legacy) ;; *) die "--builder must be auto, buildx or legacy" ;; esac
 
 # versions.env → KEY VALUE pairs; --set entries replace values of existing keys only
 # (a typo must not pass silently).
@@ -94,11 +100,21 @@ fi
 build_args+=(--build-arg "IMAGE_SOURCE=$source_url" --build-arg "IMAGE_REVISION=$revision"
              --build-arg "IMAGE_VERSION=$version")
 
-if [ "$engine" = docker ]; then
+if [ "$engine" = docker ] && [ "$builder" = auto ]; then
+    if docker buildx version >/dev/null 2>&1; then builder=buildx; else builder=legacy; fi
+fi
+if [ "$engine" = docker ] && [ "$builder" = buildx ]; then
     cmd=(docker buildx build --provenance=false --sbom=false --load
          --file "$repo_root/$dockerfile" --tag "$tag")
     if [ -n "$cache_from" ]; then
         cmd+=(--cache-from "$cache_from" --build-arg BUILDKIT_INLINE_CACHE=1)
+    fi
+elif [ "$engine" = docker ]; then
+    # The legacy builder: what Docker engines without buildx (Debian's docker.io) have.
+    # It reuses its own layer cache; --cache-from names an image whose layers it may reuse.
+    cmd=(env DOCKER_BUILDKIT=0 docker build --file "$repo_root/$dockerfile" --tag "$tag")
+    if [ -n "$cache_from" ]; then
+        cmd+=(--cache-from "$cache_from")
     fi
 else
     cmd=(buildah)
@@ -113,5 +129,5 @@ if ((print)); then
     printf '%s\n' "${cmd[@]}"
     exit 0
 fi
-echo "build.sh: building $flavor as $tag with $engine" >&2
+echo "build.sh: building $flavor as $tag with $engine${builder:+ ($builder)}" >&2
 exec "${cmd[@]}"

@@ -17,7 +17,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tarfile
 import tempfile
 import threading
 import time
@@ -186,11 +185,13 @@ def run_processes(
 
 
 def fetch_code(source: CodeSource, code_dir: str) -> None:
+    from entrypoint.archive import extract_tar  # only jobs whose code arrives as an archive
+
     os.makedirs(code_dir, exist_ok=True)
     if source.kind == "local_dir":
         shutil.copytree(source.uri, code_dir, dirs_exist_ok=True, symlinks=True)
     elif source.kind == "local_tar":
-        _extract(source.uri, code_dir)
+        extract_tar(source.uri, code_dir)
     elif source.kind == "s3":
         import boto3  # only when code comes from S3: boto3 costs ~0.3 s to import
 
@@ -199,12 +200,7 @@ def fetch_code(source: CodeSource, code_dir: str) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             archive = os.path.join(tmp, "sourcedir.tar.gz")
             client.download_file(bucket, key, archive)
-            _extract(archive, code_dir)
-
-
-def _extract(archive: str, dest: str) -> None:
-    with tarfile.open(archive) as tar:
-        tar.extractall(dest, filter="data")  # refuses absolute paths, '..' and device files
+            extract_tar(archive, code_dir)
 
 
 def wait_for_hosts(hosts: tuple[str, ...], timeout_s: float) -> list[str]:

@@ -1,29 +1,27 @@
 #!/usr/bin/env bash
-# Makes a Debian bookworm base image without a registry: debootstrap (minbase) from the
-# machine's configured Debian mirror into a folder, then `podman import` into a private
-# image store. The image stands in for debian:bookworm-slim when building
-# docker/Dockerfile.cpu on a machine with no Docker engine and no registry access.
+# Makes a Debian bookworm base image without a registry, for machines that cannot pull
+# from Docker Hub: debootstrap (minbase) from the machine's configured Debian mirror into
+# a folder, then `docker import` under the tag the Dockerfiles name (docker/versions.env's
+# CPU_BASE_IMAGE, e.g. debian:12.12-slim), so docker/build.sh and a plain `docker build`
+# use it as they would use the official image. The stand-in carries the label
+# org.opencontainers.image.description="local debootstrap of bookworm" to tell it apart.
 #
-# usage: make-debian-base.sh STORE_ROOT RUN_ROOT IMAGE_TAG [MIRROR_URL]
-#   STORE_ROOT/RUN_ROOT: podman/buildah --root/--runroot (a private store, never the
-#   machine's default one); IMAGE_TAG e.g. localhost/debian:bookworm.
-# Does nothing when IMAGE_TAG is already in the store.
+# usage: make-debian-base.sh [IMAGE_TAG [MIRROR_URL]]
+# Does nothing when IMAGE_TAG is already in the engine (DOCKER_HOST).
 set -euo pipefail
 
-if (($# < 3 || $# > 4)); then
-    echo "usage: $0 STORE_ROOT RUN_ROOT IMAGE_TAG [MIRROR_URL]" >&2
-    exit 2
-fi
-store_root=$1
-run_root=$2
-tag=$3
-mirror=${4:-}
+repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+tag=${1:-$(sed -n 's/^CPU_BASE_IMAGE=//p' "$repo_root/docker/versions.env")}
+mirror=${2:-}
+[ -n "$tag" ] || { echo "make-debian-base: no IMAGE_TAG and no CPU_BASE_IMAGE in docker/versions.env" >&2; exit 2; }
 
-podman_store=(--root "$store_root" --runroot "$run_root" --storage-driver overlay)
-
-if podman "${podman_store[@]}" image exists "$tag"; then
+if docker image inspect "$tag" >/dev/null 2>&1; then
     exit 0
 fi
+command -v debootstrap >/dev/null || {
+    echo "make-debian-base: debootstrap is missing (apt-get install debootstrap)" >&2
+    exit 1
+}
 
 if [ -z "$mirror" ]; then
     # The machine's configured mirror: the first URI serving the bookworm suite,
@@ -43,7 +41,7 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/byoc-debootstrap.XXXXXX")
 trap 'rm -rf -- "$work"' EXIT
 rootfs="$work/rootfs"
 
-echo "make-debian-base: debootstrap bookworm from $mirror"
+echo "make-debian-base: debootstrap bookworm from $mirror" >&2
 debootstrap --variant=minbase bookworm "$rootfs" "$mirror" >"$work/debootstrap.log" 2>&1 || {
     tail -n 30 "$work/debootstrap.log" >&2
     exit 1
@@ -68,6 +66,8 @@ rm -f "$rootfs/etc/apt/sources.list"
 rm -rf "$rootfs"/var/lib/apt/lists/* "$rootfs"/var/cache/apt/*.bin "$rootfs"/var/cache/apt/archives/*.deb
 : >"$rootfs/etc/machine-id"
 
-tar --numeric-owner -C "$rootfs" -cf "$work/rootfs.tar" .
-podman "${podman_store[@]}" import --change 'CMD ["bash"]' "$work/rootfs.tar" "$tag" >/dev/null
-echo "make-debian-base: imported $tag"
+tar --numeric-owner -C "$rootfs" -c . | docker import \
+    --change 'CMD ["bash"]' \
+    --change 'LABEL org.opencontainers.image.description="local debootstrap of bookworm"' \
+    - "$tag" >/dev/null
+echo "make-debian-base: imported $tag" >&2

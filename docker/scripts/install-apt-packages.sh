@@ -37,7 +37,12 @@ if [ "${1:-}" = --update-lists ]; then
     exit 0
 fi
 if (($# == 0)); then
-    echo "install-apt-packages: no packages named" >&2
+    # The Dockerfiles pass ${APT_RUNTIME_PACKAGES} / ${APT_BUILD_PACKAGES}: empty means the
+    # build was started without the build arguments (a plain `docker build`).
+    echo "install-apt-packages: no packages named: the build argument APT_RUNTIME_PACKAGES" \
+         "(or APT_BUILD_PACKAGES) is empty. Every build argument's value is in" \
+         "docker/versions.env; build with docker/build.sh --flavor cpu|gpu|trn1, which passes" \
+         "them all as --build-arg." >&2
     exit 2
 fi
 

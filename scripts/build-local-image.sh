@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Builds the CPU image with Docker on this machine, the way a user would (docker/build.sh),
+# plus what this kind of machine needs, and prints the image's tag on stdout.
+#   - starts (or reuses) a Docker engine: scripts/docker-engine.sh;
+#   - base image: Docker Hub is not reachable here, so docker/local/make-debian-base.sh
+#     makes a stand-in under the pinned tag when the engine lacks it;
+#   - docker/build-local/ (builder stage only): the CA bundle pip trusts on this machine
+#     and the local torch wheel (PIP_FIND_LINKS), so torch's CPU build is not downloaded;
+#   - the build runs on the host network (no iptables here, so no NAT for a bridge).
+# Docker's layer cache makes an unchanged tree a rebuild of seconds.
+#
+# usage: scripts/build-local-image.sh [--tag TAG] [--flavor cpu] [-- BUILD_SH_ARGS...]
+# Env: BYOC_IMAGE_TAG (default byoc-training:cpu-local).
+set -euo pipefail
+repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$repo_root"
+
+tag=${BYOC_IMAGE_TAG:-byoc-training:cpu-local}
+extra=()
+while (($#)); do
+    case "$1" in
+        --tag) tag=${2:?}; shift 2 ;;
+        --) shift; extra=("$@"); break ;;
+        *) echo "build-local-image: unknown argument $1" >&2; exit 2 ;;
+    esac
+done
+
+eval "$(bash scripts/docker-engine.sh start)"
+export DOCKER_HOST
+bash docker/local/make-debian-base.sh "$(sed -n 's/^CPU_BASE_IMAGE=//p' docker/versions.env)" >&2
+
+# docker/build-local/: rebuilt from this machine's pip settings each time (cheap; an
+# unchanged result keeps Docker's cache for every later layer).
+local_dir=docker/build-local
+find "$local_dir" -mindepth 1 ! -name README.md -delete
+torch_version=$(sed -n 's/^CPU_TORCH_VERSION=//p' docker/versions.env)
+cert=${PIP_CERT:-$(python3 -m pip config get global.cert 2>/dev/null || true)}
+find_links=${PIP_FIND_LINKS:-$(python3 -m pip config get global.find-links 2>/dev/null || true)}
+{
+    echo "[global]"
+    if [ -n "$cert" ] && [ -f "$cert" ]; then
+        cp "$cert" "$local_dir/ca.crt"
+        echo "cert = /opt/byoc-build-local/ca.crt"
+    fi
+} >"$local_dir/pip.conf"
+set_args=()
+for folder in $find_links; do
+    for wheel in "$folder"/torch-"$torch_version"+cpu-*.whl; do
+        [ -f "$wheel" ] || continue
+        mkdir -p "$local_dir/wheels"
+        ln -f "$wheel" "$local_dir/wheels/" 2>/dev/null || cp "$wheel" "$local_dir/wheels/"
+    done
+done
+if [ -d "$local_dir/wheels" ]; then
+    echo "find-links = /opt/byoc-build-local/wheels" >>"$local_dir/pip.conf"
+    # PyTorch's CPU index is not reachable from machines that reach only PyPI; the local
+    # wheel is the same CPU build.
+    set_args=(--set CPU_TORCH_INDEX_URL=)
+fi
+
+start=$SECONDS
+bash docker/build.sh --flavor cpu --tag "$tag" "${set_args[@]}" -- --network host "${extra[@]}" >&2
+size=$(docker image inspect --format '{{.Size}}' "$tag")
+echo "build-local-image: $tag built in $((SECONDS - start)) s, $((size / 1000000)) MB" >&2
+echo "$tag"
