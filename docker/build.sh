@@ -1,26 +1,24 @@
 #!/usr/bin/env bash
 # Builds one flavour of the image with every version from docker/versions.env passed as
 # a --build-arg (the Dockerfiles have no version defaults). Used by buildspec.yml,
-# docker/build-and-push.sh and tests/images/; works with Docker (BuildKit) or buildah.
+# docker/build-and-push.sh and scripts/build-local-image.sh; works with Docker's BuildKit
+# (buildx) or its legacy builder.
 #
 # usage: docker/build.sh --flavor cpu|gpu|trn1 --tag IMAGE:TAG [options] [-- ENGINE_ARGS...]
-#   --engine docker|buildah   docker (default): with BuildKit (`docker buildx` present),
-#                             `docker buildx build --load` with Docker media types and no
-#                             provenance/SBOM attestations (SageMaker rejects OCI manifests
-#                             and attestation indexes); without buildx, the legacy builder
-#                             (`DOCKER_BUILDKIT=0 docker build`) with the same arguments and
-#                             tags (it writes Docker media types and no attestations);
-#                             buildah: `buildah bud --isolation chroot --format docker --layers`
-#   --builder auto|buildx|legacy  docker only: which builder (default auto, as above)
+#   --builder auto|buildx|legacy  auto (default): buildx when `docker buildx` is there.
+#                             buildx: `docker buildx build --load` with Docker media types
+#                             and no provenance/SBOM attestations (SageMaker rejects OCI
+#                             manifests and attestation indexes); legacy: `DOCKER_BUILDKIT=0
+#                             docker build` with the same arguments and tags (it writes
+#                             Docker media types and no attestations)
 #   --set KEY=VALUE           override one versions.env entry for this build, e.g.
 #                             --set CPU_BASE_IMAGE=localhost/debian:bookworm (repeatable)
 #   --revision SHA            OCI revision label (default: git HEAD)
 #   --version VERSION         OCI version label (default: pyproject.toml's version)
 #   --source URL              OCI source label (default: git remote origin, if any)
-#   --cache-from REF          docker only: an earlier image with inline cache to reuse
-#   --buildah-root DIR / --buildah-runroot DIR   buildah's private image store
+#   --cache-from REF          an earlier image whose layers the build may reuse
 #   --print                   print the command (one argument a line) instead of running it
-# ENGINE_ARGS go to the engine's build command as they are (e.g. buildah's -v mounts).
+# ENGINE_ARGS go to the build command as they are (e.g. --network host).
 set -euo pipefail
 
 repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -28,23 +26,19 @@ versions_file="$repo_root/docker/versions.env"
 
 die() { echo "build.sh: $*" >&2; exit 2; }
 
-flavor='' tag='' engine=docker builder=auto revision='' version='' source_url='' cache_from='' print=0
-buildah_root='' buildah_runroot=''
+flavor='' tag='' builder=auto revision='' version='' source_url='' cache_from='' print=0
 overrides=()
 engine_args=()
 while (($#)); do
     case "$1" in
         --flavor) flavor=${2:?--flavor needs a value}; shift 2 ;;
         --tag) tag=${2:?--tag needs a value}; shift 2 ;;
-        --engine) engine=${2:?--engine needs a value}; shift 2 ;;
         --builder) builder=${2:?--builder needs a value}; shift 2 ;;
         --set) overrides+=("${2:?--set needs KEY=VALUE}"); shift 2 ;;
         --revision) revision=${2?}; shift 2 ;;
         --version) version=${2?}; shift 2 ;;
         --source) source_url=${2?}; shift 2 ;;
         --cache-from) cache_from=${2:?--cache-from needs a value}; shift 2 ;;
-        --buildah-root) buildah_root=${2:?}; shift 2 ;;
-        --buildah-runroot) buildah_runroot=${2:?}; shift 2 ;;
         --print) print=1; shift ;;
         --) shift; engine_args=("$@"); break ;;
         -h|--help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
@@ -59,7 +53,6 @@ case "$flavor" in
     *) die "--flavor must be cpu, gpu or trn1 (got '${flavor}')" ;;
 esac
 [ -n "$tag" ] || die "--tag is required"
-case "$engine" in docker|buildah) ;; *) die "--engine must be docker or buildah" ;; esac
 case "$builder" in auto|buildx|legacy) ;; *) die "--builder must be auto, buildx or legacy" ;; esac
 
 # versions.env → KEY VALUE pairs; --set entries replace values of existing keys only
@@ -100,28 +93,22 @@ fi
 build_args+=(--build-arg "IMAGE_SOURCE=$source_url" --build-arg "IMAGE_REVISION=$revision"
              --build-arg "IMAGE_VERSION=$version")
 
-if [ "$engine" = docker ] && [ "$builder" = auto ]; then
+if [ "$builder" = auto ]; then
     if docker buildx version >/dev/null 2>&1; then builder=buildx; else builder=legacy; fi
 fi
-if [ "$engine" = docker ] && [ "$builder" = buildx ]; then
+if [ "$builder" = buildx ]; then
     cmd=(docker buildx build --provenance=false --sbom=false --load
          --file "$repo_root/$dockerfile" --tag "$tag")
     if [ -n "$cache_from" ]; then
         cmd+=(--cache-from "$cache_from" --build-arg BUILDKIT_INLINE_CACHE=1)
     fi
-elif [ "$engine" = docker ]; then
+else
     # The legacy builder: what Docker engines without buildx (Debian's docker.io) have.
     # It reuses its own layer cache; --cache-from names an image whose layers it may reuse.
     cmd=(env DOCKER_BUILDKIT=0 docker build --file "$repo_root/$dockerfile" --tag "$tag")
     if [ -n "$cache_from" ]; then
         cmd+=(--cache-from "$cache_from")
     fi
-else
-    cmd=(buildah)
-    [ -n "$buildah_root" ] && cmd+=(--root "$buildah_root")
-    [ -n "$buildah_runroot" ] && cmd+=(--runroot "$buildah_runroot")
-    cmd+=(--storage-driver overlay bud --isolation chroot --format docker --layers
-          --file "$repo_root/$dockerfile" --tag "$tag")
 fi
 cmd+=("${build_args[@]}" "${engine_args[@]}" "$repo_root")
 
@@ -129,5 +116,5 @@ if ((print)); then
     printf '%s\n' "${cmd[@]}"
     exit 0
 fi
-echo "build.sh: building $flavor as $tag with $engine${builder:+ ($builder)}" >&2
+echo "build.sh: building $flavor as $tag with Docker ($builder builder)" >&2
 exec "${cmd[@]}"

@@ -40,6 +40,8 @@ def decide_unsafe_member(member: tarfile.TarInfo, link_names: frozenset[str]) ->
     parts = _parts(name)
     if ".." in parts:
         return "a '..' component"
+    if not parts and not member.isdir():
+        return "no name (it would replace the destination itself)"
     for depth in range(1, len(parts)):
         if "/".join(parts[:depth]) in link_names:
             return f"a path through the link {'/'.join(parts[:depth])}"

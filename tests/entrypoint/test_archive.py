@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from entrypoint.archive import UnsafeArchiveError, decide_unsafe_member, extract_tar
-from tests.support.jobtree import failure_text, run_entrypoint, write_tree
+from support.jobtree import failure_text, run_entrypoint, write_tree
 
 
 def _member(name: str, kind=tarfile.REGTYPE, linkname: str = "", mode: int = 0o644) -> tarfile.TarInfo:
@@ -50,6 +50,7 @@ def _archive(path: Path, members: list[tuple[tarfile.TarInfo, bytes]]) -> Path:
         (_member("out/passwd"), ("out",), "a path through the link out"),
         (_member("dev", tarfile.CHRTYPE), (), "a special file (device, FIFO or other)"),
         (_member("fifo", tarfile.FIFOTYPE), (), "a special file (device, FIFO or other)"),
+        (_member("./", tarfile.SYMTYPE, "a"), (), "no name (it would replace the destination itself)"),
     ],
 )
 def test_member_decisions(member, links, reason):
@@ -109,7 +110,8 @@ def test_an_unsafe_submit_directory_ends_the_job_with_one_clear_line(tmp_path):
     done = run_entrypoint(root)
     assert done.returncode == 2, done.stderr
     reason = failure_text(root)
-    assert reason.startswith(f"could not fetch sagemaker_submit_directory {archive}: ")
+    assert reason.startswith("The training job definition is invalid: could not fetch "
+                             f"sagemaker_submit_directory {archive}: ")
     assert "member '../../etc/evil' is refused: a '..' component" in reason
     assert "Traceback" not in reason
     assert not (root / "code/train.py").exists()

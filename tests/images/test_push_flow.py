@@ -76,14 +76,18 @@ def test_build_and_push_logs_in_creates_builds_pushes_and_checks(tmp_path):
         ["aws", "sts", "get-caller-identity"],
         ["aws", "ecr", "describe-repositories"],
         ["aws", "ecr", "create-repository"],
+        ["docker", "buildx", "version"],  # build.sh: BuildKit when the CLI has buildx
         ["docker", "buildx", "build"],
         ["docker", "push", uris[0]],
         ["aws", "ecr", "describe-images"],
+        ["docker", "image", "inspect"],  # the pushed digest
+        ["docker", "buildx", "version"],
         ["docker", "buildx", "build"],
         ["docker", "push", uris[1]],
         ["aws", "ecr", "describe-images"],
+        ["docker", "image", "inspect"],
     ]
-    gpu_build = calls[5]
+    gpu_build = next(c for c in calls if c[:3] == ["docker", "buildx", "build"])
     assert gpu_build[gpu_build.index("--tag") + 1] == uris[0]
     assert "--provenance=false" in gpu_build and f"IMAGE_REVISION={_head()}" in gpu_build
 

