@@ -114,6 +114,7 @@ def test_submit_directory_tarball_is_extracted_into_an_empty_code_folder(tmp_pat
 
 
 @pytest.mark.slow
+@pytest.mark.needs_package_index  # pip builds the local packages with setuptools from PyPI
 def test_requirements_then_installable_package(tmp_path):
     root = write_tree(tmp_path / "ml", program="mypkg/cli.py")
     code = root / "code"
