@@ -29,13 +29,21 @@ done
 
 eval "$(bash scripts/docker-engine.sh start)"
 export DOCKER_HOST
-base=byoc-fresh-root:bookworm
+# A fresh Debian 12 root: the pinned Debian base (made by debootstrap where Docker Hub is
+# out of reach).
+base=$(sed -n 's/^CPU_BASE_IMAGE=//p' docker/versions.env)
 bash docker/local/make-debian-base.sh "$base" >&2
 
 scratch=$(mktemp -d /var/tmp/byoc-fresh-root.XXXXXX)
+# The root shares this machine's network (it needs the package registries, and there is no
+# NAT here); its own Docker engine gets a bridge of its own instead of docker0, which
+# belongs to this machine's engine.
+bridge=byocfr$$
+bridge=${bridge:0:15}
 # shellcheck disable=SC2329  # run by the EXIT trap
 cleanup() {
     docker rm -f "byoc-fresh-root-$$" >/dev/null 2>&1 || true
+    ip link del "$bridge" 2>/dev/null || true
     if ((keep)); then echo "check-fresh-root: kept $scratch" >&2; else rm -rf -- "$scratch"; fi
 }
 trap cleanup EXIT
@@ -68,7 +76,19 @@ esac
 inner=$(cat <<'INNER'
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq && apt-get install -y -qq --no-install-recommends ca-certificates git >/dev/null
+apt-get update -qq && apt-get install -y -qq --no-install-recommends ca-certificates git iproute2 >/dev/null
+ip link add "$BYOC_FRESH_BRIDGE" type bridge
+ip addr add 172.30.0.1/16 dev "$BYOC_FRESH_BRIDGE"
+ip link set "$BYOC_FRESH_BRIDGE" up
+export BYOC_DOCKERD_ARGS="--bridge=$BYOC_FRESH_BRIDGE"
+# On every way out: the root's containers, networks and engine go, so nothing of it stays
+# on this machine's network.
+finish() {
+    docker rm -f $(docker ps -aq) >/dev/null 2>&1 || true
+    docker network prune -f >/dev/null 2>&1 || true
+    bash /root/project/scripts/docker-engine.sh stop >/dev/null 2>&1 || true
+}
+trap finish EXIT
 cp /etc/byoc-fresh-root/ca.crt /usr/local/share/ca-certificates/byoc-machine-ca.crt
 update-ca-certificates >/dev/null 2>&1
 cp -a /scratch/clone /root/project && cd /root/project
@@ -84,7 +104,7 @@ docker run --name "byoc-fresh-root-$$" --rm --network host --hostname fresh-root
     --cap-add ALL --cap-drop SYS_RESOURCE --security-opt seccomp=unconfined --security-opt apparmor=unconfined \
     -v /sys/fs/cgroup:/sys/fs/cgroup:rw \
     -v "$scratch:/scratch" -v "$scratch/docker:/var/lib/byoc-docker" \
-    "${mounts[@]}" "${pip_env[@]}" -e BYOC_DOCKER_ROOT=/var/lib/byoc-docker \
+    "${mounts[@]}" "${pip_env[@]}" -e BYOC_DOCKER_ROOT=/var/lib/byoc-docker -e "BYOC_FRESH_BRIDGE=$bridge" \
     "$base" bash -c "$inner" fresh-root "${pytest_args[@]}" 2>&1 | tee "$scratch/check.log"
 rc=${PIPESTATUS[0]}
 set -e

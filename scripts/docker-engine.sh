@@ -13,6 +13,8 @@
 #     cache survives), its own exec root, no iptables (these machines have none), on
 #     /var/run/docker.sock, or on a socket of its own when that path is taken by something
 #     that does not answer.
+# Env: BYOC_DOCKER_ROOT (data root), BYOC_DOCKERD_ARGS (more dockerd arguments, split on
+# spaces; e.g. --bridge=NAME where docker0 belongs to another engine on the same network).
 # Use:  eval "$(bash scripts/docker-engine.sh start)"
 set -euo pipefail
 
@@ -66,8 +68,10 @@ start() {
     mkdir -p "$data_root" "$exec_root"
     say "starting dockerd (data root $data_root, log $log_file)"
     # setsid: the engine outlives this script and the shell that started it.
+    local extra=()
+    read -r -a extra <<<"${BYOC_DOCKERD_ARGS:-}"
     setsid dockerd --iptables=false --ip-masq=false --data-root "$data_root" \
-        --exec-root "$exec_root" --pidfile "$exec_root/dockerd.pid" -H "$host" \
+        --exec-root "$exec_root" --pidfile "$exec_root/dockerd.pid" -H "$host" "${extra[@]}" \
         >>"$log_file" 2>&1 </dev/null &
     echo $! >"$pid_file"
     echo "$host" >"$host_file"
