@@ -32,7 +32,7 @@ if [ "${EUID:-}" = 0 ]; then
         # writes to the job's log; otherwise to a file, so it holds no caller's pipe open.
         if { mkdir -p /run/byoc && mkdir /run/byoc/sdk-v3; } 2>/dev/null; then
             if [ "$$" = 1 ]; then
-                ( python3 -I -m entrypoint.sdk_v3_ssh </dev/null & ) 2>/dev/null || :
+                ( python3 -I -m entrypoint.sdk_v3_ssh </dev/null & ) || :
             else
                 ( python3 -I -m entrypoint.sdk_v3_ssh </dev/null >>/run/byoc/sdk-v3/ssh.log 2>&1 & ) 2>/dev/null || :
             fi
