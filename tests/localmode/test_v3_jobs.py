@@ -160,3 +160,21 @@ def test_a_rank_that_raises_fails_the_job_within_a_minute_with_the_exception_in_
     assert result.error_type == "RuntimeError" and "exited with code" in result.error
     assert f"RuntimeError: {program} from rank {2 * per_host - 1} on algo-2" in result.log
     assert result.train_seconds < 60, result.log_tail()
+
+
+def test_command_train_hands_the_job_to_our_launcher(image, tmp_path):
+    """`SourceCode(command="train")`: v3's sm_train.sh runs `train` (the image's
+    /usr/local/byoc/bin/train, i.e. our entrypoint) instead of its drivers; our launcher reads
+    the launcher keys from hyperparameters.json, copies the code from v3's `code` channel and
+    runs torchrun on both hosts (the ethwe interface falling back to eth0)."""
+    result = run_v3_job(
+        tmp_path, image, {"train.py": TORCH_SCRIPT}, instance_count=2, command="train",
+        hyperparameters={"sagemaker_program": "train.py", "sagemaker_submit_directory": "/opt/ml/input/data/code",
+                         "sagemaker_torch_distributed_enabled": True},
+    )
+    _report("2 hosts, command=train (our launcher, torchrun)", result)
+    assert result.ok, result.log_tail()
+    assert "[entrypoint] algo-1: running torchrun on 2 host(s)" in result.log
+    assert 'network interface "ethwe" does not exist here; using eth0' in result.log
+    ranks = result.model_jsons("torchrun-rank-")
+    assert [(r["rank"], r["world"], r["host"], r["allreduce"]) for r in ranks] == [(0, 2, "algo-1", 3.0), (1, 2, "algo-2", 3.0)]

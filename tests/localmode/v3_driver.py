@@ -4,7 +4,7 @@ with the SDK v3 virtual environment's python (.venv-sdk-v3), never the tests' ow
     .venv-sdk-v3/bin/python tests/localmode/v3_driver.py SPEC.json RESULT.json
 
 SPEC (written by v3_harness.build_v3_spec): training_image, container_root, source_dir,
-entry_script, instance_type, instance_count, distributed ({"kind": "torchrun"|"mpi",
+entry_script or command (SourceCode's), instance_type, instance_count, distributed ({"kind": "torchrun"|"mpi",
 "process_count_per_node": n} or null), hyperparameters, environment, base_job_name.
 
 It builds `ModelTrainer(training_mode=Mode.LOCAL_CONTAINER, training_image=…,
@@ -52,7 +52,11 @@ def main(spec_path: str, result_path: str) -> int:
         trainer = ModelTrainer(
             training_mode=Mode.LOCAL_CONTAINER,
             training_image=spec["training_image"],
-            source_code=SourceCode(source_dir=spec["source_dir"], entry_script=spec["entry_script"]),
+            source_code=SourceCode(
+                source_dir=spec["source_dir"],
+                entry_script=None if spec.get("command") else spec["entry_script"],
+                command=spec.get("command"),
+            ),
             compute=Compute(instance_type=spec["instance_type"], instance_count=spec["instance_count"]),
             distributed=build_distributed(spec),
             hyperparameters=spec["hyperparameters"],

@@ -73,6 +73,7 @@ class V3JobSpec:
     hyperparameters: dict[str, Any]
     environment: dict[str, str]
     base_job_name: str
+    command: str | None = None  # SourceCode(command=…): v3 runs it instead of a driver
 
 
 def build_v3_spec(
@@ -86,6 +87,7 @@ def build_v3_spec(
     hyperparameters: Mapping[str, Any] | None = None,
     environment: Mapping[str, str] | None = None,
     base_job_name: str = "byoc-v3",
+    command: str | None = None,
 ) -> V3JobSpec:
     if distributed and distributed.get("kind") not in ("torchrun", "mpi"):
         raise ValueError(f"distributed kind {distributed.get('kind')!r}: expected 'torchrun' or 'mpi'")
@@ -102,6 +104,7 @@ def build_v3_spec(
         hyperparameters=dict(hyperparameters or {}),
         environment={k: str(v) for k, v in (environment or {}).items()},
         base_job_name=base_job_name,
+        command=command,
     )
 
 
@@ -161,8 +164,14 @@ class V3JobResult:
 # ---------------------------------------------------------------- act
 
 
+def decide_sdk_v3_python(environ: Mapping[str, str]) -> Path:
+    """.venv-sdk-v3's python, or another interpreter with the same pin (BYOC_SDK_V3_PYTHON)."""
+    return Path(environ.get("BYOC_SDK_V3_PYTHON") or SDK_V3_PYTHON)
+
+
 def probe_sdk_v3_python() -> Path | None:
-    return SDK_V3_PYTHON if SDK_V3_PYTHON.is_file() else None
+    python = decide_sdk_v3_python(os.environ)
+    return python if python.is_file() else None
 
 
 def load_docker_env() -> dict[str, str]:
@@ -202,6 +211,7 @@ def run_v3_job(
     hyperparameters: Mapping[str, Any] | None = None,
     environment: Mapping[str, str] | None = None,
     timeout_s: float = 540,
+    command: str | None = None,
 ) -> V3JobResult:
     source_dir = write_source(tmp_path / "src", source_files)
     # The compose project is named after this folder: unique per test, so no two jobs share
@@ -211,7 +221,7 @@ def run_v3_job(
     spec = build_v3_spec(
         image=image, container_root=container_root, source_dir=source_dir, entry_script=entry_script,
         instance_count=instance_count, distributed=distributed, hyperparameters=hyperparameters,
-        environment=environment,
+        environment=environment, command=command,
     )
     spec_path, result_path, log_path = tmp_path / "spec.json", tmp_path / "result.json", tmp_path / "driver.log"
     spec_path.write_text(json.dumps(asdict(spec)))
@@ -220,7 +230,7 @@ def run_v3_job(
     timed_out = False
     with open(log_path, "wb") as log_file:
         proc = subprocess.Popen(
-            build_driver_argv(SDK_V3_PYTHON, spec_path, result_path),
+            build_driver_argv(decide_sdk_v3_python(os.environ), spec_path, result_path),
             stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=tmp_path,
             start_new_session=True,
         )
