@@ -130,7 +130,23 @@ def test_the_helper_runs_once_per_container_and_says_what_it_authorized(job):
     log = job.logs("algo-2")
     assert log.count("byoc sdk-v3 ssh:") == 1, log
     assert "algo-1 may log in as root from" in log
+    # not a v3 MPI job: no helper, PATH as built
     assert job.logs("stranger") == ""
+    assert job.exec("stranger", "bash", "-c", "command -v mpirun").stdout.strip() == "/usr/bin/mpirun"
+
+
+def test_a_peer_that_never_comes_is_named_in_the_log(image, tmp_path):
+    hosts = start_v3_hosts(tmp_path, image, ["algo-1", "algo-2"], started=["algo-1"], stranger=False,
+                           env={"BYOC_PEER_WAIT_TIMEOUT_S": "3"})
+    try:
+        deadline = time.monotonic() + 60
+        while "did not serve SSH" not in hosts.logs("algo-1"):
+            assert time.monotonic() < deadline, hosts.logs("algo-1")
+            time.sleep(0.5)
+        assert "byoc sdk-v3 ssh: algo-2 did not serve SSH within 3 s (BYOC_PEER_WAIT_TIMEOUT_S)" in hosts.logs("algo-1")
+        assert hosts.exec("algo-1", "cat", "/root/.ssh/authorized_keys").returncode != 0  # nobody authorized
+    finally:
+        stop_v3_hosts(hosts)
 
 
 def test_v3s_mpirun_bugs_bite_and_the_shim_corrects_them(job):

@@ -52,7 +52,7 @@ with open(f"/opt/ml/model/mpi-rank-{rank}.json", "w") as f:
 '''
 
 TORCH_SCRIPT = r'''
-import argparse, json, os
+import argparse, json, os, sys
 import torch
 import torch.distributed as dist
 
@@ -69,7 +69,7 @@ t = torch.tensor([float(rank + 1)])
 dist.all_reduce(t)
 with open(f"/opt/ml/model/torchrun-rank-{rank}.json", "w") as f:
     json.dump({"rank": rank, "world": world, "host": host, "allreduce": t.item(),
-               "master": os.environ.get("MASTER_ADDR")}, f)
+               "master": os.environ.get("MASTER_ADDR"), "argv": sys.argv[1:]}, f)
 dist.destroy_process_group()
 '''
 
@@ -170,7 +170,7 @@ def test_command_train_hands_the_job_to_our_launcher(image, tmp_path):
     result = run_v3_job(
         tmp_path, image, {"train.py": TORCH_SCRIPT}, instance_count=2, command="train",
         hyperparameters={"sagemaker_program": "train.py", "sagemaker_submit_directory": "/opt/ml/input/data/code",
-                         "sagemaker_torch_distributed_enabled": True},
+                         "sagemaker_torch_distributed_enabled": True, "epochs": 2},
     )
     _report("2 hosts, command=train (our launcher, torchrun)", result)
     assert result.ok, result.log_tail()
@@ -178,3 +178,5 @@ def test_command_train_hands_the_job_to_our_launcher(image, tmp_path):
     assert 'network interface "ethwe" does not exist here; using eth0' in result.log
     ranks = result.model_jsons("torchrun-rank-")
     assert [(r["rank"], r["world"], r["host"], r["allreduce"]) for r in ranks] == [(0, 2, "algo-1", 3.0), (1, 2, "algo-2", 3.0)]
+    # the user's hyperparameters reach the script as arguments, from hyperparameters.json
+    assert {tuple(r["argv"]) for r in ranks} == {("--epochs", "2")}

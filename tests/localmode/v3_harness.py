@@ -311,10 +311,15 @@ def build_resource_config(host: str, hosts: list[str]) -> dict:
     return {"current_host": host, "hosts": hosts, "network_interface_name": "ethwe", "current_instance_type": "local_cpu"}
 
 
-def build_docker_run_argv(image: str, name: str, network: str, alias: str, mounts: list[tuple[str, str]], command: str) -> list[str]:
+def build_docker_run_argv(
+    image: str, name: str, network: str, alias: str, mounts: list[tuple[str, str]], command: str,
+    env: Mapping[str, str] | None = None,
+) -> list[str]:
     argv = ["docker", "run", "-d", "--name", name, "--network", network, "--network-alias", alias]
     for source, target in mounts:
         argv += ["-v", f"{source}:{target}"]
+    for key, value in (env or {}).items():
+        argv += ["-e", f"{key}={value}"]
     return argv + ["--entrypoint", "/bin/bash", image, "-c", command]
 
 
@@ -337,9 +342,13 @@ class V3Hosts:
         return done.stdout + done.stderr
 
 
-def start_v3_hosts(tmp_path: Path, image: str, hosts: list[str], mpi_job: bool = True, stranger: bool = True) -> V3Hosts:
+def start_v3_hosts(
+    tmp_path: Path, image: str, hosts: list[str], mpi_job: bool = True, stranger: bool = True,
+    started: list[str] | None = None, env: Mapping[str, str] | None = None,
+) -> V3Hosts:
     """Containers algo-1…N running `bash -c "exec /usr/sbin/sshd -D"` as v3's MPI driver
-    does (after bash-env.sh ran), plus an optional `stranger` on the same network with no job."""
+    does (after bash-env.sh ran), plus an optional `stranger` on the same network with no job.
+    `started`: only these hosts of the job get a container (a host that never comes up)."""
     env = load_docker_env()
     tag = f"byoc-v3-{os.getpid()}-{time.monotonic_ns() % 1000000}"
     subprocess.run(["docker", "network", "create", tag], check=True, capture_output=True, env=env)
@@ -349,7 +358,7 @@ def start_v3_hosts(tmp_path: Path, image: str, hosts: list[str], mpi_job: bool =
     (drivers / "sm_train.sh").write_text(V3_MPI_TRAIN_SH if mpi_job else "\n#!/bin/bash\necho plain\n")
     (drivers / "distributed_drivers" / "mpi_driver.py").write_text("# stand-in: never run here\n")
     try:
-        for host in hosts + (["stranger"] if stranger else []):
+        for host in (started or hosts) + (["stranger"] if stranger else []):
             config = tmp_path / host / "config"
             config.mkdir(parents=True)
             mounts = []
@@ -358,7 +367,7 @@ def start_v3_hosts(tmp_path: Path, image: str, hosts: list[str], mpi_job: bool =
                 mounts = [(str(config), "/opt/ml/input/config"), (str(drivers), "/opt/ml/input/data/sm_drivers")]
             name = f"{tag}-{host}"
             subprocess.run(
-                build_docker_run_argv(image, name, tag, host, mounts, "exec /usr/sbin/sshd -D"),
+                build_docker_run_argv(image, name, tag, host, mounts, "exec /usr/sbin/sshd -D", env),
                 check=True, capture_output=True, env=env,
             )
             hosts_obj.containers[host] = name
