@@ -137,7 +137,7 @@ def test_the_helper_runs_once_per_container_and_says_what_it_authorized(job):
 
 def test_a_peer_that_never_comes_is_named_in_the_log(image, tmp_path):
     hosts = start_v3_hosts(tmp_path, image, ["algo-1", "algo-2"], started=["algo-1"], stranger=False,
-                           env={"BYOC_PEER_WAIT_TIMEOUT_S": "3"})
+                           container_env={"BYOC_PEER_WAIT_TIMEOUT_S": "3"})
     try:
         deadline = time.monotonic() + 60
         while "did not serve SSH" not in hosts.logs("algo-1"):

@@ -344,11 +344,12 @@ class V3Hosts:
 
 def start_v3_hosts(
     tmp_path: Path, image: str, hosts: list[str], mpi_job: bool = True, stranger: bool = True,
-    started: list[str] | None = None, env: Mapping[str, str] | None = None,
+    started: list[str] | None = None, container_env: Mapping[str, str] | None = None,
 ) -> V3Hosts:
     """Containers algo-1…N running `bash -c "exec /usr/sbin/sshd -D"` as v3's MPI driver
     does (after bash-env.sh ran), plus an optional `stranger` on the same network with no job.
-    `started`: only these hosts of the job get a container (a host that never comes up)."""
+    `started`: only these hosts of the job get a container (a host that never comes up);
+    `container_env`: the containers' extra environment (as ModelTrainer's environment=)."""
     env = load_docker_env()
     tag = f"byoc-v3-{os.getpid()}-{time.monotonic_ns() % 1000000}"
     subprocess.run(["docker", "network", "create", tag], check=True, capture_output=True, env=env)
@@ -367,7 +368,7 @@ def start_v3_hosts(
                 mounts = [(str(config), "/opt/ml/input/config"), (str(drivers), "/opt/ml/input/data/sm_drivers")]
             name = f"{tag}-{host}"
             subprocess.run(
-                build_docker_run_argv(image, name, tag, host, mounts, "exec /usr/sbin/sshd -D", env),
+                build_docker_run_argv(image, name, tag, host, mounts, "exec /usr/sbin/sshd -D", container_env),
                 check=True, capture_output=True, env=env,
             )
             hosts_obj.containers[host] = name
