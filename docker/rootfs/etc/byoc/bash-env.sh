@@ -5,9 +5,38 @@
 #   - /run/sshd, sshd's privilege-separation folder (/run is often a fresh tmpfs);
 #   - host keys of this container only (ssh-keygen -A makes just the missing ones), so
 #     no two containers of the image share a private key.
-# Quiet and never fails (not even under `bash -e`): it runs before whatever the caller
-# asked bash to do.
-if [ "$(id -u)" = 0 ]; then
+# In an SDK v3 MPI job (ModelTrainer(distributed=MPI()): its sm_train.sh runs mpi_driver.py),
+# also, once per container:
+#   - /usr/local/byoc/sdk-v3/bin first on PATH: an `mpirun` that corrects v3's process count
+#     and its nonexistent "ethwe" interface (entrypoint/sdk_v3_mpirun.py);
+#   - in the background, the per-job SSH trust exchange v3's driver needs (root's client key is
+#     this container's host key; the peers' keys are learnt with ssh-keyscan and authorized
+#     only from their addresses: entrypoint/sdk_v3_ssh.py, docs/multi-host.md).
+# Quiet, fast and never fails (not even under `bash -e` or `bash -u`): it runs before whatever
+# the caller asked bash to do, in the caller's shell. Hence builtins only on the common path
+# ($EUID, not `id -u`), every name it sets starts with _byoc_ and is unset at the end, and the
+# helper is started detached (a subshell's child), so no caller's `wait` waits for it.
+if [ "${EUID:-}" = 0 ]; then
     { [ -d /run/sshd ] || mkdir -m 755 /run/sshd; } 2>/dev/null || :
     { [ -e /etc/ssh/ssh_host_ed25519_key ] || ssh-keygen -A; } >/dev/null 2>&1 || :
+    _byoc_v3=/opt/ml/input/data/sm_drivers
+    # BYOC_SDK_V3_MPI: decided once; the bash processes below this one inherit it (and PATH).
+    if [ -z "${BYOC_SDK_V3_MPI:-}" ] && [ -f "$_byoc_v3/sm_train.sh" ] \
+        && grep -qs 'distributed_drivers/mpi_driver\.py' "$_byoc_v3/sm_train.sh"; then
+        export BYOC_SDK_V3_MPI=1
+        case ":${PATH:-}:" in
+            *:/usr/local/byoc/sdk-v3/bin:*) ;;
+            *) PATH=/usr/local/byoc/sdk-v3/bin:${PATH:-/usr/bin:/bin} ;;
+        esac
+        # mkdir is the once-per-container guard (atomic). As PID 1 (v3's `bash -c`) the helper
+        # writes to the job's log; otherwise to a file, so it holds no caller's pipe open.
+        if { mkdir -p /run/byoc && mkdir /run/byoc/sdk-v3; } 2>/dev/null; then
+            if [ "$$" = 1 ]; then
+                ( python3 -I -m entrypoint.sdk_v3_ssh </dev/null & ) || :
+            else
+                ( python3 -I -m entrypoint.sdk_v3_ssh </dev/null >>/run/byoc/sdk-v3/ssh.log 2>&1 & ) 2>/dev/null || :
+            fi
+        fi
+    fi
+    unset _byoc_v3
 fi
