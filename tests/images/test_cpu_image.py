@@ -60,7 +60,7 @@ def _records(model_dir: Path) -> list[dict]:
 def test_image_config_is_what_sagemaker_expects(cpu_image):
     inner = probe_image_config(cpu_image.tag)["Config"]
     assert inner["Entrypoint"] == ["python3", "-m", "entrypoint"]
-    assert not inner.get("Cmd")
+    assert inner["Cmd"] == ["train"]  # what SageMaker passes; also for a platform that passes nothing
     env = dict(item.split("=", 1) for item in inner["Env"])
     assert env["PYTHONDONTWRITEBYTECODE"] == "1" and env["PYTHONUNBUFFERED"] == "1"
     assert env["LANG"] == "C.UTF-8" and env["BASH_ENV"] == "/etc/byoc/bash-env.sh"

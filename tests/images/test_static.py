@@ -222,7 +222,10 @@ def test_final_stage_is_what_sagemaker_runs(flavor):
     keywords = [i.keyword for i in final]
     entrypoints = [i for i in final if i.keyword == "ENTRYPOINT"]
     assert len(entrypoints) == 1 and json.loads(entrypoints[0].args) == ["python3", "-m", "entrypoint"]
-    assert "CMD" not in keywords  # `docker run <image> train` supplies the argument
+    # `docker run <image> train` supplies the argument; with no command, CMD does the same.
+    cmds = [i for i in final if i.keyword == "CMD"]
+    assert len(cmds) == 1 and json.loads(cmds[0].args) == ["train"]
+    assert keywords.index("CMD") > keywords.index("ENTRYPOINT")
     labels = " ".join(i.args for i in final if i.keyword == "LABEL")
     for label in ("source", "revision", "version"):
         assert f"org.opencontainers.image.{label}=" in labels
