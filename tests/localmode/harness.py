@@ -129,9 +129,13 @@ def decide_artifact_path(model_data: str | None, name: str) -> Path | None:
     return Path(model_data[len("file://"):]).with_name(name)
 
 
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
 def build_clean_log(raw: str) -> str:
-    """Containers run with a TTY (compose's `tty: true`): their lines end in CRLF."""
-    return raw.replace("\r\n", "\n").replace("\r", "\n")
+    """Containers run with a TTY (compose's `tty: true`): their lines end in CRLF, and
+    docker-compose colours each host's prefix."""
+    return ANSI_ESCAPE.sub("", raw.replace("\r\n", "\n").replace("\r", "\n"))
 
 
 # ---------------------------------------------------------------- the result

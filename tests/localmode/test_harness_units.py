@@ -49,6 +49,7 @@ def test_artifact_paths_and_log_cleaning():
         Path("/r/j/compressed_artifacts/output.tar.gz")
     assert decide_artifact_path("s3://b/k/model.tar.gz", "model.tar.gz") is None
     assert build_clean_log("a\r\nb\rc\n") == "a\nb\nc\n"
+    assert build_clean_log("\x1b[36mx-algo-1-ab |\x1b[0m hi\r\n") == "x-algo-1-ab | hi\n"
 
 
 def test_driver_argv_and_driver_uses_only_the_sdk_and_stdlib():
