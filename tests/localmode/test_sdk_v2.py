@@ -108,7 +108,12 @@ def test_two_hosts_without_distribution_env_rendezvous_like_the_dlc(tmp_path):
     result = run_v2_job(tmp_path, source_files=script("torch_allreduce.py"), instance_count=2,
                         hyperparameters={"mode": "host-index"})
     report("2 hosts, no distribution (env://)", result)
-    assert_every_host_succeeded(result, 2)
+    assert result.ok, result.log_tail()
+    # Without a launcher the hosts are independent jobs, as on the DLC: local mode's
+    # `--abort-on-container-exit` stops the other container as soon as the first one exits,
+    # which may catch it after its script ended (143, SIGTERM). The first to exit exits 0.
+    assert len(result.containers) == 2 and {c.exit_code for c in result.containers} <= {0, 143}, result.log_tail()
+    assert 0 in result.exit_codes.values()
     check_torch_allreduce(result, world=2)
     assert all(r["master_port"] == "7777" for r in rank_records(result, 2))
 
