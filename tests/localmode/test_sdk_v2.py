@@ -37,7 +37,10 @@ def rank_records(result: V2JobResult, count: int) -> list[dict]:
     return [result.model_json(f"rank-{r}.json") for r in range(count)]
 
 
-def test_one_host_hyperparameters_channel_model_and_output(tmp_path):
+@pytest.mark.parametrize("estimator", ["pytorch", "estimator"])
+def test_one_host_hyperparameters_channel_model_and_output(tmp_path, estimator):
+    """sagemaker.pytorch.PyTorch, and the generic sagemaker.estimator.Estimator that BYOC users
+    also take: both JSON-encode the hyperparameters, so both reach the script the same way."""
     train = tmp_path / "data" / "train"
     train.mkdir(parents=True)
     (train / "part-0.txt").write_text("1 2 3\n")
@@ -45,8 +48,8 @@ def test_one_host_hyperparameters_channel_model_and_output(tmp_path):
     hyperparameters = {"epochs": 3, "lr": 0.5, "run-name": "digits, first try", "layers": [64, 32],
                        "optimizer": {"name": "sgd", "momentum": 0.9}, "shuffle": True}
     result = run_v2_job(tmp_path, source_files=script("hyperparameters_and_channels.py"),
-                        hyperparameters=hyperparameters, channels={"train": train})
-    report("1 host, hyperparameters + channel", result)
+                        hyperparameters=hyperparameters, channels={"train": train}, estimator=estimator)
+    report(f"1 host, hyperparameters + channel ({estimator})", result)
     assert_every_host_succeeded(result, 1)
 
     model = result.model_json("model.json")
