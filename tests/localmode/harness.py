@@ -144,7 +144,7 @@ def build_clean_log(raw: str) -> str:
 @dataclass(frozen=True)
 class ContainerExit:
     host: str  # the SageMaker host name (compose service), algo-N-xxxxx
-    exit_code: int
+    exit_code: int | None  # None: still running (the job was killed at its timeout)
     oom_killed: bool
 
 
@@ -171,7 +171,7 @@ class V2JobResult:
         return tuple(c.host for c in self.containers)
 
     @property
-    def exit_codes(self) -> dict[str, int]:
+    def exit_codes(self) -> dict[str, int | None]:
         return {c.host: c.exit_code for c in self.containers}
 
     def model_files(self) -> list[str]:
@@ -229,14 +229,14 @@ def load_container_exits(compose_file: Path, env: Mapping[str, str]) -> tuple[Co
                          capture_output=True, text=True, env=dict(env), timeout=60).stdout.split()
     if not ids:
         return ()
-    fmt = '{{json .Config.Labels}}\t{{.State.ExitCode}}\t{{.State.OOMKilled}}'
+    fmt = '{{json .Config.Labels}}\t{{.State.Running}}\t{{.State.ExitCode}}\t{{.State.OOMKilled}}'
     done = subprocess.run(["docker", "inspect", "--format", fmt, *ids],
                           capture_output=True, text=True, env=dict(env), timeout=60)
     exits = []
     for line in done.stdout.splitlines():
-        labels, code, oom = line.split("\t")
+        labels, running, code, oom = line.split("\t")
         service = json.loads(labels).get("com.docker.compose.service", "?")
-        exits.append(ContainerExit(host=service, exit_code=int(code), oom_killed=oom == "true"))
+        exits.append(ContainerExit(host=service, exit_code=None if running == "true" else int(code), oom_killed=oom == "true"))
     return tuple(sorted(exits, key=lambda c: c.host))
 
 
@@ -343,6 +343,7 @@ def run_v2_job(
     timed_out = False
     returncode = None
     job_root = None
+    proc = None
     try:
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(build_driver_argv(python, spec_path, result_path), cwd=work, env=env,
@@ -352,12 +353,17 @@ def run_v2_job(
             except TimeoutError:
                 timed_out = True
                 os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-                returncode = proc.returncode
+                returncode = proc.wait()
         wall = time.monotonic() - start
         job_root = probe_job_root(container_root)
         containers = load_container_exits(job_root / COMPOSE_FILE, env) if job_root else ()
     finally:
+        # A timeout, or pytest interrupted: the driver and its docker-compose go first (its own
+        # session), then the containers they leave.
+        if proc is not None and proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            returncode = proc.returncode
         run_compose_down(job_root if job_root else probe_job_root(container_root), env)
 
     reported = json.loads(result_path.read_text()) if result_path.is_file() else {}

@@ -148,3 +148,15 @@ def test_two_hosts_parameter_server(tmp_path):
         assert record["pulled"] == {"w0": -1.5, "w1": -1.5}
         assert record["owners"] == ["ps0", "ps1"] and record["num_workers"] == 2
     assert {r["host"] for r in records} == set(result.hosts)
+
+
+def test_failing_script_fit_raises_and_output_tar_holds_the_failure(tmp_path):
+    """What the harness records when fit() fails: the SDK's exception, the container's exit
+    code, and output.tar.gz with our output/failure (the SDK packs artifacts even then)."""
+    result = run_v2_job(tmp_path, source_files={"train.py": "raise ValueError('bad shard 7')\n"})
+    report("1 host, failing script", result)
+    assert not result.ok and result.error_type == "RuntimeError"
+    assert "Failed to run" in result.error and "--abort-on-container-exit" in result.error
+    assert result.exit_codes and set(result.exit_codes.values()) == {1}
+    assert "failure" in result.output_files() and "success" not in result.output_files()
+    assert result.output_text("failure").startswith("ValueError: bad shard 7")
