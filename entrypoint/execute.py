@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 
 from entrypoint import mpi_hosts
-from entrypoint.liveness import JobPort, PeerWatch
+from entrypoint.liveness import JobPort, PeerWatch, wait_until_port_closes
 from entrypoint.failure import build_failure_report, build_job_outcome_report, first_root_cause, parse_root_cause_line
 from entrypoint.paths import MlPaths
 from entrypoint.plan import LaunchPlan, ProcessSpec
@@ -405,12 +405,37 @@ def run_plan(plan: LaunchPlan, paths: MlPaths, environ: dict[str, str]) -> int:
                 plan.processes, env, plan.cwd, plan.settings.grace_period_s, collector, on_started=services.watch_peers
             )
             services.exit_code = code
+            elapsed = time.monotonic() - started
+            if code == 0:
+                # Before this host's job port closes (and, on the MPI leader, before the
+                # workers are told): a worker may exit as soon as that happens, and local mode
+                # then stops this container.
+                write_outcome(paths, 0, None)
+                log(f"{plan.current_host}: {what} succeeded in {elapsed:.1f} s")
+                wait_for_leader_to_finish(plan)
     except StartProblem as problem:
         collector.tail.append(str(problem))
         return fail(f"{what}: starting the workers", 1, problem.stopped_by)
-    elapsed = time.monotonic() - started
     if code != 0:
         return fail(what, code, stopped_by, services.lost)
-    write_outcome(paths, 0, None)
-    log(f"{plan.current_host}: {what} succeeded in {elapsed:.1f} s")
     return 0
+
+
+def wait_for_leader_to_finish(plan: LaunchPlan) -> None:
+    """A torchrun / parameter-server worker host whose processes succeeded waits for the leader
+    to finish before exiting, its job port still open.
+
+    Why: SageMaker local mode (SDK v2) runs `docker-compose up --abort-on-container-exit`:
+    the first container to exit stops all the others. A worker host that ends first would stop
+    the leader while rank 0 still saves the model (and compose reports the job a success from
+    the worker's exit code). The leader closes its job port once its outcome is written.
+    Bounded by BYOC_PEER_WAIT_TIMEOUT_S; SIGTERM ends the wait."""
+    if plan.role not in ("torchrun", "parameter-server") or len(plan.hosts) < 2 or plan.current_host == plan.leader:
+        return
+    stop = mpi_hosts.StopRequest()
+    with stop_signals_set(stop):
+        how = wait_until_port_closes(plan.leader, plan.settings.job_port, plan.settings.peer_wait_timeout_s,
+                                     stopped=lambda: stop.signal_name is not None)
+    if how == "timeout":
+        log(f"{plan.current_host}: the leader {plan.leader} was still running after "
+            f"{plan.settings.peer_wait_timeout_s:g} s (BYOC_PEER_WAIT_TIMEOUT_S); exiting")

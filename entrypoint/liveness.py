@@ -109,3 +109,33 @@ class PeerWatch:
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+
+
+def wait_until_port_closes(host: str, port: int, timeout_s: float, stopped=lambda: False) -> str:
+    """Wait until host:port stops answering (probed once a second): "closed", "timeout" or
+    "stopped" (stopped() turned true: a signal arrived).
+
+    The probes run in a daemon thread and this thread only waits in short slices: resolving
+    the name of a host that just went away can block for the resolver's whole timeout (a
+    local-mode container's name vanishes from Docker's DNS when it exits), and a signal must
+    still end the wait at once (docker stop allows 10 s before SIGKILL)."""
+    closed, give_up = threading.Event(), threading.Event()
+
+    def probe() -> None:
+        while not give_up.is_set():
+            if not can_connect(host, port, timeout_s=2.0):
+                closed.set()
+                return
+            give_up.wait(CHECK_EVERY_S)
+
+    threading.Thread(target=probe, daemon=True).start()
+    deadline = time.monotonic() + timeout_s
+    try:
+        while not stopped():
+            if closed.wait(0.2):
+                return "closed"
+            if time.monotonic() >= deadline:
+                return "timeout"
+        return "stopped"
+    finally:
+        give_up.set()

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# The main job: sets up what is missing, then trains the default model (an MLP on
-# scikit-learn's 8x8 digits) on 2 emulated SageMaker hosts through the image's entrypoint
-# (`python -m entrypoint train` on every host), printing progress, and ends with the
-# validation accuracy and the saved model's path. Root needed (hosts are Linux namespaces).
+# The main job: sets up what is missing, then trains the default model (an MLP on scikit-learn's
+# 8x8 digits) the way users run the image: builds (or reuses) the CPU image from this tree and
+# runs the SageMaker Python SDK v2 PyTorch estimator in local mode on 2 instances
+# (image_uri=<image>, instance_type="local"), streaming every host's log; ends with the
+# validation accuracy and the path of model.tar.gz. Root needed (Docker engine).
 #   --backend ddp (torchrun + DDP, default) | horovod (mpirun + Horovod) | mpi4py | ps
-#   --hosts N  --processes-per-host P
+#   --hosts N  --processes-per-host P  --work DIR  --image-tag TAG (default $BYOC_IMAGE_TAG or byoc-training:cpu-local)
+#   --emulated: 2 emulated hosts (Linux namespaces, no Docker) through `python -m entrypoint train`
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo_root"

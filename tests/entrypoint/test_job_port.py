@@ -37,3 +37,28 @@ def test_failing_rank_reports_to_the_leaders_job_port(tmp_path):
     finally:
         job_port.close()
     assert not can_connect("127.0.0.1", port)
+
+
+def test_worker_waits_until_the_leaders_job_port_closes():
+    """A worker host that finished waits for its leader (local mode stops every container as
+    soon as one exits): the wait ends when the leader closes its port, or at the bound."""
+    import threading
+
+    from entrypoint.liveness import wait_until_port_closes
+
+    port = free_port()
+    leader = JobPort(port)
+    closer = threading.Timer(1.5, leader.close)
+    start = time.monotonic()
+    closer.start()
+    assert wait_until_port_closes("127.0.0.1", port, timeout_s=30) == "closed"
+    assert 1.4 <= time.monotonic() - start < 5
+
+    still_running = JobPort(port)
+    try:
+        start = time.monotonic()
+        assert wait_until_port_closes("127.0.0.1", port, timeout_s=1.0) == "timeout"
+        assert time.monotonic() - start < 4
+        assert wait_until_port_closes("127.0.0.1", port, timeout_s=30, stopped=lambda: True) == "stopped"
+    finally:
+        still_running.close()
