@@ -111,16 +111,27 @@ def build_hostname_env(job: JobConfig, facts: MachineFacts) -> dict[str, str]:
     return {"LD_PRELOAD": f"{facts.gethostname_shim}:{preload}" if preload else facts.gethostname_shim}
 
 
-def build_launcher_env(
-    job: JobConfig, facts: MachineFacts, interface: str, leader: str, hosts: tuple[str, ...], settings: LaunchSettings
-) -> dict[str, str]:
-    """Variables the collective libraries need. A value the user set in the job's environment
-    wins: these are defaults, never overrides."""
+def build_rendezvous_env(job: JobConfig, interface: str, leader: str, settings: LaunchSettings) -> dict[str, str]:
+    """What the PyTorch DLC's toolkit exports for EVERY job, launcher or not
+    (sagemaker_pytorch_container.training: MASTER_ADDR = the first distribution host, else the
+    first host; MASTER_PORT = 7777; NCCL_SOCKET_IFNAME = the interface). A script without a
+    `distribution=` that calls init_process_group(init_method="env://", rank=<host index>,
+    world_size=<hosts>) relies on it. The DLC sets no RANK or WORLD_SIZE there; neither do we.
+    A value the user set in the job's environment wins."""
     env = {
         "NCCL_SOCKET_IFNAME": interface,
         "MASTER_ADDR": leader,
         "MASTER_PORT": str(settings.master_port),
     }
+    return {k: v for k, v in env.items() if k not in job.environ}
+
+
+def build_launcher_env(
+    job: JobConfig, facts: MachineFacts, interface: str, leader: str, hosts: tuple[str, ...], settings: LaunchSettings
+) -> dict[str, str]:
+    """Variables the collective libraries need. A value the user set in the job's environment
+    wins: these are defaults, never overrides."""
+    env = build_rendezvous_env(job, interface, leader, settings)
     if facts.efa:
         env["FI_PROVIDER"] = "efa"
         env["RDMAV_FORK_SAFE"] = "1"
@@ -321,15 +332,16 @@ def decide(
             notes=tuple(notes),
         )
 
+    rendezvous_env = build_rendezvous_env(job, interface, leader, settings)
     if launcher == "process":
-        return plan("single", (ProcessSpec("script", program_argv),), {}, hosts=(resource.current_host,))
+        return plan("single", (ProcessSpec("script", program_argv),), rendezvous_env, hosts=(resource.current_host,))
     if resource.current_host not in dist_hosts:
         notes.append(
             f"{resource.current_host} is in instance group \"{resource.current_group_name}\", "
             f"outside the distribution's groups ({', '.join(topology.distribution_instance_groups(job))}); "
             f"running the script once here, as the toolkit does"
         )
-        return plan("outside-distribution", (ProcessSpec("script", program_argv),), {}, hosts=dist_hosts)
+        return plan("outside-distribution", (ProcessSpec("script", program_argv),), rendezvous_env, hosts=dist_hosts)
 
     launcher_env = {**build_launcher_env(job, facts, interface, leader, dist_hosts, settings), **build_hostname_env(job, facts)}
     node_rank = dist_hosts.index(resource.current_host)

@@ -31,11 +31,15 @@ PROCESS_GROUP_BACKENDS = {"cuda": "nccl", "cpu": "gloo", "xla": "xla"}
 
 
 def decide_rendezvous(environ: Mapping[str, str], ranks: RankInfo) -> str:
-    """'env' (torchrun or the entrypoint set MASTER_ADDR), 'mpi' (publish it over MPI), 'local'."""
-    if environ.get("MASTER_ADDR") and environ.get("MASTER_PORT"):
-        return "env"
+    """'local' (one rank), 'env' (torchrun or the entrypoint set MASTER_ADDR), 'mpi' (publish it over MPI).
+
+    One rank never rendezvouses: the entrypoint sets MASTER_ADDR/MASTER_PORT for every job, as
+    the DLC does, and on a multi-host job without a launcher each host's single rank would
+    otherwise open a store on the leader's port and join the leader's."""
     if ranks.world_size == 1:
         return "local"
+    if environ.get("MASTER_ADDR") and environ.get("MASTER_PORT"):
+        return "env"
     if ranks.launcher in ("openmpi", "pmi"):
         return "mpi"
     raise RuntimeError(f"{ranks.world_size} ranks from {ranks.launcher} but no MASTER_ADDR/MASTER_PORT:"

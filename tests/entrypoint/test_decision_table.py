@@ -70,6 +70,9 @@ def test_decision_table(name, device, n_hosts, position):
     role = expected[0] if position == "leader" else expected[1]
     assert plan.role == role
     assert plan.current_host == current and plan.leader == hosts[0]
+    env = dict(plan.env)
+    # Every role, launcher or not, gets the DLC's rendezvous variables (leader = first host).
+    assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == (hosts[0], "7777")
     if role == "single":
         assert plan.hosts == (current,) and len(plan.processes) == 1
         return
@@ -85,6 +88,5 @@ def test_decision_table(name, device, n_hosts, position):
         assert argv[argv.index("-np") + 1] == str(n_hosts * device_pph)
     if role == "parameter-server":
         assert len(plan.processes) == 1 + device_pph
-    env = dict(plan.env)
     assert ("FI_PROVIDER" in env) == facts.efa
     assert ("PJRT_DEVICE" in env) == bool(facts.neuron_core_count)

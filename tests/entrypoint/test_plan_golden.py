@@ -25,11 +25,33 @@ def non_sm_env(plan):
     return {k: v for k, v in plan.env if not k.startswith("SM_")}
 
 
+# What the PyTorch DLC exports for every job, with or without a launcher
+# (sagemaker_pytorch_container.training: _set_distributed_environment, _set_nccl_environment).
+RENDEZVOUS_ALGO_1 = {"MASTER_ADDR": "algo-1", "MASTER_PORT": "7777", "NCCL_SOCKET_IFNAME": "eth0"}
+
+
 def test_one_host_single_process():
     plan = plan_for(make_job(hps={"epochs": 2, "lr": 0.1}))
     assert plan.role == "single"
     assert [p.argv for p in plan.processes] == [(PY, RE, SCRIPT, "--epochs", "2", "--lr", "0.1")]
-    assert non_sm_env(plan) == {}
+    assert non_sm_env(plan) == RENDEZVOUS_ALGO_1
+
+
+@pytest.mark.parametrize("current", ["algo-1", "algo-2"])
+def test_two_hosts_without_a_launcher_get_master_addr_and_port_like_the_dlc(current):
+    """A script with no distribution= that calls init_process_group("gloo", init_method="env://",
+    rank=<host index>, world_size=<hosts>) works on the DLC: every host gets MASTER_ADDR = the
+    first host and MASTER_PORT = 7777. No RANK/WORLD_SIZE (the DLC sets neither)."""
+    plan = plan_for(make_job(hosts=("algo-1", "algo-2"), current=current))
+    assert plan.role == "single" and plan.leader == "algo-1"
+    assert non_sm_env(plan) == RENDEZVOUS_ALGO_1
+
+
+def test_no_launcher_master_port_setting_and_user_values_win():
+    plan = plan_for(make_job(hosts=("algo-1", "algo-2"), current="algo-2", environ={"BYOC_MASTER_PORT": "29400"}))
+    assert non_sm_env(plan) == {**RENDEZVOUS_ALGO_1, "MASTER_PORT": "29400"}
+    mine = plan_for(make_job(hosts=("algo-1", "algo-2"), environ={"MASTER_ADDR": "10.0.0.9", "MASTER_PORT": "1234"}))
+    assert non_sm_env(mine) == {"NCCL_SOCKET_IFNAME": "eth0"}  # the job's own values reach the script as they are
 
 
 def test_one_host_torchrun_is_standalone():
@@ -187,6 +209,15 @@ def test_heterogeneous_host_outside_distribution_runs_script_once_and_says_so():
     assert plan.role == "outside-distribution"
     assert [p.argv for p in plan.processes] == [(PY, RE, SCRIPT)]
     assert any("outside the distribution's groups (train)" in n for n in plan.notes)
+    # As the DLC: MASTER_ADDR is the first host of the distribution, not the first host.
+    assert non_sm_env(plan) == {**RENDEZVOUS_ALGO_1, "MASTER_ADDR": "algo-2"}
+
+
+def test_heterogeneous_groups_without_a_launcher_master_is_the_first_host():
+    """No distribution key: the toolkit's distribution hosts are empty and its master is hosts[0]."""
+    plan = plan_for(make_job(hosts=("algo-1", "algo-2", "algo-3"), current="algo-3", resource_extra=HETERO), CPU)
+    assert plan.role == "single"
+    assert non_sm_env(plan) == RENDEZVOUS_ALGO_1
 
 
 def test_shell_and_package_entry_points():

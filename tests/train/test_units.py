@@ -201,3 +201,17 @@ def test_recordio_unwrapping_round_trips_split_records(payloads, split):
         else:
             stream += record(1, parts[0]) + b"".join(record(2, p) for p in parts[1:-1]) + record(3, parts[-1])
     assert list(iter_recordio_payloads(io.BytesIO(stream), "test")) == payloads
+
+
+@pytest.mark.parametrize("environ, expected", [
+    # The entrypoint exports MASTER_ADDR/MASTER_PORT for every job (as the DLC does); one rank
+    # must still not rendezvous, or every host's rank 0 would join the leader's store.
+    ({"MASTER_ADDR": "algo-1", "MASTER_PORT": "7777"}, "local"),
+    ({}, "local"),
+    ({"MASTER_ADDR": "algo-1", "MASTER_PORT": "7777", "RANK": "1", "WORLD_SIZE": "2"}, "env"),
+    ({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"}, "mpi"),
+])
+def test_ddp_rendezvous_choice(environ, expected):
+    from train.ddp_train import decide_rendezvous
+
+    assert decide_rendezvous(environ, parse_rank_info(environ)) == expected
