@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import sys
 import tempfile
 
-from entrypoint import execute
+from entrypoint import execute, ssh
 from entrypoint.config import JobConfig, find_missing_channel_dirs, load_job
 from entrypoint.distribution import parse_distribution, parse_launch_settings
 from entrypoint.errors import EXIT_BAD_JOB, JobDefinitionError
@@ -31,10 +32,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def build_runtime(environ: dict[str, str]) -> Runtime:
-    # /run is a per-container tmpfs (and per-host in the emulated cluster): per-job keys
-    # never land on a disk that outlives the job.
+    # Per-job files that are not secret (SSH configuration, the host's environment, the
+    # outcome) go to the runtime folder; the private key to memory-backed storage
+    # (ssh.decide_key_folder): /run is a tmpfs on some platforms, not under Docker.
     default = "/run/byoc" if os.access("/run", os.W_OK) else os.path.join(tempfile.gettempdir(), f"byoc-{os.getuid()}")
-    return Runtime(python=sys.executable, runtime_dir=environ.get("BYOC_RUNTIME_DIR") or default)
+    runtime_dir = environ.get("BYOC_RUNTIME_DIR") or default
+    key_dir, key_note = ssh.decide_key_folder(os.path.join(runtime_dir, "ssh"), ssh.load_mounts(), secrets.token_hex(4))
+    return Runtime(python=sys.executable, runtime_dir=runtime_dir, key_dir=key_dir, key_note=key_note)
 
 
 def decide_plan(job: JobConfig, facts: MachineFacts, runtime: Runtime) -> LaunchPlan:

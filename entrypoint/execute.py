@@ -22,7 +22,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from entrypoint import mpi_hosts
+from entrypoint import mpi_hosts, processes, ssh
 from entrypoint.liveness import JobPort, PeerWatch, wait_until_port_closes
 from entrypoint.failure import build_failure_report, build_job_outcome_report, first_root_cause, parse_root_cause_line
 from entrypoint.paths import MlPaths
@@ -85,6 +85,13 @@ def _pump(pipe, sink, collector: OutputCollector) -> None:
         pipe.close()
 
 
+# When one of the job's processes fails (or a host is lost), the others are stopped: SIGTERM,
+# then SIGKILL after this long. It is not the grace period: that one is for a stop the platform
+# asked for (StopTrainingJob, spot interruption), where scripts checkpoint. A failed job only
+# needs its processes gone, and every failure path must end within a minute.
+FAILURE_STOP_S = 10.0
+
+
 class Supervisor:
     def __init__(self, grace_period_s: float, collector: OutputCollector):
         self.grace_period_s = grace_period_s
@@ -92,6 +99,7 @@ class Supervisor:
         self.children: list[tuple[ProcessSpec, subprocess.Popen]] = []
         self.pumps: list[threading.Thread] = []
         self.stopped_by: str | None = None
+        self.stopped_at: float | None = None  # time.time() of the stop request
         self.kill_at: float | None = None
 
     def start(self, spec: ProcessSpec, env: dict[str, str], cwd: str) -> None:
@@ -110,24 +118,41 @@ class Supervisor:
             t.start()
             self.pumps.append(t)
 
-    def signal_all(self, sig: int) -> None:
-        for _, proc in self.children:
-            try:
-                os.killpg(proc.pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
+    def _groups(self, stop_request: bool) -> list[int]:
+        """Process groups to signal. For a stop request, a launcher whose spec says so
+        (mpirun) is passed over for the ranks it started here; SIGKILL takes them all."""
+        table = processes.load_process_table() if any(s.signal_ranks for s, _ in self.children) else {}
+        groups: list[int] = []
+        for spec, proc in self.children:
+            ranks = processes.decide_rank_groups(table, [proc.pid]) if spec.signal_ranks else []
+            if stop_request and ranks:
+                groups += ranks
+            else:
+                groups += [proc.pid, *ranks]
+        return groups
 
-    def begin_stop(self, sig: int) -> None:
-        self.signal_all(sig)
+    def signal_all(self, sig: int, stop_request: bool = False) -> None:
+        processes.signal_groups(self._groups(stop_request), sig)
+
+    def _kill_within(self, delay_s: float) -> None:
+        kill_at = time.monotonic() + delay_s
+        self.kill_at = kill_at if self.kill_at is None else min(self.kill_at, kill_at)
+
+    def stop_after_failure(self, why: str) -> None:
+        """One process failed or a host was lost: end the others within FAILURE_STOP_S."""
         if self.kill_at is None:
-            self.kill_at = time.monotonic() + self.grace_period_s
+            log(f"{why}; stopping the other processes")
+        self.signal_all(signal.SIGTERM)
+        self._kill_within(min(self.grace_period_s, FAILURE_STOP_S))
 
     def on_signal(self, signum, _frame) -> None:
         name = signal.Signals(signum).name
         if self.stopped_by is None:
             self.stopped_by = name
+            self.stopped_at = time.time()
             log(f"received {name}: forwarding it to the job, SIGKILL in {self.grace_period_s:g} s")
-        self.begin_stop(signum)
+        self.signal_all(signum, stop_request=True)
+        self._kill_within(self.grace_period_s)
 
     def wait(self) -> int:
         """Wait for every child; the exit code of the first that failed, else 0."""
@@ -144,33 +169,43 @@ class Supervisor:
                 if code != 0 and first_failure is None:
                     first_failure = code
                     if running:
-                        log(f"{spec.name} exited with code {code}; stopping the other processes")
-                        self.begin_stop(signal.SIGTERM)
+                        self.stop_after_failure(f"{spec.name} exited with code {code}")
             if self.kill_at is not None and time.monotonic() >= self.kill_at and running:
-                log("grace period over: sending SIGKILL")
+                log("time is up: sending SIGKILL")
                 self.signal_all(signal.SIGKILL)
                 self.kill_at = float("inf")
             if running:
+                # As PID 1 of a container we inherit orphans (a rank whose launcher died):
+                # reap them so none stays a zombie.
+                processes.reap_orphans({proc.pid for _, proc in running})
                 time.sleep(POLL_S)
-        # Orphans (data-loader workers, a forked server) die with their group.
+        # Orphans (data-loader workers, a forked server, ranks in groups of their own) die too.
         self.signal_all(signal.SIGKILL)
+        processes.reap_orphans(set())
         for t in self.pumps:
             t.join(timeout=5)
         return first_failure or 0
 
 
+@dataclass(frozen=True)
+class RunResult:
+    exit_code: int
+    stopped_by: str | None = None
+    stopped_at: float | None = None
+
+
 def run_processes(
-    processes: tuple[ProcessSpec, ...],
+    processes_: tuple[ProcessSpec, ...],
     env: dict[str, str],
     cwd: str,
     grace_period_s: float,
     collector: OutputCollector,
     on_started=None,
-) -> tuple[int, str | None]:
+) -> RunResult:
     supervisor = Supervisor(grace_period_s, collector)
     previous = {s: signal.signal(s, supervisor.on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        for spec in processes:
+        for spec in processes_:
             supervisor.start(spec, {**env, **dict(spec.env)}, cwd)
         if on_started is not None:
             on_started(supervisor)
@@ -178,7 +213,7 @@ def run_processes(
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-    return code, supervisor.stopped_by
+    return RunResult(code, supervisor.stopped_by, supervisor.stopped_at)
 
 
 # --- code preparation ------------------------------------------------------------------------
@@ -247,6 +282,14 @@ def write_outcome(paths: MlPaths, exit_code: int, report: str | None) -> None:
         f.write(report or "")
 
 
+def load_failure_file(paths: MlPaths) -> str | None:
+    try:
+        with open(paths.failure_file, encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
 @contextlib.contextmanager
 def stop_signals_set(stop: "mpi_hosts.StopRequest"):
     """While waiting (not running children), SIGTERM/SIGINT only mark the wait as stopped."""
@@ -267,18 +310,29 @@ def run_mpi_worker(plan: LaunchPlan, paths: MlPaths, env: dict[str, str]) -> int
     log(f"{plan.current_host}: MPI worker for the leader {plan.leader}")
     stop = mpi_hosts.StopRequest()
     with stop_signals_set(stop):
-        code, reason = mpi_hosts.run_worker(plan, stop, log)
+        outcome = mpi_hosts.run_worker(plan, stop, log)
+    code = outcome.exit_code
     if code == 0:
         write_outcome(paths, 0, None)
         log(f"{plan.current_host}: the leader reports success")
         return 0
-    if reason is None:
-        reason = (
-            f"The MPI job failed: the leader {plan.leader} reported exit code {code}. "
-            f"The leader's output/failure names the first failing host, rank and exception."
+    if outcome.reason is not None:
+        text = build_job_outcome_report(outcome.reason, env)
+    elif outcome.leader_report:
+        # The leader's report, whose first lines are the job's root cause: SDK v2 local mode
+        # keeps only the last host's output/failure, and that is a worker's.
+        text = build_job_outcome_report(
+            f"{outcome.leader_report.rstrip()}\n\n({plan.current_host} ended with the job; this report is the leader {plan.leader}'s.)",
+            env,
         )
-    write_outcome(paths, code, build_job_outcome_report(reason, env))
-    log(f"{plan.current_host}: {reason}")
+    else:
+        text = build_job_outcome_report(
+            f"The MPI job failed: the leader {plan.leader} reported exit code {code}. "
+            f"The leader's output/failure names the first failing host, rank and exception.",
+            env,
+        )
+    write_outcome(paths, code, text)
+    log(f"{plan.current_host}: FAILED: {text.splitlines()[0]}")
     return code
 
 
@@ -309,6 +363,7 @@ class HostServices:
     plan: LaunchPlan
     collector: OutputCollector
     exit_code: int = 1
+    failure_report: str | None = None  # what the leader tells MPI workers when the job failed
     lost: str | None = None
     job_port: JobPort | None = None
     sshd: object = None
@@ -323,8 +378,7 @@ class HostServices:
 
         def on_lost(host: str, reason: str) -> None:
             self.lost = reason
-            log(f"{reason}: stopping the job")
-            supervisor.begin_stop(signal.SIGTERM)
+            supervisor.stop_after_failure(f"{reason}: the job cannot go on")
 
         self.watch = PeerWatch(
             peers, port, plan.settings.host_lost_timeout_s, plan.settings.peer_wait_timeout_s, on_lost,
@@ -344,16 +398,18 @@ def host_services(plan: LaunchPlan, collector: OutputCollector):
             if problem:
                 raise StartProblem(problem, stop.signal_name)
         elif multi_host:
-            # The leader's port also takes root-cause reports from ranks on every host.
-            on_report = collector.add_line_text if plan.current_host == plan.leader else None
-            services.job_port = JobPort(plan.settings.job_port, on_report)
+            # Every host's port also takes root-cause reports from ranks on every host, so
+            # each host's output/failure can lead with the job's first failure (SDK v2 local
+            # mode keeps only the last host's).
+            services.job_port = JobPort(plan.settings.job_port, collector.add_line_text)
         yield services
     finally:
         if services.watch is not None:
             services.watch.close()
         if plan.role == "mpi-leader" and multi_host:
-            mpi_hosts.tell_workers(plan, services.exit_code, log)
+            mpi_hosts.tell_workers(plan, services.exit_code, services.failure_report, log)
             mpi_hosts.stop_process(services.sshd)
+            ssh.remove_private_key(mpi_hosts.files_for(plan))
         if services.job_port is not None:
             services.job_port.close()
 
@@ -362,27 +418,30 @@ def run_plan(plan: LaunchPlan, paths: MlPaths, environ: dict[str, str]) -> int:
     env = {**environ, **plan.env_dict}
     collector = OutputCollector()
 
-    def fail(what: str, code: int, stopped_by: str | None = None, lost: str | None = None) -> int:
-        report = build_failure_report(
+    def report(what: str, code: int, run: RunResult | None = None, lost: str | None = None) -> str:
+        return build_failure_report(
             what=what,
             exit_code=code,
             root_cause=first_root_cause(collector.root_causes),
             tail=list(collector.tail),
             current_host=plan.current_host,
             environ=env,
-            stopped_by=stopped_by,
+            stopped_by=run.stopped_by if run else None,
+            stopped_at=run.stopped_at if run else None,
             lost=lost,
         )
-        write_outcome(paths, code, report)
-        log(f"FAILED: {report.splitlines()[0]}")
+
+    def fail(code: int, text: str) -> int:
+        write_outcome(paths, code, text)
+        log(f"FAILED: {text.splitlines()[0]}")
         return code
 
     for step in plan.install:
         what = "installing requirements.txt" if "-r" in step else "installing the source directory as a package"
         log(what)
-        code, stopped_by = run_processes((ProcessSpec("pip", step),), env, plan.cwd, plan.settings.grace_period_s, collector)
-        if code != 0:
-            return fail(what, code, stopped_by)
+        run = run_processes((ProcessSpec("pip", step),), env, plan.cwd, plan.settings.grace_period_s, collector)
+        if run.exit_code != 0:
+            return fail(run.exit_code, report(what, run.exit_code, run))
 
     if plan.role == "mpi-worker":
         return run_mpi_worker(plan, paths, env)
@@ -394,30 +453,35 @@ def run_plan(plan: LaunchPlan, paths: MlPaths, environ: dict[str, str]) -> int:
                 f"host(s) {', '.join(unresolved)} did not resolve within "
                 f"{plan.settings.host_resolution_timeout_s:g} s (BYOC_HOST_RESOLUTION_TIMEOUT_S)"
             )
-            return fail("waiting for the other hosts' names to resolve", 1)
+            return fail(1, report("waiting for the other hosts' names to resolve", 1))
 
     what = describe(plan)
     started = time.monotonic()
+    text = None
     try:
         with host_services(plan, collector) as services:
             log(f"{plan.current_host}: running {what} ({plan.role})")
-            code, stopped_by = run_processes(
+            run = run_processes(
                 plan.processes, env, plan.cwd, plan.settings.grace_period_s, collector, on_started=services.watch_peers
             )
-            services.exit_code = code
-            elapsed = time.monotonic() - started
-            if code == 0:
+            services.exit_code = run.exit_code
+            if run.exit_code != 0:
+                text = report(what, run.exit_code, run, services.lost)
+                # Workers are told what this host reports: the script's own failure file if
+                # it wrote one (write_outcome keeps it), else ours.
+                services.failure_report = load_failure_file(paths) or text
+            else:
                 # Before this host's job port closes (and, on the MPI leader, before the
                 # workers are told): a worker may exit as soon as that happens, and local mode
                 # then stops this container.
                 write_outcome(paths, 0, None)
-                log(f"{plan.current_host}: {what} succeeded in {elapsed:.1f} s")
+                log(f"{plan.current_host}: {what} succeeded in {time.monotonic() - started:.1f} s")
                 wait_for_leader_to_finish(plan)
     except StartProblem as problem:
         collector.tail.append(str(problem))
-        return fail(f"{what}: starting the workers", 1, problem.stopped_by)
-    if code != 0:
-        return fail(what, code, stopped_by, services.lost)
+        return fail(1, report(f"{what}: starting the workers", 1, RunResult(1, problem.stopped_by)))
+    if run.exit_code != 0:
+        return fail(run.exit_code, text)
     return 0
 
 

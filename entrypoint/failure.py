@@ -109,9 +109,12 @@ def build_failure_report(
     current_host: str,
     environ: Mapping[str, str],
     stopped_by: str | None = None,
+    stopped_at: float | None = None,
     lost: str | None = None,
 ) -> str:
-    """`what`: the stage that failed, e.g. "torchrun on 2 hosts", "installing requirements.txt"."""
+    """`what`: the stage that failed, e.g. "torchrun on 2 hosts", "installing requirements.txt".
+    stopped_at: when the stop request arrived (time.time()); a root cause recorded before it
+    still leads (a host stopped because another host's rank failed), the stop follows."""
     if root_cause is not None:
         head = (
             f"{root_cause.type}: {root_cause.message}\n"
@@ -130,11 +133,20 @@ def build_failure_report(
             head = f"{guess}\n" + head
     if lost and root_cause is None:
         head = f"The job lost a host: {lost}.\n" + head
-    if stopped_by:
+    if stopped_by and decide_root_cause_leads(root_cause, stopped_at):
+        head += f"\nThen this host ({current_host}) was stopped by {stopped_by}."
+    elif stopped_by:
         head = f"Training was stopped by {stopped_by}. " + head
     lines = [head.rstrip(), "", f"Last {len(tail)} lines of output:" if tail else "No output."]
     lines += [line for line in tail if MARKER not in line]
     return redact("\n".join(lines).rstrip() + "\n", secret_values(environ))
+
+
+def decide_root_cause_leads(root_cause: RootCause | None, stopped_at: float | None) -> bool:
+    """On a stopped host, the failure leads with the root cause only when a rank failed before
+    the stop request: then the stop (e.g. docker-compose stopping the other containers once one
+    exited) is a consequence. A failure after the stop is the stop's doing."""
+    return root_cause is not None and stopped_at is not None and root_cause.time <= stopped_at
 
 
 def build_job_outcome_report(reason: str, environ: Mapping[str, str]) -> str:

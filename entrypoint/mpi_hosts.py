@@ -2,8 +2,10 @@
 workers living exactly as long as the leader's job.
 
 How a worker learns the outcome: when mpirun ends, the leader writes its exit code into the
-worker's runtime folder over the same SSH channel mpirun used (`job-exit-code`). A worker
-exits with that code, so no worker reports success for ranks that failed. A worker whose
+worker's runtime folder over the same SSH channel mpirun used (`job-exit-code`), and, when
+the job failed, its own output/failure first (`job-failure`). A worker exits with that code,
+so no worker reports success for ranks that failed, and its output/failure leads with the
+job's root cause too (SDK v2 local mode keeps only the last host's output/failure). A worker whose
 leader stops answering on its SSH port for BYOC_HOST_LOST_TIMEOUT_S (default 30 s) exits
 non-zero on its own. No fixed sleeps: every wait is a poll with a deadline.
 """
@@ -19,11 +21,13 @@ import threading
 import time
 from dataclasses import dataclass
 
-from entrypoint import ssh
+from entrypoint import processes, ssh
 from entrypoint.plan import LaunchPlan
 
 POLL_S = 0.05
 OUTCOME_FILE = "job-exit-code"
+REPORT_FILE = "job-failure"
+MAX_REPORT_BYTES = 256 * 1024
 HOST_ENV_FILE = "host-env.json"
 
 
@@ -34,12 +38,23 @@ class StopRequest:
     signal_name: str | None = None
 
 
+@dataclass(frozen=True)
+class WorkerOutcome:
+    exit_code: int
+    reason: str | None = None  # why, when it is not the leader's outcome
+    leader_report: str | None = None  # the leader's output/failure, when the job failed
+
+
 def files_for(plan: LaunchPlan) -> ssh.SshFiles:
-    return ssh.SshFiles(os.path.join(plan.runtime_dir, "ssh"))
+    return ssh.SshFiles(os.path.join(plan.runtime_dir, "ssh"), plan.key_dir)
 
 
 def outcome_path(plan: LaunchPlan) -> str:
     return os.path.join(plan.runtime_dir, OUTCOME_FILE)
+
+
+def report_path(plan: LaunchPlan) -> str:
+    return os.path.join(plan.runtime_dir, REPORT_FILE)
 
 
 def start_sshd(files: ssh.SshFiles) -> subprocess.Popen:
@@ -68,27 +83,6 @@ def host_env_path(plan: LaunchPlan) -> str:
     return os.path.join(plan.runtime_dir, HOST_ENV_FILE)
 
 
-def descendants(pid: int) -> list[int]:
-    """Every process below pid (from /proc), deepest last."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        ppid = int(stat[stat.rindex(")") + 2:].split()[1])
-        children.setdefault(ppid, []).append(int(entry))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
 def become_subreaper() -> None:
     """Open MPI's orted daemonizes out of the sshd session; as a child subreaper we inherit it
     (and the ranks under it) instead of init, so the worker can end them."""
@@ -106,7 +100,7 @@ def stop_sshd_and_sessions(proc: subprocess.Popen | None, grace_s: float) -> Non
     if proc is None:
         return
     stop_process(proc)
-    left = [p for p in descendants(os.getpid()) if p != proc.pid]
+    left = [p for p in processes.build_descendants(processes.load_process_table(), os.getpid()) if p != proc.pid]
     for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 0)):
         for pid in left:
             try:
@@ -188,15 +182,26 @@ def start_leader(plan: LaunchPlan, stop: StopRequest, log) -> tuple[subprocess.P
     return sshd, None
 
 
-def tell_workers(plan: LaunchPlan, exit_code: int, log) -> None:
-    """Write the job's exit code on every worker, in parallel; a dead worker is skipped."""
+def build_tell_command(plan: LaunchPlan, exit_code: int) -> str:
+    """The remote command that stores the outcome on a worker: the report (stdin, possibly
+    empty) first, then the exit code, whose file's appearance is what the worker waits for.
+    Only our integer and constant paths appear in it."""
+    code_file, report_file = shlex.quote(outcome_path(plan)), shlex.quote(report_path(plan))
+    return (
+        f"cat > {report_file}.tmp && mv {report_file}.tmp {report_file} && "
+        f"printf %s {int(exit_code)} > {code_file}.tmp && mv {code_file}.tmp {code_file}"
+    )
+
+
+def tell_workers(plan: LaunchPlan, exit_code: int, report: str | None, log) -> None:
+    """Write the job's outcome on every worker, in parallel; a dead worker is skipped."""
     files = files_for(plan)
-    target = outcome_path(plan)
-    command = f"printf %s {int(exit_code)} > {shlex.quote(target)}.tmp && mv {shlex.quote(target)}.tmp {shlex.quote(target)}"
+    command = build_tell_command(plan, exit_code)
+    payload = (report or "").encode("utf-8", "replace")[:MAX_REPORT_BYTES] if exit_code != 0 else b""
 
     def tell(host: str) -> None:
         try:
-            done = subprocess.run(ssh_argv(files, host, command), capture_output=True, timeout=30, stdin=subprocess.DEVNULL)
+            done = subprocess.run(ssh_argv(files, host, command), input=payload, capture_output=True, timeout=30)
             if done.returncode != 0:
                 log(f"could not tell {host} the outcome: {done.stderr.decode(errors='replace').strip()}")
         except subprocess.TimeoutExpired:
@@ -212,44 +217,63 @@ def tell_workers(plan: LaunchPlan, exit_code: int, log) -> None:
 # --- worker ------------------------------------------------------------------------------------
 
 
-def run_worker(plan: LaunchPlan, stop: StopRequest, log) -> tuple[int, str | None]:
-    """Authorize the leader, serve SSH until the leader reports the outcome.
-    Returns (exit code, reason when it is not the leader's outcome)."""
+def run_worker(plan: LaunchPlan, stop: StopRequest, log) -> WorkerOutcome:
+    """Authorize the leader, serve SSH until the leader reports the outcome."""
     files = files_for(plan)
     settings = plan.settings
+    for path in (outcome_path(plan), report_path(plan)):
+        try:
+            os.remove(path)
+        except FileNotFoundError:
+            pass
+    sshd = None
     try:
-        os.remove(outcome_path(plan))
-    except FileNotFoundError:
-        pass
-    ssh.write_host_key_and_configs(files, settings.ssh_port)
-
-    deadline = time.monotonic() + settings.peer_wait_timeout_s
-    key = None
-    while key is None:
-        key = ssh.scan_host_key(plan.leader, settings.ssh_port)
-        if key is not None:
-            break
-        if stop.signal_name:
-            return 143, f"stopped by {stop.signal_name} before the leader {plan.leader} started"
-        if time.monotonic() >= deadline:
-            return 1, (
-                f"the leader {plan.leader} did not serve SSH within {settings.peer_wait_timeout_s:g} s "
-                f"(BYOC_PEER_WAIT_TIMEOUT_S)"
-            )
-        time.sleep(POLL_S)
-    addresses = ssh.resolve_addresses(plan.leader)
-    write_host_env(plan)
-    ssh.authorize(files, key, addresses)
-    become_subreaper()
-    sshd = start_sshd(files)
-    log(f"serving SSH to the leader {plan.leader} ({', '.join(addresses)})")
-    try:
+        ssh.write_host_key_and_configs(files, settings.ssh_port)
+        deadline = time.monotonic() + settings.peer_wait_timeout_s
+        key = None
+        while key is None:
+            key = ssh.scan_host_key(plan.leader, settings.ssh_port)
+            if key is not None:
+                break
+            if stop.signal_name:
+                return WorkerOutcome(143, f"stopped by {stop.signal_name} before the leader {plan.leader} started")
+            if time.monotonic() >= deadline:
+                return WorkerOutcome(1, (
+                    f"the leader {plan.leader} did not serve SSH within {settings.peer_wait_timeout_s:g} s "
+                    f"(BYOC_PEER_WAIT_TIMEOUT_S)"
+                ))
+            time.sleep(POLL_S)
+        addresses = ssh.resolve_addresses(plan.leader)
+        write_host_env(plan)
+        ssh.authorize(files, key, addresses)
+        become_subreaper()
+        sshd = start_sshd(files)
+        log(f"serving SSH to the leader {plan.leader} ({', '.join(addresses)})")
         return _wait_for_outcome(plan, stop, log)
     finally:
         stop_sshd_and_sessions(sshd, min(plan.settings.grace_period_s, 10.0))
+        ssh.remove_private_key(files)
 
 
-def _wait_for_outcome(plan: LaunchPlan, stop: StopRequest, log) -> tuple[int, str | None]:
+def forward_stop_to_ranks(signal_name: str, log) -> None:
+    """A stop request reaches the ranks on this host directly, at once: the platform stops
+    every host, and each host's ranks get the whole grace period to checkpoint. (Signalling
+    orted would start Open MPI's teardown instead, with its short kill timeout.)"""
+    table = processes.load_process_table()
+    groups = processes.decide_rank_groups(table, processes.decide_launcher_pids(table, os.getpid(), ("orted",)))
+    processes.signal_groups(groups, signal.Signals[signal_name])
+    log(f"forwarded {signal_name} to {len(groups)} rank(s) on this host")
+
+
+def load_leader_report(plan: LaunchPlan) -> str | None:
+    try:
+        with open(report_path(plan), encoding="utf-8", errors="replace") as f:
+            return f.read() or None
+    except OSError:
+        return None
+
+
+def _wait_for_outcome(plan: LaunchPlan, stop: StopRequest, log) -> WorkerOutcome:
     settings = plan.settings
     path = outcome_path(plan)
     last_contact = time.monotonic()
@@ -260,20 +284,21 @@ def _wait_for_outcome(plan: LaunchPlan, stop: StopRequest, log) -> tuple[int, st
             with open(path) as f:
                 text = f.read().strip()
             code = int(text) if text.lstrip("-").isdigit() else 1
-            return code, None
+            return WorkerOutcome(code, None, load_leader_report(plan) if code != 0 else None)
         now = time.monotonic()
         if stop.signal_name and stop_deadline is None:
-            # The leader's mpirun stops our ranks; give it the grace period to report.
+            forward_stop_to_ranks(stop.signal_name, log)
+            # The ranks have the grace period; then the leader reports how the job ended.
             stop_deadline = now + settings.grace_period_s
         if stop_deadline is not None and now >= stop_deadline:
-            return 143, f"stopped by {stop.signal_name}; the leader did not report an outcome within the grace period"
+            return WorkerOutcome(143, f"stopped by {stop.signal_name}; the leader did not report an outcome within the grace period")
         if now >= next_check:
             if ssh.can_connect(plan.leader, settings.ssh_port, timeout_s=2.0):
                 last_contact = time.monotonic()
             elif time.monotonic() - last_contact > settings.host_lost_timeout_s:
-                return 1, (
+                return WorkerOutcome(1, (
                     f"lost the leader {plan.leader}: no answer on its SSH port for "
                     f"{settings.host_lost_timeout_s:g} s (BYOC_HOST_LOST_TIMEOUT_S)"
-                )
+                ))
             next_check = time.monotonic() + 1.0
         time.sleep(POLL_S)

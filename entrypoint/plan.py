@@ -26,6 +26,7 @@ from entrypoint.smenv import build_sm_env, build_user_args
 
 RECORD_ERRORS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank", "record_errors.py")
 NEURON_ROOT_COMM_PORT = 46820
+MPI_TEARDOWN_SIGNAL_GAP_S = 1
 
 # Environment names forwarded to remote ranks by `mpirun -x NAME` (the value never appears on
 # the command line), besides everything the plan itself adds.
@@ -39,6 +40,8 @@ class Runtime:
 
     python: str
     runtime_dir: str = "/tmp/byoc"
+    key_dir: str = ""  # the job's private SSH key (ssh.decide_key_folder); "": runtime_dir/ssh
+    key_note: str | None = None  # why the key has to be on disk, when it has to
 
     @property
     def ssh_config(self) -> str:
@@ -51,6 +54,9 @@ class ProcessSpec:
     argv: tuple[str, ...]
     env: tuple[tuple[str, str], ...] = ()  # on top of the plan's env
     cwd: str | None = None  # None: the plan's cwd
+    # A stop request (SIGTERM) goes to the ranks this process started on this host, not to
+    # the process: mpirun, whose own SIGTERM handling gives ranks only Open MPI's kill timeout.
+    signal_ranks: bool = False
 
 
 @dataclass(frozen=True)
@@ -70,6 +76,7 @@ class LaunchPlan:
     env: tuple[tuple[str, str], ...]
     settings: LaunchSettings
     runtime_dir: str = "/run/byoc"
+    key_dir: str = ""  # see Runtime.key_dir
     notes: tuple[str, ...] = field(default=())
 
     @property
@@ -150,7 +157,6 @@ def build_mpirun_argv(
     custom_options: tuple[str, ...],
     program_argv: tuple[str, ...],
     runtime: Runtime,
-    grace_s: int,
     efa: bool,
 ) -> tuple[str, ...]:
     """The toolkit's proven mpirun flags; environment forwarded by name only."""
@@ -172,9 +178,13 @@ def build_mpirun_argv(
         "-mca", "btl", "^openib" if efa else "^openib,ofi",
         "-mca", "orte_abort_on_non_zero_status", "1",
         "-mca", "btl_vader_single_copy_mechanism", "none",
-        # On SIGTERM mpirun signals the ranks, then SIGKILLs them after this many seconds
-        # (Open MPI's default is 1): give scripts the job's grace period to checkpoint.
-        "-mca", "odls_base_sigkill_timeout", str(grace_s),
+        # How long Open MPI waits between the signals when it tears a job down after a rank
+        # failed. Open MPI 4 sleeps it unconditionally, twice (SIGCONT, wait, SIGTERM, wait,
+        # SIGKILL), first on the leader and then on every worker: tying it to the 90 s grace
+        # period made a failed rank take 6 minutes to end the job. The grace period is for
+        # stop requests, which every host's entrypoint forwards to its own ranks directly
+        # (ProcessSpec.signal_ranks, mpi_hosts.forward_stop_to_ranks). Open MPI's default, 1.
+        "-mca", "odls_base_sigkill_timeout", str(MPI_TEARDOWN_SIGNAL_GAP_S),
     ]
     for name in forwarded:
         argv += ["-x", name]
@@ -318,6 +328,7 @@ def decide(
             env=tuple(sorted({**env, **extra_env}.items())),
             settings=settings,
             runtime_dir=runtime.runtime_dir,
+            key_dir=runtime.key_dir,
             notes=tuple(notes),
         )
 
@@ -346,6 +357,8 @@ def decide(
                     f"Lower it or raise sagemaker_mpi_num_of_processes_per_host."
                 )
             np_ = dist.num_processes
+        if len(dist_hosts) > 1 and runtime.key_note:
+            notes.append(runtime.key_note)
         # Each host's ranks take that host's own SM_* values (entrypoint/mpi_hosts.py).
         launcher_env["BYOC_HOST_ENV_FILE"] = os.path.join(runtime.runtime_dir, "host-env.json")
         if resource.current_host != leader:
@@ -354,14 +367,14 @@ def decide(
             program_argv = ("smddprun", *program_argv)
         forwarded = forwarded_names({**env, **launcher_env}, dict(job.environ))
         argv = build_mpirun_argv(
-            dist_hosts, pph, np_, interface, forwarded, dist.custom_mpi_options, program_argv, runtime,
-            grace_s=max(1, int(settings.grace_period_s)), efa=facts.efa,
+            dist_hosts, pph, np_, interface, forwarded, dist.custom_mpi_options, program_argv, runtime, efa=facts.efa,
         )
-        return plan("mpi-leader", (ProcessSpec("mpirun", argv),), launcher_env)
+        return plan("mpi-leader", (ProcessSpec("mpirun", argv, signal_ranks=True),), launcher_env)
 
-    if len(dist_hosts) > 1 and "BYOC_LEADER_JOB_PORT" not in job.environ:
-        # Ranks on every host report their exception to the leader's job port (entrypoint/liveness.py).
-        launcher_env["BYOC_LEADER_JOB_PORT"] = f"{leader}:{settings.job_port}"
+    if len(dist_hosts) > 1 and "BYOC_JOB_PORTS" not in job.environ:
+        # Ranks report their exception to every host's job port (entrypoint/liveness.py), the
+        # leader's first: each host's output/failure can then lead with the job's first failure.
+        launcher_env["BYOC_JOB_PORTS"] = ",".join(f"{h}:{settings.job_port}" for h in dist_hosts)
 
     if launcher_kind == "torch_distributed":
         argv = build_torchrun_argv(runtime.python, dist_hosts, node_rank, leader=leader,

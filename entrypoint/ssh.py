@@ -17,6 +17,7 @@ network and answer for the leader's address during the seconds the job starts.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 from dataclasses import dataclass
@@ -24,15 +25,21 @@ from dataclasses import dataclass
 SSHD = "/usr/sbin/sshd"
 
 
+MEMORY_FILESYSTEMS = ("tmpfs", "ramfs")
+SHM_DIR = "/dev/shm"
+
+
 @dataclass(frozen=True)
 class SshFiles:
-    """Per-job SSH files under the runtime folder (a tmpfs /run in containers)."""
+    """Per-job SSH files: configuration under the runtime folder, the private key in
+    key_folder (memory-backed storage when there is one: see decide_key_folder)."""
 
     folder: str
+    key_folder: str = ""  # "": the same as folder
 
     @property
     def host_key(self) -> str:
-        return os.path.join(self.folder, "host_ed25519_key")
+        return os.path.join(self.key_folder or self.folder, "host_ed25519_key")
 
     @property
     def sshd_config(self) -> str:
@@ -110,11 +117,77 @@ def parse_keyscan(output: str) -> str | None:
     return None
 
 
+def parse_mounts(text: str) -> list[tuple[str, str]]:
+    """/proc/self/mounts -> [(mount point, filesystem type)], in mount order."""
+    mounts = []
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) >= 3:
+            # Spaces and other odd characters in mount points are octal escapes (\040).
+            point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[1])
+            mounts.append((point, fields[2]))
+    return mounts
+
+
+def filesystem_of(path: str, mounts: list[tuple[str, str]]) -> str | None:
+    """The type of the filesystem holding path: the last-mounted, longest mount point above it."""
+    best, best_len = None, -1
+    for point, fstype in mounts:
+        inside = path == point or path.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= best_len:
+            best, best_len = fstype, len(point)
+    return best
+
+
+def decide_key_folder(ssh_folder: str, mounts: list[tuple[str, str]], token: str) -> tuple[str, str | None]:
+    """Where the job's private key lives, and a note when it has to be on disk.
+
+    The key is removed when the job ends on every path the entrypoint survives; a container
+    killed with SIGKILL (docker-compose after 10 s, the out-of-memory killer) cannot remove
+    it, so the key must live in memory-backed storage that ends with the container. Docker
+    does not make /run a tmpfs (the key would stay in the stopped container's writable
+    layer: `docker diff`, `docker export`), but /dev/shm is one in every container, and
+    mounting our own tmpfs needs CAP_SYS_ADMIN, which a plain `docker run` does not grant."""
+    if filesystem_of(ssh_folder, mounts) in MEMORY_FILESYSTEMS:
+        return ssh_folder, None
+    if filesystem_of(SHM_DIR, mounts) in MEMORY_FILESYSTEMS:
+        # token: /dev/shm is the machine's own outside a container; one folder per entrypoint.
+        return os.path.join(SHM_DIR, f"byoc-ssh-{token}"), None
+    return ssh_folder, (
+        f"no memory-backed folder for the job's SSH key ({ssh_folder} is on disk and {SHM_DIR} is "
+        f"not a tmpfs): the key is removed when the job ends, but a container killed with SIGKILL "
+        f"would leave it on disk"
+    )
+
+
 # --- I/O ------------------------------------------------------------------------------------
+
+
+def load_mounts() -> list[tuple[str, str]]:
+    try:
+        with open("/proc/self/mounts") as f:
+            return parse_mounts(f.read())
+    except OSError:
+        return []
+
+
+def remove_private_key(files: SshFiles) -> None:
+    """Called on every way out of a multi-host job: no private key outlives it."""
+    for path in (files.host_key, files.host_key + ".pub"):
+        try:
+            os.remove(path)
+        except FileNotFoundError:
+            pass
+    if files.key_folder and files.key_folder != files.folder:
+        try:
+            os.rmdir(files.key_folder)
+        except OSError:
+            pass
 
 
 def write_host_key_and_configs(files: SshFiles, port: int) -> None:
     os.makedirs(files.folder, mode=0o700, exist_ok=True)
+    os.makedirs(os.path.dirname(files.host_key), mode=0o700, exist_ok=True)
     for path in (files.host_key, files.host_key + ".pub"):
         if os.path.exists(path):
             os.remove(path)

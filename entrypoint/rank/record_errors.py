@@ -10,7 +10,8 @@ library only, imported lazily where possible: this runs in every rank.
 On an uncaught exception it
   - prints one line `BYOC-ROOT-CAUSE {json}` on stderr (host, rank, exception type, message,
     time, last frames): it travels with the rank's output (through mpirun and torchrun to the
-    leader) and the entrypoint picks the earliest one as the root cause;
+    leader) and the entrypoint picks the earliest one as the root cause; under torchrun and
+    the parameter server it also goes to every host's job port (BYOC_JOB_PORTS);
   - writes torchelastic's error file when torchrun asked for one (TORCHELASTIC_ERROR_FILE), so
     torchrun's own summary names the failing rank too;
   - prints the usual traceback and exits 1; under MPI with more than one rank it aborts the
@@ -27,6 +28,7 @@ import traceback
 
 MARKER = "BYOC-ROOT-CAUSE "
 MESSAGE_LIMIT = 2000
+REPORT_TIMEOUT_S = 5.0
 
 
 def _rank() -> str:
@@ -56,7 +58,7 @@ def _record(exc: BaseException) -> None:
         sys.stderr.flush()
     except (OSError, ValueError):
         pass
-    _report_to_leader(json.dumps(record, ensure_ascii=True))
+    _report_to_hosts(json.dumps(record, ensure_ascii=True))
     error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if error_file:
         payload = {
@@ -75,18 +77,31 @@ def _record(exc: BaseException) -> None:
             pass
 
 
-def _report_to_leader(line: str) -> None:
-    """Send the record to the leader's job port (entrypoint/liveness.py), if the launch has
-    one: the first failure on any host then leads the leader's output/failure."""
-    address = os.environ.get("BYOC_LEADER_JOB_PORT")
-    if not address:
+def _report_to_hosts(line: str) -> None:
+    """Send the record to every host's job port (entrypoint/liveness.py), if the launch has
+    them: each host's output/failure then leads with the job's first failure, wherever it
+    happened. In parallel and bounded: a dead host must not hold up a failing rank."""
+    addresses = [a for a in os.environ.get("BYOC_JOB_PORTS", "").split(",") if a]
+    if not addresses:
         return
-    try:
-        host, _, port = address.rpartition(":")
-        with socket.create_connection((host, int(port)), timeout=5) as conn:
-            conn.sendall((MARKER + line + "\n").encode("utf-8"))
-    except (OSError, ValueError):
-        pass  # the local record is already printed
+    import threading
+
+    payload = (MARKER + line + "\n").encode("utf-8")
+
+    def send(address: str) -> None:
+        try:
+            host, _, port = address.rpartition(":")
+            with socket.create_connection((host, int(port)), timeout=REPORT_TIMEOUT_S) as conn:
+                conn.sendall(payload)
+        except (OSError, ValueError):
+            pass  # the local record is already printed
+
+    threads = [threading.Thread(target=send, args=(a,), daemon=True) for a in addresses]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + REPORT_TIMEOUT_S
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
 
 
 def _abort_mpi_job() -> None:

@@ -26,7 +26,7 @@ def test_failing_rank_reports_to_the_leaders_job_port(tmp_path):
         assert can_connect("127.0.0.1", port)  # a liveness probe: no report
         script = tmp_path / "rank.py"
         script.write_text("raise KeyError('missing shard 7')\n")
-        env = {"PATH": "/usr/bin:/bin", "BYOC_LEADER_JOB_PORT": f"127.0.0.1:{port}", "SM_CURRENT_HOST": "algo-2", "RANK": "3"}
+        env = {"PATH": "/usr/bin:/bin", "BYOC_JOB_PORTS": f"127.0.0.1:{port}", "SM_CURRENT_HOST": "algo-2", "RANK": "3"}
         done = subprocess.run([sys.executable, RECORD_ERRORS, str(script)], env=env, capture_output=True, text=True, timeout=60)
         assert done.returncode == 1
         deadline = time.monotonic() + 10

@@ -16,7 +16,7 @@ MPI_FLAGS = (
     "-mca", "pml", "ob1", "-mca", "btl", "^openib,ofi",
     "-mca", "orte_abort_on_non_zero_status", "1",
     "-mca", "btl_vader_single_copy_mechanism", "none",
-    "-mca", "odls_base_sigkill_timeout", "90",
+    "-mca", "odls_base_sigkill_timeout", "1",
 )
 TORCH = {"sagemaker_torch_distributed_enabled": True}
 
@@ -74,14 +74,14 @@ def test_two_hosts_torchrun_same_command_node_rank_from_order(current, node_rank
     assert non_sm_env(plan) == {
         "FI_PROVIDER": "efa", "RDMAV_FORK_SAFE": "1", "FI_EFA_FORK_SAFE": "1",
         "MASTER_ADDR": "algo-1", "MASTER_PORT": "7777", "NCCL_SOCKET_IFNAME": "eth0",
-        "BYOC_LEADER_JOB_PORT": "algo-1:7778",
+        "BYOC_JOB_PORTS": "algo-1:7778,algo-2:7778",
     }
 
 
 def test_two_hosts_without_efa_gets_no_fi_variables():
     plan = plan_for(make_job(hosts=("algo-1", "algo-2"), hps=TORCH), GPU4)
     assert non_sm_env(plan) == {"MASTER_ADDR": "algo-1", "MASTER_PORT": "7777", "NCCL_SOCKET_IFNAME": "eth0",
-                                "BYOC_LEADER_JOB_PORT": "algo-1:7778"}
+                                "BYOC_JOB_PORTS": "algo-1:7778,algo-2:7778"}
 
 
 def test_user_environment_wins_over_launcher_defaults():
@@ -170,7 +170,7 @@ def test_trainium_torchrun_xla_settings_and_parallel_compile():
         "FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "FI_EFA_FORK_SAFE": "1", "RDMAV_FORK_SAFE": "1",
         "PJRT_DEVICE": "NEURON", "CCOM_SOCKET_IFNAME": "eth0", "NEURON_RT_ROOT_COMM_ID": "algo-1:46820",
         "MASTER_ADDR": "algo-1", "MASTER_PORT": "7777", "NCCL_SOCKET_IFNAME": "eth0",
-        "BYOC_LEADER_JOB_PORT": "algo-1:7778",
+        "BYOC_JOB_PORTS": "algo-1:7778,algo-2:7778",
     }
 
 

@@ -1,6 +1,8 @@
 """Faults on 2 emulated hosts, for mpirun and torchrun, through the real entrypoint. In every
 case: every host exits non-zero within 60 s, nothing of the job is left running, and the
-failure names what failed first within its first 1,024 characters."""
+failure names what failed first within its first 1,024 characters, on every host (SDK v2
+local mode keeps only the last host's output/failure). Most run with short timeouts (FAST);
+the *_with_default_settings ones run with the product's defaults (90 s grace period)."""
 
 import os
 import signal
@@ -9,7 +11,7 @@ import time
 import pytest
 
 from localcluster import EmulatedCluster
-from support.multihost import assert_nothing_left, failure, job, needs_root, start, wait_for_files
+from support.multihost import ENTRYPOINT, assert_nothing_left, failure, job, needs_root, start, wait_for_files
 
 pytestmark = [needs_root, pytest.mark.slow]
 
@@ -17,10 +19,10 @@ LAUNCHERS = {"mpi": ("mpi_job.py", "mpi"), "torchrun": ("torch_job.py", "torch_d
 HOSTS = ["algo-1", "algo-2"]
 
 
-def run_with_fault(launcher, hps, inject=None):
+def run_with_fault(launcher, hps, inject=None, default_settings=False):
     program, distribution = LAUNCHERS[launcher]
     with EmulatedCluster(HOSTS, job(program, distribution, **hps)) as cluster:
-        run = start(cluster)
+        run = cluster.start_all(ENTRYPOINT, env={}) if default_settings else start(cluster)
         fault_at = time.monotonic()
         if inject is not None:
             wait_for_files(cluster.model_dir, "started-", 2, timeout=90)
@@ -39,22 +41,34 @@ def assert_every_host_failed(result, took):
     assert took < 60, f"hosts took {took:.0f} s to exit"
 
 
+def assert_every_failure_leads_with(failures, host, rank):
+    assert sorted(failures) == HOSTS
+    for on_host, text in failures.items():
+        head = text[:1024]
+        assert head.startswith(f"RuntimeError: injected failure on {host}\n"), f"{on_host}: {head}"
+        assert f"rank {rank} on host {host}" in head, f"{on_host}: {head}"
+
+
 @pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
 def test_rank_raises_on_a_worker_host(launcher):
     result, took, failures, _ = run_with_fault(launcher, {"fail": "worker"})
     assert_every_host_failed(result, took)
-    head = failures["algo-1"][:1024]
-    assert head.startswith("RuntimeError: injected failure on algo-2\n"), head
-    assert "rank 1 on host algo-2" in head
+    assert_every_failure_leads_with(failures, "algo-2", 1)
 
 
 @pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
 def test_rank_raises_on_the_leader(launcher):
     result, took, failures, _ = run_with_fault(launcher, {"fail": "leader"})
     assert_every_host_failed(result, took)
-    head = failures["algo-1"][:1024]
-    assert head.startswith("RuntimeError: injected failure on algo-1\n"), head
-    assert "rank 0 on host algo-1" in head
+    assert_every_failure_leads_with(failures, "algo-1", 0)
+
+
+@pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
+def test_rank_raises_on_a_worker_host_with_default_settings(launcher):
+    """Open MPI's teardown once slept the 90 s grace period four times: 6 minutes."""
+    result, took, failures, _ = run_with_fault(launcher, {"fail": "worker"}, default_settings=True)
+    assert_every_host_failed(result, took)
+    assert_every_failure_leads_with(failures, "algo-2", 1)
 
 
 @pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
@@ -78,3 +92,17 @@ def test_sigterm_to_every_host_reaches_the_script(launcher):
     # Every rank's SIGTERM handler ran (it would checkpoint there).
     assert [n for n in model_files if n.startswith("sigterm-")] == ["sigterm-0", "sigterm-1"]
     assert "SIGTERM" in failures["algo-1"][:1024]
+
+
+@pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
+def test_sigterm_with_default_settings_gives_every_rank_time_to_checkpoint(launcher):
+    """Every host forwards the stop to its own ranks at once; each rank's handler takes 3 s,
+    longer than Open MPI's teardown would give it, and far less than the grace period."""
+    hps = {"hold": 90, "save-s": 3}
+    result, took, failures, model_files = run_with_fault(
+        launcher, hps, lambda c, run: run.signal(signal.SIGTERM), default_settings=True)
+    assert_every_host_failed(result, took)
+    assert [n for n in model_files if n.startswith("sigterm-")] == ["sigterm-0", "sigterm-1"]
+    assert took < 20, f"the stop took {took:.0f} s"
+    for host in HOSTS:
+        assert "SIGTERM" in failures[host][:1024], failures[host][:1024]

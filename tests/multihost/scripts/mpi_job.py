@@ -13,6 +13,7 @@ from mpi4py import MPI
 parser = argparse.ArgumentParser()
 parser.add_argument("--fail", default="none")  # none | leader | worker
 parser.add_argument("--hold", type=float, default=0.0)  # seconds to stay in the job
+parser.add_argument("--save-s", type=float, default=0.0)  # seconds the SIGTERM handler takes
 args = parser.parse_args()
 comm = MPI.COMM_WORLD
 rank, size = comm.Get_rank(), comm.Get_size()
@@ -21,6 +22,7 @@ host = socket.gethostname()
 
 
 def on_sigterm(*_):
+    time.sleep(args.save_s)  # e.g. writing a checkpoint
     with open(os.path.join(model, f"sigterm-{rank}"), "w") as f:
         f.write(host)
     sys.exit(143)

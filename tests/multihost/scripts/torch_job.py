@@ -13,6 +13,7 @@ import torch.distributed as dist
 parser = argparse.ArgumentParser()
 parser.add_argument("--fail", default="none")  # none | leader | worker
 parser.add_argument("--hold", type=float, default=0.0)
+parser.add_argument("--save-s", type=float, default=0.0)  # seconds the SIGTERM handler takes
 args = parser.parse_args()
 model = os.environ["SM_MODEL_DIR"]
 host = socket.gethostname()
@@ -21,6 +22,7 @@ rank, size = dist.get_rank(), dist.get_world_size()
 
 
 def on_sigterm(*_):
+    time.sleep(args.save_s)  # e.g. writing a checkpoint
     with open(os.path.join(model, f"sigterm-{rank}"), "w") as f:
         f.write(host)
     sys.exit(143)

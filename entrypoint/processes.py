@@ -1,0 +1,108 @@
+"""The process table: which processes on this host are the job's ranks, and reaping orphans.
+
+Why the entrypoint needs it:
+- A stop request (SIGTERM from the platform) must reach the ranks themselves, at once. Under
+  mpirun the ranks are children of `mpirun` (on the leader) or of `orted` (on a worker), each
+  in its own process group; signalling mpirun instead starts Open MPI's teardown, which gives
+  ranks only its kill timeout (see plan.build_mpirun_argv).
+- As PID 1 of a container (or a child subreaper) we inherit every orphan: they must be
+  reaped, or they stay zombies until the container ends.
+
+`load_*` read /proc; `build_*`/`decide_*` are pure.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+# The rsh agent mpirun uses to start its daemons: not a rank, and signalling it would look to
+# mpirun like a lost daemon.
+RSH_AGENT_COMMANDS = ("ssh",)
+
+
+@dataclass(frozen=True)
+class ProcInfo:
+    pid: int
+    ppid: int
+    pgid: int
+    comm: str
+    state: str  # R, S, Z, ...
+
+
+def parse_stat(text: str) -> ProcInfo:
+    """/proc/<pid>/stat: `pid (comm) state ppid pgrp ...`; comm may hold spaces and parens."""
+    open_at, close_at = text.index("("), text.rindex(")")
+    rest = text[close_at + 2:].split()
+    return ProcInfo(pid=int(text[:open_at]), ppid=int(rest[1]), pgid=int(rest[2]), comm=text[open_at + 1:close_at], state=rest[0])
+
+
+def load_process_table() -> dict[int, ProcInfo]:
+    table = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                info = parse_stat(f.read())
+        except (OSError, ValueError):
+            continue  # exited while we read
+        table[info.pid] = info
+    return table
+
+
+def build_descendants(table: dict[int, ProcInfo], pid: int) -> list[int]:
+    """Every process below pid, parents before their children."""
+    children: dict[int, list[int]] = {}
+    for info in table.values():
+        children.setdefault(info.ppid, []).append(info.pid)
+    found, todo = [], [pid]
+    while todo:
+        for child in sorted(children.get(todo.pop(0), [])):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def decide_rank_groups(table: dict[int, ProcInfo], launcher_pids: list[int]) -> list[int]:
+    """The process groups of the ranks that the given launchers (mpirun, orted) started on this
+    host: their live children other than the rsh agent. Open MPI puts each rank in a group of
+    its own, so the group also holds what the rank started (data-loader workers)."""
+    launchers = set(launcher_pids)
+    groups = {
+        info.pgid
+        for info in table.values()
+        if info.ppid in launchers and info.comm not in RSH_AGENT_COMMANDS and info.state != "Z"
+    }
+    return sorted(groups - launchers)
+
+
+def decide_launcher_pids(table: dict[int, ProcInfo], root_pid: int, names: tuple[str, ...]) -> list[int]:
+    """The processes below root_pid whose command is one of names (e.g. orted on a worker,
+    adopted by the entrypoint as subreaper after it daemonized)."""
+    return [pid for pid in build_descendants(table, root_pid) if table[pid].comm in names]
+
+
+def signal_groups(groups: list[int], sig: int) -> None:
+    for group in groups:
+        try:
+            os.killpg(group, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def reap_orphans(keep: set[int]) -> None:
+    """Collect exited processes we inherited (as PID 1 or subreaper), never one in `keep`:
+    those are subprocess.Popen children whose exit status Popen must still read."""
+    while True:
+        try:
+            # WNOWAIT: look without collecting, so a Popen child's status stays for Popen.
+            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return
+        if info is None or info.si_pid in keep:
+            return
+        try:
+            os.waitpid(info.si_pid, 0)
+        except ChildProcessError:
+            return

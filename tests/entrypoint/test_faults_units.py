@@ -1,0 +1,231 @@
+"""Failure and stop paths, piece by piece: which processes a stop request reaches, how soon a
+failure ends the other processes, which line leads a stopped host's failure, where the
+job's private SSH key lives. Multi-process behaviour with real processes."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from entrypoint import processes, ssh
+from entrypoint.failure import RootCause, build_failure_report
+from support.jobs import make_job, plan_for
+from support.jobtree import PYTHON, REPO
+
+# --- the process table (pure) -------------------------------------------------------------
+
+
+def test_stat_line_with_parentheses_and_spaces_in_the_command():
+    info = processes.parse_stat("4242 (my (odd) name) S 17 4242 4242 0 -1 4194560 ...")
+    assert (info.pid, info.comm, info.state, info.ppid, info.pgid) == (4242, "my (odd) name", "S", 17, 4242)
+
+
+def table(*rows):
+    return {pid: processes.ProcInfo(pid, ppid, pgid, comm, state) for pid, ppid, pgid, comm, state in rows}
+
+
+def test_ranks_are_the_launchers_children_but_not_its_rsh_agent_or_zombies():
+    t = table(
+        (10, 1, 10, "mpirun", "S"),
+        (11, 10, 11, "python", "S"),  # a rank, in its own group (Open MPI does that)
+        (12, 10, 12, "python", "R"),
+        (13, 10, 10, "ssh", "S"),  # mpirun's rsh agent to another host
+        (14, 10, 14, "python", "Z"),  # a rank that already exited
+        (15, 11, 11, "python", "S"),  # a data-loader worker of rank 11: in its group
+        (20, 1, 20, "sshd", "S"),
+    )
+    assert processes.decide_rank_groups(t, [10]) == [11, 12]
+    assert processes.decide_rank_groups(t, []) == []
+
+
+def test_orted_found_below_the_worker_entrypoint():
+    t = table((2, 1, 2, "python", "S"), (6, 2, 6, "sshd", "S"), (213, 2, 213, "orted", "S"),
+              (216, 213, 216, "python", "S"), (300, 1, 300, "orted", "S"))
+    assert processes.decide_launcher_pids(t, 2, ("orted",)) == [213]
+    assert processes.build_descendants(t, 2) == [6, 213, 216]
+
+
+# --- PID 1 / subreaper: orphans are reaped, Popen's own children are not ---------------------
+
+REAPER = textwrap.dedent(
+    """
+    import ctypes, json, os, subprocess, sys, time
+    sys.path.insert(0, sys.argv[1])
+    from entrypoint import processes
+    ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: orphans come to us, as to PID 1
+    child = subprocess.Popen([sys.executable, "-c", "import time, sys; time.sleep(0.5); sys.exit(7)"])
+    # sh exits at once; its background sleep is orphaned and adopted by us.
+    subprocess.run(["sh", "-c", "sleep 0.2 & echo $!"], capture_output=True, text=True)
+    deadline = time.monotonic() + 5
+    while child.poll() is None and time.monotonic() < deadline:
+        processes.reap_orphans({child.pid})
+        time.sleep(0.01)
+    processes.reap_orphans(set())
+    zombies = [p for p in os.listdir("/proc") if p.isdigit() and open(f"/proc/{p}/stat").read().split(") ")[1][0] == "Z"
+               and int(open(f"/proc/{p}/stat").read().split(") ")[1].split()[1]) == os.getpid()]
+    print(json.dumps({"child_code": child.returncode, "zombies": zombies}))
+    """
+)
+
+
+def test_orphans_are_reaped_without_stealing_a_popen_childs_exit_code():
+    done = subprocess.run([PYTHON, "-c", REAPER, str(REPO)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"child_code": 7, "zombies": []}
+
+
+# --- the supervisor: a failure is not a stop request; a stop goes to the ranks ----------------
+
+SUPERVISE = textwrap.dedent(
+    """
+    import json, sys, time
+    sys.path.insert(0, sys.argv[1])
+    from entrypoint.execute import OutputCollector, run_processes
+    from entrypoint.plan import ProcessSpec
+    specs = [ProcessSpec(s["name"], tuple(s["argv"]), signal_ranks=s.get("signal_ranks", False)) for s in json.loads(sys.argv[2])]
+    started = time.monotonic()
+    run = run_processes(tuple(specs), {"PATH": "/usr/bin:/bin"}, sys.argv[3], float(sys.argv[4]), OutputCollector())
+    print(json.dumps({"code": run.exit_code, "stopped_by": run.stopped_by, "took": time.monotonic() - started}))
+    """
+)
+
+
+def supervise(tmp_path, specs, grace_s):
+    return subprocess.Popen([PYTHON, "-c", SUPERVISE, str(REPO), json.dumps(specs), str(tmp_path), str(grace_s)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.slow
+def test_one_failed_process_stops_the_others_within_the_failure_bound_not_the_grace_period(tmp_path):
+    """A parameter-server host: the worker raises, the shard ignores SIGTERM. With the default
+    90 s grace period the host still ends within FAILURE_STOP_S (10 s)."""
+    specs = [
+        {"name": "worker", "argv": [sys.executable, "-c", "import time, sys; time.sleep(1); sys.exit(3)"]},
+        {"name": "shard", "argv": [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(300)"]},
+    ]
+    proc = supervise(tmp_path, specs, 90)
+    out, err = proc.communicate(timeout=60)
+    result = json.loads(out.splitlines()[-1])
+    assert result["code"] == 3 and result["stopped_by"] is None
+    assert result["took"] < 15, err
+    assert "worker exited with code 3; stopping the other processes" in err
+
+
+# A stand-in for mpirun: starts a "rank" in a process group of its own, as Open MPI does; on
+# SIGTERM it tears the job down the way Open MPI does, with its short kill timeout (here:
+# SIGKILL to the rank after 1 s). The rank needs 2 s after SIGTERM to write its checkpoint.
+LAUNCHER = textwrap.dedent(
+    """
+    import os, signal, subprocess, sys, time
+    rank = subprocess.Popen([sys.executable, "-c", '''
+    import os, signal, sys, time
+    def on_term(*_):
+        time.sleep(2)
+        open("saved", "w").write("checkpoint")
+        sys.exit(0)
+    signal.signal(signal.SIGTERM, on_term)
+    open("started", "w").close()
+    time.sleep(300)
+    '''], start_new_session=True)
+    def teardown(*_):
+        os.killpg(rank.pid, signal.SIGTERM)
+        time.sleep(1)
+        os.killpg(rank.pid, signal.SIGKILL)
+        sys.exit(1)
+    signal.signal(signal.SIGTERM, teardown)
+    sys.exit(rank.wait())
+    """
+)
+
+
+@pytest.mark.parametrize("signal_ranks", [True, False])
+def test_a_stop_request_goes_to_the_ranks_not_through_the_launchers_teardown(tmp_path, signal_ranks):
+    proc = supervise(tmp_path, [{"name": "mpirun", "argv": [sys.executable, "-c", LAUNCHER], "signal_ranks": signal_ranks}], 30)
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "started").exists():
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    result = json.loads(out.splitlines()[-1])
+    assert result["stopped_by"] == "SIGTERM"
+    if signal_ranks:
+        assert (tmp_path / "saved").read_text() == "checkpoint", err
+        assert result["code"] == 0
+    else:  # what mpirun did with SIGTERM itself: the rank had 1 s, not the grace period
+        assert not (tmp_path / "saved").exists()
+
+
+def test_mpirun_is_stopped_through_its_ranks_and_tears_down_in_a_second_whatever_the_grace_period():
+    job = make_job(hosts=("algo-1", "algo-2"), hps={"sagemaker_mpi_enabled": True}, environ={"BYOC_GRACE_PERIOD_S": "300"})
+    spec = plan_for(job).processes[0]
+    assert spec.name == "mpirun" and spec.signal_ranks
+    assert spec.argv[spec.argv.index("odls_base_sigkill_timeout") + 1] == "1"
+
+
+# --- which line leads a stopped host's failure ---------------------------------------------
+
+CAUSE = RootCause(host="algo-2", rank="1", type="RuntimeError", message="boom", time=1000.0)
+
+
+def test_a_failure_before_the_stop_leads_a_stopped_hosts_report():
+    report = build_failure_report(what="torchrun on 2 host(s)", exit_code=143, root_cause=CAUSE, tail=[],
+                                  current_host="algo-1", environ={}, stopped_by="SIGTERM", stopped_at=1001.0)
+    assert report.startswith("RuntimeError: boom\nFirst failure: rank 1 on host algo-2")
+    assert "Then this host (algo-1) was stopped by SIGTERM." in report.split("\n\n")[0]
+
+
+def test_a_failure_after_the_stop_does_not_lead():
+    report = build_failure_report(what="torchrun on 2 host(s)", exit_code=143, root_cause=CAUSE, tail=[],
+                                  current_host="algo-1", environ={}, stopped_by="SIGTERM", stopped_at=999.0)
+    assert report.startswith("Training was stopped by SIGTERM. RuntimeError: boom")
+
+
+# --- the job's private SSH key --------------------------------------------------------------
+
+DOCKER_MOUNTS = """overlay / overlay rw,relatime 0 0
+proc /proc proc rw 0 0
+tmpfs /dev tmpfs rw,nosuid 0 0
+shm /dev/shm tmpfs rw,nosuid,nodev,noexec,size=65536k 0 0
+/dev/sda1 /opt/ml/model ext4 rw 0 0
+"""
+
+
+def test_mount_points_with_escaped_spaces():
+    assert ssh.parse_mounts("tmpfs /mnt/my\\040dir tmpfs rw 0 0\n") == [("/mnt/my dir", "tmpfs")]
+
+
+def test_under_docker_the_key_goes_to_dev_shm_not_to_run():
+    mounts = ssh.parse_mounts(DOCKER_MOUNTS)
+    assert ssh.filesystem_of("/run/byoc/ssh", mounts) == "overlay"
+    assert ssh.decide_key_folder("/run/byoc/ssh", mounts, "ab12") == ("/dev/shm/byoc-ssh-ab12", None)
+
+
+def test_a_tmpfs_runtime_folder_keeps_the_key_beside_the_configuration():
+    mounts = ssh.parse_mounts(DOCKER_MOUNTS + "tmpfs /run tmpfs rw 0 0\n")
+    assert ssh.decide_key_folder("/run/byoc/ssh", mounts, "ab12") == ("/run/byoc/ssh", None)
+
+
+def test_without_memory_backed_storage_the_plan_says_so():
+    mounts = [("/", "ext4")]
+    folder, note = ssh.decide_key_folder("/run/byoc/ssh", mounts, "ab12")
+    assert folder == "/run/byoc/ssh" and "SIGKILL would leave it on disk" in note
+
+
+def test_the_key_lives_apart_from_the_configuration_and_is_removed(tmp_path):
+    files = ssh.SshFiles(str(tmp_path / "run/ssh"), str(tmp_path / "shm/byoc-ssh-x"))
+    ssh.write_host_key_and_configs(files, 2222)
+    assert files.host_key == str(tmp_path / "shm/byoc-ssh-x/host_ed25519_key")
+    assert "PRIVATE KEY" in open(files.host_key).read()
+    assert f"HostKey {files.host_key}" in open(files.sshd_config).read()
+    assert f"IdentityFile {files.host_key}" in open(files.client_config).read()
+    ssh.remove_private_key(files)
+    assert not (tmp_path / "shm/byoc-ssh-x").exists()
+    for folder, _, names in os.walk(tmp_path):
+        for name in names:
+            assert "PRIVATE KEY" not in open(os.path.join(folder, name), errors="replace").read()

@@ -1,0 +1,252 @@
+"""Failures as a SageMaker SDK v2 local-mode user meets them: the real SDK's fit() against the
+image built from this tree (harness.py), 2 hosts, the product's default settings.
+
+SDK v2 runs `docker-compose up --abort-on-container-exit` (the first container to exit gets
+the others stopped: SIGTERM, SIGKILL 10 s later), then copies every host's /opt/ml/output into
+ONE folder, host by host: the last host's output/failure is the one output.tar.gz holds. So:
+- a failing rank on any host must fail fit() within 60 s, and
+- whichever host's output/failure ends up last must lead with the job's root cause;
+- no private SSH key may be left in any stopped container (`docker export`), on any path,
+  including a container killed with SIGKILL.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import tarfile
+import threading
+import time
+
+import pytest
+
+from localmode import harness
+
+pytestmark = pytest.mark.slow
+
+# Raises on the host at --fail_host (index in SM_HOSTS), once every rank is up; the others wait
+# in a collective, as real training would, until the job is torn down. --hold: how long a job
+# without a failure stays up.
+FAULT_SCRIPT = '''
+import argparse, json, os, socket, sys, time
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--fail_host", type=int, default=-1)
+parser.add_argument("--hold", type=float, default=0.0)
+args = parser.parse_args()
+hosts = json.loads(os.environ["SM_HOSTS"])
+me = os.environ["SM_CURRENT_HOST"]
+
+if "OMPI_COMM_WORLD_RANK" in os.environ:
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    barrier = comm.Barrier
+else:
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    barrier = dist.barrier
+barrier()
+print(f"ranks-ready on {me}", flush=True)
+if hosts.index(me) == args.fail_host:
+    raise RuntimeError(f"injected failure on {me}")
+deadline = time.time() + args.hold
+while time.time() < deadline:
+    time.sleep(0.1)
+barrier()
+print(f"done on {me}", flush=True)
+'''
+
+DISTRIBUTIONS = {
+    "mpi": {"mpi": {"enabled": True, "processes_per_host": 1}},
+    "torch_distributed": {"torch_distributed": {"enabled": True}},
+}
+FIT_BOUND_S = 60
+
+
+def run_fault_job(tmp_path, image, launcher, fail_host, name, hold=0.0, **kwargs):
+    return harness.run_v2_job(
+        tmp_path, source_files={"fault.py": FAULT_SCRIPT}, entry_point="fault.py", instance_count=2,
+        distribution=DISTRIBUTIONS[launcher], hyperparameters={"fail_host": fail_host, "hold": hold},
+        image=image, timeout_s=420, name=name, **kwargs,
+    )
+
+
+# --- 1 and 2: a failing rank on either host; the merged failure names it ---------------------
+
+
+@pytest.mark.parametrize("fail_host", [1, 0], ids=["worker-raises", "leader-raises"])
+@pytest.mark.parametrize("launcher", sorted(DISTRIBUTIONS))
+def test_a_failing_rank_fails_fit_fast_and_the_merged_failure_names_it(tmp_path, byoc_image, launcher, fail_host):
+    result = run_fault_job(tmp_path, byoc_image, launcher, fail_host, f"{launcher}-{fail_host}")
+    assert not result.ok, result.log_tail()
+    assert not result.timed_out, result.log_tail()
+    assert result.fit_seconds < FIT_BOUND_S, f"fit() took {result.fit_seconds} s\n{result.log_tail()}"
+    failing = result.hosts[fail_host]
+    head = result.output_text("failure")[:1024]
+    assert head.startswith(f"RuntimeError: injected failure on {failing}\n"), head
+    assert f"rank {fail_host} on host {failing}" in head, head
+    assert f"RuntimeError: injected failure on {failing}" in result.log
+    assert all(code != 0 for code in result.exit_codes.values()), result.exit_codes
+
+
+# --- 4: no private key outlives the job ------------------------------------------------------
+
+SCANNED = ("run/", "tmp/", "root/", "etc/ssh/", "var/", "opt/ml/", "dev/")
+
+
+def list_job_containers(job_root, env) -> list[str]:
+    done = subprocess.run(["docker-compose", "-f", str(job_root / harness.COMPOSE_FILE), "ps", "-q"],
+                          capture_output=True, text=True, env=dict(env), timeout=60)
+    return done.stdout.split()
+
+
+def load_changed_paths(container: str, env) -> set[str]:
+    """`docker diff`: what the container added to or changed in the image (its writable layer)."""
+    done = subprocess.run(["docker", "diff", container], capture_output=True, text=True, env=dict(env), timeout=60)
+    return {line[2:].lstrip("/") for line in done.stdout.splitlines() if line[:1] in "AC"}
+
+
+def find_private_keys(container: str, env) -> list[str]:
+    """Every file of the stopped container's `docker export` (its whole filesystem, the image's
+    layers included; memory-backed mounts such as /dev/shm are not in it) that is in its
+    writable layer or under SCANNED and holds a private key."""
+    changed = load_changed_paths(container, env)
+    found = []
+    proc = subprocess.Popen(["docker", "export", container], stdout=subprocess.PIPE, env=dict(env))
+    with tarfile.open(fileobj=proc.stdout, mode="r|") as tar:
+        for member in tar:
+            name = member.name.lstrip("./")
+            if not member.isfile() or member.size > 1 << 20:
+                continue
+            if name in changed or name.startswith(SCANNED):
+                data = tar.extractfile(member).read()
+                if b"PRIVATE KEY" in data:
+                    found.append(name)
+    proc.wait(timeout=120)
+    assert proc.returncode == 0, f"docker export {container} failed"
+    return found
+
+
+@pytest.fixture
+def keys_left(monkeypatch):
+    """{container: [paths holding a private key]}, filled just before the harness removes the
+    job's stopped containers (harness.run_compose_down)."""
+    found: dict[str, list[str]] = {}
+    original = harness.run_compose_down
+
+    def scan_then_down(job_root, env):
+        if job_root is not None and (job_root / harness.COMPOSE_FILE).is_file():
+            for container in list_job_containers(job_root, env):
+                found[container] = find_private_keys(container, env)
+        original(job_root, env)
+
+    monkeypatch.setattr(harness, "run_compose_down", scan_then_down)
+    return found
+
+
+@pytest.mark.parametrize("fail_host", [-1, 1], ids=["succeeds", "worker-raises"])
+def test_no_private_key_is_left_in_any_container_of_an_mpi_job(tmp_path, byoc_image, keys_left, fail_host):
+    result = run_fault_job(tmp_path, byoc_image, "mpi", fail_host, f"keys{fail_host}")
+    assert result.ok == (fail_host < 0), result.log_tail()
+    assert len(keys_left) == 2, keys_left
+    assert keys_left == {c: [] for c in keys_left}
+
+
+def kill_job_containers_when_running(container_root, env, marker: str, timeout_s: float = 120) -> threading.Thread:
+    """In the background: once the job's containers are up and one has printed `marker`, SIGKILL
+    them all (`docker kill`), as the out-of-memory killer or compose's stop timeout would.
+    (Under mpirun every rank's output reaches the leader's log.)"""
+
+    def watch():
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            job_root = harness.probe_job_root(container_root)
+            containers = list_job_containers(job_root, env) if job_root else []
+            logs = [subprocess.run(["docker", "logs", c], capture_output=True, text=True, env=dict(env)).stdout
+                    for c in containers]
+            if len(containers) == 2 and any(marker in log for log in logs):
+                subprocess.run(["docker", "kill", *containers], capture_output=True, env=dict(env), timeout=60)
+                return
+            time.sleep(0.5)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_container_killed_with_sigkill_leaves_no_private_key(tmp_path, byoc_image, keys_left):
+    """The one path the entrypoint cannot clean up after: the key must have been in memory."""
+    env = harness.load_docker_env()
+    killer = kill_job_containers_when_running(tmp_path / "killed" / "sagemaker-local", env, "ranks-ready")
+    result = run_fault_job(tmp_path, byoc_image, "mpi", -1, "killed", hold=120)
+    killer.join(timeout=5)
+    assert not result.ok, result.log_tail()
+    assert sorted(result.exit_codes.values()) == [137, 137], result.log_tail()
+    assert len(keys_left) == 2, keys_left
+    assert keys_left == {c: [] for c in keys_left}
+
+
+# --- 3: `docker stop` of a training container (one host, plain `docker run` as SageMaker) ----
+
+# The digits trainer of the train package, after leaving an orphan behind: `sh` exits at once
+# and its background `sleep` is adopted by PID 1, our entrypoint, which must reap it.
+STOP_WRAPPER = '''
+import subprocess, sys
+subprocess.run(["sh", "-c", "sleep 0.5 &"])
+from train.ddp_train import main
+main(sys.argv[1:])
+'''
+ZOMBIES = ("import os\n"
+           "print([p for p in os.listdir('/proc') if p.isdigit() and "
+           "open(f'/proc/{p}/stat').read().rsplit(')', 1)[1].split()[0] == 'Z'])")
+
+
+def docker(env, *args, timeout=120, check=True):
+    done = subprocess.run(["docker", *args], capture_output=True, text=True, env=dict(env), timeout=timeout)
+    assert not check or done.returncode == 0, f"docker {' '.join(args)}: {done.stderr}"
+    return done
+
+
+def container_log(env, name) -> str:
+    done = docker(env, "logs", name)
+    return done.stdout + done.stderr
+
+
+def test_docker_stop_checkpoints_and_exits_within_the_stop_timeout(tmp_path, byoc_image):
+    import json
+
+    from train.main_job import ENTRY_SCRIPT, build_job_files, build_resource_config, write_job
+
+    env = harness.load_docker_env()
+    root = tmp_path / "ml"
+    # Many epochs, checkpoints only on SIGTERM: a checkpoint file proves the stop path ran.
+    files = build_job_files("ddp", overrides={"epochs": 100000, "checkpoint_every": 0, "log_every": 20})
+    files["input/config/resourceconfig.json"] = json.dumps(build_resource_config(["algo-1"], "algo-1")).encode()
+    files[f"code/{ENTRY_SCRIPT}"] = STOP_WRAPPER.encode()
+    write_job(str(root), files)
+    name = f"byoc-stop-{tmp_path.name}"[:60]
+    docker(env, "run", "-d", "--name", name, "--hostname", "algo-1", "-v", f"{root}:/opt/ml", byoc_image, "train")
+    try:
+        deadline = time.monotonic() + 120
+        while "step" not in container_log(env, name):
+            assert time.monotonic() < deadline, container_log(env, name)[-3000:]
+            running = docker(env, "inspect", "--format", "{{.State.Running}}", name).stdout.strip()
+            assert running == "true", container_log(env, name)[-3000:]
+            time.sleep(0.5)
+        zombies = docker(env, "exec", name, "python3", "-c", ZOMBIES).stdout.strip()
+        assert zombies == "[]", f"zombie processes (pids) in the container: {zombies}"
+        assert docker(env, "inspect", "--format", "{{.State.Pid}}", name).stdout.strip() != "0"
+        assert "python3 -m entrypoint train" in docker(env, "exec", name, "cat", "/proc/1/cmdline").stdout.replace("\0", " ")
+
+        started = time.monotonic()
+        docker(env, "stop", name)  # SIGTERM to PID 1, SIGKILL after 10 s
+        took = time.monotonic() - started
+        logs = container_log(env, name)
+        exit_code = int(docker(env, "inspect", "--format", "{{.State.ExitCode}}", name).stdout)
+        # Non-zero, and not docker's SIGKILL (137): torchrun, which runs the digits trainer
+        # even on one host, exits 1 when it is stopped; a plain script's own code (143) is kept.
+        assert exit_code not in (0, 137) and took < 10, f"exit {exit_code} after {took:.1f} s\n{logs[-3000:]}"
+        assert (root / "checkpoints" / "checkpoint.pt").is_file()
+        assert (root / "output" / "failure").read_text().startswith("Training was stopped by SIGTERM.")
+        assert "[entrypoint] received SIGTERM" in logs
+    finally:
+        docker(env, "rm", "-f", name, check=False)
