@@ -15,7 +15,7 @@ def byoc_image() -> str:
     """The CPU image of this tree (scripts/build-local-image.sh; tag from BYOC_IMAGE_TAG,
     default byoc-training:cpu-local). Docker's layer cache makes an unchanged tree seconds."""
     if probe_sdk_v2_python() is None:
-        pytest.skip(f"{SDK_V2_PYTHON} is missing: scripts/bootstrap.sh installs the SDK v2 pin")
+        pytest.fail(f"{SDK_V2_PYTHON} is missing: scripts/bootstrap.sh installs the SDK v2 pin")
     if shutil.which("docker-compose") is None and os.geteuid() != 0:
         pytest.skip("no docker-compose and not root: scripts/docker-engine.sh cannot install the engine")
     return build_image(decide_image_tag(os.environ))

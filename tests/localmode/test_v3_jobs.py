@@ -86,7 +86,7 @@ print("plain script done")
 @pytest.fixture(scope="module")
 def image() -> str:
     if probe_sdk_v3_python() is None:
-        pytest.skip(".venv-sdk-v3 is missing: scripts/bootstrap.sh installs the SDK v3 pin (pyproject's sdk-v3 extra)")
+        pytest.fail(".venv-sdk-v3 is missing: scripts/bootstrap.sh installs the SDK v3 pin (pyproject's sdk-v3 extra)")
     if shutil.which("docker") is None and os.geteuid() != 0:
         pytest.skip("no docker CLI and not root: scripts/docker-engine.sh cannot install the engine")
     return run_build_image(decide_image_tag(os.environ))
