@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import time
 from dataclasses import asdict, dataclass, field
@@ -34,29 +33,18 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from entrypoint.archive import extract_tar
+from localmode.harness import (  # noqa: F401 - one way to name the image and reach the engine, v2 and v3
+    COMPOSE_FILE,
+    decide_image_tag,
+    parse_docker_engine_exports,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 DRIVER = Path(__file__).resolve().with_name("v3_driver.py")
 SDK_V3_PYTHON = REPO / ".venv-sdk-v3" / "bin" / "python"
-DEFAULT_IMAGE_TAG = "byoc-training:cpu-local"
-COMPOSE_FILE = "docker-compose.yaml"
 
 
 # ---------------------------------------------------------------- decide (pure)
-
-
-def decide_image_tag(environ: Mapping[str, str]) -> str:
-    return environ.get("BYOC_IMAGE_TAG") or DEFAULT_IMAGE_TAG
-
-
-def parse_docker_engine_exports(text: str) -> dict[str, str]:
-    """`scripts/docker-engine.sh start` prints `export NAME=value` lines."""
-    env = {}
-    for line in text.splitlines():
-        match = re.fullmatch(r"\s*export\s+([A-Z_][A-Z0-9_]*)=(.*)", line)
-        if match:
-            env[match.group(1)] = match.group(2).strip().strip("'\"")
-    return env
 
 
 @dataclass(frozen=True)
