@@ -28,7 +28,6 @@ POLL_S = 0.05
 OUTCOME_FILE = "job-exit-code"
 REPORT_FILE = "job-failure"
 MAX_REPORT_BYTES = 256 * 1024
-HOST_ENV_FILE = "host-env.json"
 
 
 @dataclass
@@ -68,19 +67,34 @@ def start_sshd(files: ssh.SshFiles) -> subprocess.Popen:
         )
 
 
+# Set by mpirun/orted for each rank, or by the shell: never taken from the host's environment.
+RANK_OWNED_PREFIXES = ("OMPI_", "PMIX_", "OPAL_", "ORTE_", "HYDRA_")
+RANK_OWNED_NAMES = frozenset({"PWD", "OLDPWD", "SHLVL", "_"})
+
+
+def build_host_env(environ: dict[str, str], plan_env: dict[str, str]) -> dict[str, str]:
+    """What a rank started on this host by mpirun must see of this host: the container's own
+    environment (what the platform gave it: the estimator's `environment=`, AWS settings) and
+    this host's SM_* and launcher values. mpirun forwards only the leader's values of the names
+    it is given (`-x`), and a rank on algo-2 must not be told SM_CURRENT_HOST=algo-1."""
+    own = {k: v for k, v in environ.items()
+           if not k.startswith(RANK_OWNED_PREFIXES) and k not in RANK_OWNED_NAMES}
+    return {**own, **plan_env}
+
+
 def write_host_env(plan: LaunchPlan) -> None:
-    """This host's own SM_* and launcher values, for the ranks mpirun starts here: mpirun
-    forwards the leader's environment, which would tell a rank on algo-2 that SM_CURRENT_HOST
-    is algo-1. record_errors.py lays this file over the forwarded values."""
-    os.makedirs(plan.runtime_dir, exist_ok=True)
+    """build_host_env for this host, where record_errors.py lays it over the forwarded values
+    (mode 0600: it may hold the job's credentials, as the container's environment does)."""
     path = host_env_path(plan)
-    with open(path + ".tmp", "w") as f:
-        json.dump(plan.env_dict, f)
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(build_host_env(dict(os.environ), plan.env_dict), f)
     os.replace(path + ".tmp", path)
 
 
 def host_env_path(plan: LaunchPlan) -> str:
-    return os.path.join(plan.runtime_dir, HOST_ENV_FILE)
+    return files_for(plan).host_env
 
 
 def become_subreaper() -> None:

@@ -360,7 +360,8 @@ def decide(
         if len(dist_hosts) > 1 and runtime.key_note:
             notes.append(runtime.key_note)
         # Each host's ranks take that host's own SM_* values (entrypoint/mpi_hosts.py).
-        launcher_env["BYOC_HOST_ENV_FILE"] = os.path.join(runtime.runtime_dir, "host-env.json")
+        launcher_env["BYOC_HOST_ENV_FILE"] = os.path.join(runtime.key_dir or os.path.join(runtime.runtime_dir, "ssh"),
+                                                          "host-env.json")
         if resource.current_host != leader:
             return plan("mpi-worker", (), launcher_env)
         if launcher_kind == "smdataparallel":

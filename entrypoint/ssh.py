@@ -42,6 +42,12 @@ class SshFiles:
         return os.path.join(self.key_folder or self.folder, "host_ed25519_key")
 
     @property
+    def host_env(self) -> str:
+        """This host's environment for its ranks (mpi_hosts.build_host_env): it may hold the
+        job's credentials, so it lives and goes with the private key."""
+        return os.path.join(self.key_folder or self.folder, "host-env.json")
+
+    @property
     def sshd_config(self) -> str:
         return os.path.join(self.folder, "sshd_config")
 
@@ -172,8 +178,9 @@ def load_mounts() -> list[tuple[str, str]]:
 
 
 def remove_private_key(files: SshFiles) -> None:
-    """Called on every way out of a multi-host job: no private key outlives it."""
-    for path in (files.host_key, files.host_key + ".pub"):
+    """Called on every way out of a multi-host job: no private key (nor the host's
+    environment, which may hold credentials) outlives it."""
+    for path in (files.host_key, files.host_key + ".pub", files.host_env):
         try:
             os.remove(path)
         except FileNotFoundError:

@@ -229,3 +229,12 @@ def test_the_key_lives_apart_from_the_configuration_and_is_removed(tmp_path):
     for folder, _, names in os.walk(tmp_path):
         for name in names:
             assert "PRIVATE KEY" not in open(os.path.join(folder, name), errors="replace").read()
+
+
+def test_host_env_is_the_hosts_own_environment_under_the_plans_values():
+    from entrypoint.mpi_hosts import build_host_env
+
+    environ = {"MY_SETTING": "user", "SM_CURRENT_HOST": "stale", "OMPI_COMM_WORLD_RANK": "0",
+               "PMIX_RANK": "0", "PWD": "/x", "AWS_REGION": "us-west-2"}
+    got = build_host_env(environ, {"SM_CURRENT_HOST": "algo-2"})
+    assert got == {"MY_SETTING": "user", "SM_CURRENT_HOST": "algo-2", "AWS_REGION": "us-west-2"}

@@ -123,7 +123,8 @@ def test_two_hosts_without_distribution_env_rendezvous_like_the_dlc(tmp_path):
 
 def test_two_hosts_mpi_two_processes_per_host(tmp_path):
     result = run_v2_job(tmp_path, source_files=script("mpi_allreduce.py"), instance_count=2,
-                        distribution={"mpi": {"enabled": True, "processes_per_host": 2}})
+                        distribution={"mpi": {"enabled": True, "processes_per_host": 2}},
+                        environment={"BYOC_TEST_USER_VALUE": "from the estimator"})
     report("2 hosts mpi x 2 processes", result)
     assert_every_host_succeeded(result, 2)
     records = rank_records(result, 4)
@@ -133,6 +134,8 @@ def test_two_hosts_mpi_two_processes_per_host(tmp_path):
         assert sorted(record["hosts_seen"]) == sorted([hosts[0], hosts[0], hosts[1], hosts[1]])
         # MPI groups ranks by gethostname(): it must be the SageMaker host name, not the container's.
         assert record["processor"] == record["host"]
+        # The estimator's environment= reaches the ranks on every host, not only the leader's.
+        assert record["user_env"] == "from the estimator"
     assert [r["host"] for r in records] == [hosts[0], hosts[0], hosts[1], hosts[1]]  # -map-by slot
 
 
