@@ -156,9 +156,10 @@ def probe_size(tag: str) -> int:
 
 
 def run_case(case: Case, image: str, work: Path, n: int) -> tuple[float, bool, str]:
+    # One folder per case, image and repeat: the SDK's logs stay readable afterwards (--keep).
     result = run_v2_job(work, source_files={"train.py": case.script}, instance_count=case.hosts,
                         distribution=case.distribution, environment=case.environment, image=image,
-                        timeout_s=900, name=f"{image.replace(':', '-').replace('/', '-')}-{n}")
+                        timeout_s=900, name=f"{image.replace(':', '-').replace('/', '-')}-c{CASES.index(case)}-{n}")
     correct = (not result.ok) if case.should_fail else result.ok
     seconds = result.fit_seconds if result.fit_seconds is not None else result.wall_seconds
     return seconds, correct, (result.error or "")[:300]
@@ -169,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--cold", action="store_true", help="build both images without Docker's layer cache")
     parser.add_argument("--only", choices=("ours", "baseline"))
+    parser.add_argument("--cases", help="comma-separated case numbers (0-based) to run; default all")
+    parser.add_argument("--keep", action="store_true", help="keep the jobs' folders (SDK logs) and print where")
     args = parser.parse_args(argv)
 
     images = {"ours": OURS_TAG, "baseline": BASELINE_TAG}
@@ -179,11 +182,13 @@ def main(argv: list[str] | None = None) -> int:
         builds[label] = (build_ours if label == "ours" else build_baseline)(args.cold)
         print(f"built {label}: {builds[label]:.0f} s, {probe_size(images[label]) / 1e9:.2f} GB", flush=True)
 
+    cases = [CASES[int(i)] for i in args.cases.split(",")] if args.cases else list(CASES)
     times: dict[tuple[str, str], list[float]] = {}
     problems = []
-    with tempfile.TemporaryDirectory(prefix="byoc-localmode-bench-") as tmp:
+    tmp = tempfile.mkdtemp(prefix="byoc-localmode-bench-")
+    try:
         for repeat in range(args.repeats):
-            for case in CASES:
+            for case in cases:
                 for label, image in images.items():
                     seconds, correct, error = run_case(case, image, Path(tmp) / f"r{repeat}", repeat)
                     times.setdefault((case.name, label), []).append(seconds)
@@ -191,11 +196,16 @@ def main(argv: list[str] | None = None) -> int:
                     if not correct:
                         problems.append(f"{label} / {case.name}: {error}")
                     print(f"[{repeat + 1}/{args.repeats}] {case.name:50s} {label:8s} {seconds:7.2f} s{flag}", flush=True)
+    finally:
+        if args.keep:
+            print(f"jobs kept in {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
 
     labels = list(images)
     print("\n| job | " + " | ".join(f"{label} fit() s (median)" for label in labels) + " |")
     print("|---|" + "---|" * len(labels))
-    for case in CASES:
+    for case in cases:
         cells = [f"{statistics.median(times[(case.name, label)]):.1f}" for label in labels]
         print(f"| {case.name} | " + " | ".join(cells) + " |")
     build_kind = "cold build s" if args.cold else "cached rebuild s"
