@@ -86,7 +86,7 @@ def write_host_env(plan: LaunchPlan) -> None:
     """build_host_env for this host, where record_errors.py lays it over the forwarded values
     (mode 0600: it may hold the job's credentials, as the container's environment does)."""
     path = host_env_path(plan)
-    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
     fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         json.dump(build_host_env(dict(os.environ), plan.env_dict), f)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from entrypoint import topology
+from entrypoint import ssh, topology
 from entrypoint.config import JobConfig
 from entrypoint.distribution import MPI_BASED, Distribution, LaunchSettings
 from entrypoint.errors import JobDefinitionError
@@ -360,8 +360,8 @@ def decide(
         if len(dist_hosts) > 1 and runtime.key_note:
             notes.append(runtime.key_note)
         # Each host's ranks take that host's own SM_* values (entrypoint/mpi_hosts.py).
-        launcher_env["BYOC_HOST_ENV_FILE"] = os.path.join(runtime.key_dir or os.path.join(runtime.runtime_dir, "ssh"),
-                                                          "host-env.json")
+        launcher_env["BYOC_HOST_ENV_FILE"] = ssh.decide_host_env_file(os.path.join(runtime.runtime_dir, "ssh"),
+                                                                      runtime.key_dir)
         if resource.current_host != leader:
             return plan("mpi-worker", (), launcher_env)
         if launcher_kind == "smdataparallel":

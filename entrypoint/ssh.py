@@ -43,9 +43,7 @@ class SshFiles:
 
     @property
     def host_env(self) -> str:
-        """This host's environment for its ranks (mpi_hosts.build_host_env): it may hold the
-        job's credentials, so it lives and goes with the private key."""
-        return os.path.join(self.key_folder or self.folder, "host-env.json")
+        return decide_host_env_file(self.folder, self.key_folder)
 
     @property
     def sshd_config(self) -> str:
@@ -143,6 +141,17 @@ def filesystem_of(path: str, mounts: list[tuple[str, str]]) -> str | None:
         if inside and len(point) >= best_len:
             best, best_len = fstype, len(point)
     return best
+
+
+def decide_host_env_file(ssh_folder: str, key_folder: str) -> str:
+    """Where a host keeps its environment for the ranks mpirun starts on it
+    (mpi_hosts.build_host_env). It may hold the job's credentials, so it lives in the same
+    storage as the private key and goes with it; and its path must be the same on every host
+    (the leader's mpirun tells each rank where to read it), so not inside the key's folder,
+    whose name is random: beside it."""
+    if not key_folder or key_folder == ssh_folder:
+        return os.path.join(ssh_folder, "byoc-host-env.json")
+    return os.path.join(os.path.dirname(key_folder), "byoc-host-env.json")
 
 
 def decide_key_folder(ssh_folder: str, mounts: list[tuple[str, str]], token: str) -> tuple[str, str | None]:

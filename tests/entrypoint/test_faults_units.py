@@ -238,3 +238,13 @@ def test_host_env_is_the_hosts_own_environment_under_the_plans_values():
                "PMIX_RANK": "0", "PWD": "/x", "AWS_REGION": "us-west-2"}
     got = build_host_env(environ, {"SM_CURRENT_HOST": "algo-2"})
     assert got == {"MY_SETTING": "user", "SM_CURRENT_HOST": "algo-2", "AWS_REGION": "us-west-2"}
+
+
+def test_host_env_file_is_the_same_path_on_every_host_and_beside_the_key():
+    from entrypoint.ssh import decide_host_env_file
+
+    # The key folder's name is random per host; the environment file's path must not be.
+    assert decide_host_env_file("/run/byoc/ssh", "/dev/shm/byoc-ssh-1a2b") == "/dev/shm/byoc-host-env.json"
+    assert decide_host_env_file("/run/byoc/ssh", "/dev/shm/byoc-ssh-9f9f") == "/dev/shm/byoc-host-env.json"
+    assert decide_host_env_file("/run/byoc/ssh", "/run/byoc/ssh") == "/run/byoc/ssh/byoc-host-env.json"
+    assert decide_host_env_file("/run/byoc/ssh", "") == "/run/byoc/ssh/byoc-host-env.json"
