@@ -160,7 +160,7 @@ def test_failing_script_fit_raises_and_output_tar_holds_the_failure(tmp_path):
     report("1 host, failing script", result)
     assert result.exit_codes and set(result.exit_codes.values()) == {1}
     # fit() takes docker-compose's exit code; compose 1.29 (what Debian ships) now and then
-    # exits 0 although its only container exited 1 (seen once in 20 runs, under load), and
+    # exits 0 although its only container exited 1 (seen once, in CI under load), and
     # the SDK then reports success: nothing the image can change. The container's code and
     # output/failure are ours, and they are always right.
     if not result.ok:
