@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import time
 
@@ -17,10 +18,14 @@ from localmode.v3_harness import decide_image_tag, run_build_image, start_v3_hos
 pytestmark = pytest.mark.slow
 
 MPI4PY_PROBE = (
-    "import json; from mpi4py import MPI; c = MPI.COMM_WORLD; "
+    "import json, sys; from mpi4py import MPI; c = MPI.COMM_WORLD; "
     "host = json.load(open('/opt/ml/input/config/resourceconfig.json'))['current_host']; "
-    "print('RANK', json.dumps({'rank': c.Get_rank(), 'size': c.Get_size(), 'sum': c.allreduce(c.Get_rank() + 1), 'host': host}))"
+    # One write per record: with PYTHONUNBUFFERED, print() writes its pieces separately and
+    # mpirun can interleave two ranks' pieces on one line ("RANK RANK {...}").
+    "sys.stdout.write('RANK ' + json.dumps({'rank': c.Get_rank(), 'size': c.Get_size(), "
+    "'sum': c.allreduce(c.Get_rank() + 1), 'host': host}) + chr(10))"
 )
+RANK_RECORD = re.compile(r"RANK (\{[^{}]*\})")
 
 
 def _v3_mpirun_argv(mpirun: str, per_host: int, interface: str) -> list[str]:
@@ -38,8 +43,8 @@ def _v3_mpirun_argv(mpirun: str, per_host: int, interface: str) -> list[str]:
 
 
 def _ranks(stdout: str) -> list[dict]:
-    return sorted((json.loads(line.split("RANK ", 1)[1]) for line in stdout.splitlines() if "RANK " in line),
-                  key=lambda r: r["rank"])
+    """Every rank's record, wherever it lands in mpirun's merged output."""
+    return sorted((json.loads(m) for m in RANK_RECORD.findall(stdout)), key=lambda r: r["rank"])
 
 
 @pytest.fixture(scope="module")
