@@ -1,12 +1,14 @@
 """SageMaker local mode, our image against the toolkit's way: fit() wall time per job, and
 each image's build time and size, measured in the same run on the same machine.
 
-    .venv/bin/python benchmarks/localmode.py [--repeats 3] [--cold] [--only ours|baseline]
+    .venv/bin/python benchmarks/localmode.py [--repeats 3] [--cold] [--only ours|baseline] [--floor]
 
 - ours: the CPU image (scripts/build-local-image.sh → docker/build.sh, docker/Dockerfile.cpu);
 - baseline: benchmarks/baseline/Dockerfile, built the way the PyTorch DLC builds its SageMaker
   stage (same base image, Debian's Python and Open MPI, torch, mpi4py, sagemaker-training +
-  sagemaker-pytorch-training, a baked SSH key pair, no ENTRYPOINT: SageMaker runs `train`).
+  sagemaker-pytorch-training, a baked SSH key pair, no ENTRYPOINT: SageMaker runs `train`);
+- floor (--floor, 1-host job only): benchmarks/floor/Dockerfile, a `train` that writes one
+  file and exits, so its fit() time is the SDK's and docker-compose's share of every job.
 
 Each job is a real SDK v2 `PyTorch(image_uri=…, instance_type="local")` fit() through the test
 harness (tests/localmode/harness.py), with the SDK's default settings and ours (no grace
@@ -37,6 +39,8 @@ from localmode.harness import run_v2_job  # noqa: E402  (the tests' harness, on 
 
 BASELINE_DIR = REPO / "benchmarks" / "baseline"
 BASELINE_TAG = "byoc-baseline:toolkit"
+FLOOR_DIR = REPO / "benchmarks" / "floor"
+FLOOR_TAG = "byoc-floor:sdk"
 OURS_TAG = "byoc-training:cpu-local"
 SAGEMAKER_PYTORCH_TRAINING_VERSION = "3.0.0"  # the newest on PyPI (2026-11); needs sagemaker-training 5.x
 
@@ -149,6 +153,20 @@ def build_baseline(cold: bool) -> float:
         shutil.rmtree(local, ignore_errors=True)
 
 
+def build_floor(cold: bool) -> float:
+    argv = ["env", "DOCKER_BUILDKIT=0", "docker", "build", "--tag", FLOOR_TAG,
+            "--build-arg", f"BASE_IMAGE={load_versions()['CPU_BASE_IMAGE']}"]
+    return run_timed(argv + (["--no-cache"] if cold else []) + [str(FLOOR_DIR)], "building the floor image")
+
+
+BUILDERS = {"ours": build_ours, "baseline": build_baseline, "floor": build_floor}
+
+
+def decide_runs(case: Case, label: str) -> bool:
+    """The floor image only writes a file and exits: it stands in for a 1-host job only."""
+    return label != "floor" or (case.hosts == 1 and not case.should_fail)
+
+
 def probe_size(tag: str) -> int:
     out = subprocess.run(["docker", "image", "inspect", "--format", "{{.Size}}", tag],
                          capture_output=True, text=True, check=True).stdout
@@ -170,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--cold", action="store_true", help="build both images without Docker's layer cache")
     parser.add_argument("--only", choices=("ours", "baseline"))
+    parser.add_argument("--floor", action="store_true",
+                        help="also time the 1-host job on benchmarks/floor (SDK and docker-compose only)")
     parser.add_argument("--cases", help="comma-separated case numbers (0-based) to run; default all")
     parser.add_argument("--keep", action="store_true", help="keep the jobs' folders (SDK logs) and print where")
     args = parser.parse_args(argv)
@@ -177,9 +197,11 @@ def main(argv: list[str] | None = None) -> int:
     images = {"ours": OURS_TAG, "baseline": BASELINE_TAG}
     if args.only:
         images = {args.only: images[args.only]}
+    if args.floor:
+        images["floor"] = FLOOR_TAG
     builds = {}
     for label in images:
-        builds[label] = (build_ours if label == "ours" else build_baseline)(args.cold)
+        builds[label] = BUILDERS[label](args.cold)
         print(f"built {label}: {builds[label]:.0f} s, {probe_size(images[label]) / 1e9:.2f} GB", flush=True)
 
     cases = [CASES[int(i)] for i in args.cases.split(",")] if args.cases else list(CASES)
@@ -190,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
         for repeat in range(args.repeats):
             for case in cases:
                 for label, image in images.items():
+                    if not decide_runs(case, label):
+                        continue
                     seconds, correct, error = run_case(case, image, Path(tmp) / f"r{repeat}", repeat)
                     times.setdefault((case.name, label), []).append(seconds)
                     flag = "" if correct else f"  UNEXPECTED ({'failed' if not case.should_fail else 'succeeded'}: {error})"
@@ -206,7 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     print("\n| job | " + " | ".join(f"{label} fit() s (median)" for label in labels) + " |")
     print("|---|" + "---|" * len(labels))
     for case in cases:
-        cells = [f"{statistics.median(times[(case.name, label)]):.1f}" for label in labels]
+        cells = [f"{statistics.median(times[(case.name, label)]):.1f}" if (case.name, label) in times else "—"
+                 for label in labels]
         print(f"| {case.name} | " + " | ".join(cells) + " |")
     build_kind = "cold build s" if args.cold else "cached rebuild s"
     print(f"| image: {build_kind} | " + " | ".join(f"{builds[label]:.0f}" for label in labels) + " |")
