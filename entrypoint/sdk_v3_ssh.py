@@ -8,7 +8,8 @@ The AWS images make that work with ONE key pair baked into the image. Here inste
 model in docs/multi-host.md, "SDK v3 ModelTrainer with MPI()"):
 
 - /etc/byoc/bash-env.sh (BASH_ENV, read before v3's driver runs) makes this container's own
-  host keys (`ssh-keygen -A`) and, in a v3 MPI job, starts this module once, in the background.
+  ed25519 host key in /dev/shm (the image's sshd HostKey: no private key in the writable
+  layer) and, in a v3 MPI job, starts this module once, in the background.
 - This container's ed25519 host key is also root's client identity (`/root/.ssh/id_ed25519`
   is a link to it), as in entrypoint/ssh.py: what a peer learns with ssh-keyscan is exactly
   the key this host will log in with.
@@ -46,7 +47,9 @@ LOG_PREFIX = "byoc sdk-v3 ssh:"
 @dataclass(frozen=True)
 class V3SshPaths:
     resource_config: str = "/opt/ml/input/config/resourceconfig.json"
-    host_key: str = "/etc/ssh/ssh_host_ed25519_key"
+    # The HostKey of the image's sshd drop-in (docker/scripts/configure-sshd.sh), made by
+    # /etc/byoc/bash-env.sh on a tmpfs.
+    host_key: str = "/dev/shm/byoc-sshd/ssh_host_ed25519_key"
     ssh_dir: str = "/root/.ssh"
 
     @property

@@ -3,7 +3,8 @@
 # the image: host keys and the root key pair are made per job at run time (by the
 # launcher, or by /etc/byoc/bash-env.sh when a platform bypasses the ENTRYPOINT), so no
 # two copies of the image share a private key.
-#  - removes the host keys the openssh-server package generated at install time;
+#  - removes the host keys the openssh-server package generated at install time; the one
+#    host key sshd uses with this configuration is /dev/shm/byoc-sshd/ssh_host_ed25519_key;
 #  - a drop-in sshd config: keys only, root by key only, no PAM (pam_loginuid fails in
 #    containers), no DNS lookups, and the image's PATH/LD_LIBRARY_PATH for SSH sessions
 #    (sshd otherwise gives them its own default PATH, without the venv or Open MPI);
@@ -21,6 +22,8 @@ conf_d=/etc/ssh/sshd_config.d
 install -d -m 755 "$conf_d"
 {
     echo "# sagemaker-byoc-training (docker/scripts/configure-sshd.sh)"
+    # Made per container by /etc/byoc/bash-env.sh, on a tmpfs (never in the writable layer).
+    echo "HostKey /dev/shm/byoc-sshd/ssh_host_ed25519_key"
     echo "PermitRootLogin prohibit-password"
     echo "PubkeyAuthentication yes"
     echo "PasswordAuthentication no"

@@ -102,8 +102,17 @@ def test_image_filesystem_has_tools_and_no_keys(cpu_image):
 
 def test_bash_env_prepares_sshd_for_drivers_that_bypass_the_entrypoint(cpu_image):
     """SDK v3 runs `bash -c` scripts: BASH_ENV makes /run/sshd and this container's own host
-    keys; two containers get different keys."""
-    script = "test -d /run/sshd && /usr/sbin/sshd -t && ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub"
+    key, on a tmpfs and nowhere else (a stopped container's writable layer holds no private
+    key); the image's sshd uses that key; two containers get different keys."""
+    script = (
+        "test -d /run/sshd && /usr/sbin/sshd -t"
+        " && test \"$(/usr/sbin/sshd -T | sed -n 's/^hostkey //p')\" = /dev/shm/byoc-sshd/ssh_host_ed25519_key"
+        " && test \"$(stat -f -c %T /dev/shm/byoc-sshd)\" = tmpfs"
+        " && test \"$(stat -c %a /dev/shm/byoc-sshd)\" = 700"
+        " && ! ls /etc/ssh/ssh_host_* 2>/dev/null"
+        " && ! grep -rlsI 'PRIVATE KEY' /etc /root /run /opt/ml /tmp"
+        " && ssh-keygen -lf /dev/shm/byoc-sshd/ssh_host_ed25519_key.pub"
+    )
     fingerprints = []
     for _ in (1, 2):
         result = run_docker(build_run_argv(cpu_image.tag, entrypoint="/bin/bash", command=["-c", script]))

@@ -74,7 +74,7 @@ def job(image, tmp_path_factory):
 
 
 def _public_key(hosts, host: str) -> str:
-    return " ".join(hosts.exec(host, "cat", "/etc/ssh/ssh_host_ed25519_key.pub").stdout.split()[:2])
+    return " ".join(hosts.exec(host, "cat", "/dev/shm/byoc-sshd/ssh_host_ed25519_key.pub").stdout.split()[:2])
 
 
 def _address(hosts, host: str) -> str:
@@ -94,7 +94,7 @@ def test_each_host_authorizes_exactly_the_peers_it_needs_by_key_and_address(job)
             f'from="{_address(job, "algo-1")}",restrict {keys["algo-1"]} byoc-sdk-v3:algo-1'
         ]
     # root's client key is the container's host key: what the peers learnt by ssh-keyscan
-    assert job.exec("algo-2", "readlink", "/root/.ssh/id_ed25519").stdout.strip() == "/etc/ssh/ssh_host_ed25519_key"
+    assert job.exec("algo-2", "readlink", "/root/.ssh/id_ed25519").stdout.strip() == "/dev/shm/byoc-sshd/ssh_host_ed25519_key"
 
 
 def test_v3s_own_connections_work_both_ways(job):
@@ -118,9 +118,9 @@ def test_nothing_else_gets_in(job):
     # workers do not log in to each other (v3's mpirun has plm_rsh_no_tree_spawn 1)
     assert job.exec("algo-2", "ssh", "algo-3", "true").returncode == 255
     # a container of the same image on the job's network: its own key is nobody's
-    assert job.exec("stranger", "ssh", "-i", "/etc/ssh/ssh_host_ed25519_key", "algo-1", "true").returncode == 255
+    assert job.exec("stranger", "ssh", "-i", "/dev/shm/byoc-sshd/ssh_host_ed25519_key", "algo-1", "true").returncode == 255
     # the worker's private key, stolen: refused from any address but the worker's
-    stolen = job.exec("algo-2", "cat", "/etc/ssh/ssh_host_ed25519_key").stdout
+    stolen = job.exec("algo-2", "cat", "/dev/shm/byoc-sshd/ssh_host_ed25519_key").stdout
     assert job.exec("stranger", "sh", "-c", 'umask 077; printf %s "$0" > /tmp/stolen', stolen).returncode == 0
     done = job.exec("stranger", "ssh", "-i", "/tmp/stolen", "algo-1", "true")
     assert done.returncode == 255 and "Permission denied" in done.stderr

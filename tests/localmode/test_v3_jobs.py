@@ -45,7 +45,7 @@ record = {
     "rank": rank, "size": size, "host": host, "allreduce": total, "hosts": comm.allgather(host),
     "address": socket.gethostbyname(host), "tag": args.tag,
     "authorized_keys": read("/root/.ssh/authorized_keys"),
-    "host_key": read("/etc/ssh/ssh_host_ed25519_key.pub"),
+    "host_key": read("/dev/shm/byoc-sshd/ssh_host_ed25519_key.pub"),
 }
 with open(f"/opt/ml/model/mpi-rank-{rank}.json", "w") as f:
     json.dump(record, f)

@@ -3,8 +3,12 @@
 # includes the driver scripts SageMaker SDK v3 runs with `bash -c`, bypassing the
 # ENTRYPOINT. Prepares what sshd needs and the image does not bake in:
 #   - /run/sshd, sshd's privilege-separation folder (/run is often a fresh tmpfs);
-#   - host keys of this container only (ssh-keygen -A makes just the missing ones), so
-#     no two containers of the image share a private key.
+#   - this container's own ed25519 host key, so no two containers of the image share a
+#     private key. It lives in /dev/shm (a tmpfs in every container, Docker's and
+#     SageMaker's), which the image's sshd drop-in names as its HostKey: nothing private is
+#     written to the container's writable layer, so `docker export` of a stopped container
+#     finds no key. mkdir is the once-per-container guard, as below; ssh-keygen never reads
+#     the caller's stdin.
 # In an SDK v3 MPI job (ModelTrainer(distributed=MPI()): its sm_train.sh runs mpi_driver.py),
 # also, once per container:
 #   - /usr/local/byoc/sdk-v3/bin first on PATH: an `mpirun` that corrects v3's process count
@@ -18,7 +22,9 @@
 # helper is started detached (a subshell's child), so no caller's `wait` waits for it.
 if [ "${EUID:-}" = 0 ]; then
     { [ -d /run/sshd ] || mkdir -m 755 /run/sshd; } 2>/dev/null || :
-    { [ -e /etc/ssh/ssh_host_ed25519_key ] || ssh-keygen -A; } >/dev/null 2>&1 || :
+    { mkdir -m 700 /dev/shm/byoc-sshd \
+        && ssh-keygen -q -t ed25519 -N '' -C "root@${HOSTNAME:-byoc}" -f /dev/shm/byoc-sshd/ssh_host_ed25519_key </dev/null; \
+    } >/dev/null 2>&1 || :
     _byoc_v3=/opt/ml/input/data/sm_drivers
     # BYOC_SDK_V3_MPI: decided once; the bash processes below this one inherit it (and PATH).
     if [ -z "${BYOC_SDK_V3_MPI:-}" ] && [ -f "$_byoc_v3/sm_train.sh" ] \
