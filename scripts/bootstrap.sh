@@ -41,7 +41,7 @@ stamp=.venv/.installed-pyproject.sha256
 want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     echo "bootstrap: installing the project and its test dependencies into .venv"
-    .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]' \
+    .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test,stack]' \
         2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
     echo "$want" > "$stamp"
 fi
@@ -52,7 +52,7 @@ if ! .venv/bin/python -c 'import horovod.torch' 2>/dev/null; then
     echo "bootstrap: building and installing Horovod (the horovod extra)"
     bash scripts/build-horovod-wheel.sh
     .venv/bin/python -m pip install -q --disable-pip-version-check \
-        --find-links "${BYOC_WHEELHOUSE:-$HOME/.cache/byoc-wheelhouse}" -e '.[test,horovod]' \
+        --find-links "${BYOC_WHEELHOUSE:-$HOME/.cache/byoc-wheelhouse}" -e '.[test,stack,horovod]' \
         2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
 fi
 

@@ -3,7 +3,8 @@
 # tried before PyPI; empty TORCH_INDEX_URL means PyPI and PIP_FIND_LINKS only (a local
 # wheel folder mounted into the build).
 # numpy at PYPI_NUMPY_VERSION comes in the same step (torch imports it when present).
-# With EXPECTED_NCCL_VERSION set (GPU), checks the NCCL that torch's wheels brought.
+# With CHECK_TORCH_CUDA=1 (GPU), checks torch's CUDA and NCCL against torch's own metadata
+# and the base image (check-torch-cuda.py, beside this script): no NCCL number is kept by hand.
 set -euo pipefail
 : "${TORCH_VERSION:?from docker/versions.env}"
 
@@ -15,7 +16,7 @@ fi
 python3 -m pip install --no-cache-dir -q "${index_args[@]}" \
     "torch==$TORCH_VERSION" "numpy==$PYPI_NUMPY_VERSION"
 
-# The check: the version asked for, torchrun on PATH, and on GPU the NCCL version.
+# The check: the version asked for, torchrun on PATH, and on GPU CUDA and NCCL.
 python3 - <<'PY'
 import os
 import torch
@@ -23,10 +24,8 @@ want = os.environ["TORCH_VERSION"]
 got = torch.__version__.split("+")[0]
 assert got == want, f"torch {torch.__version__} installed, wanted {want}"
 print(f"install-torch: torch {torch.__version__}")
-nccl = os.environ.get("EXPECTED_NCCL_VERSION")
-if nccl:
-    have = ".".join(str(p) for p in torch.cuda.nccl.version())
-    assert have == nccl, f"torch brings NCCL {have}, wanted {nccl}"
-    print(f"install-torch: NCCL {have}")
 PY
+if [ "${CHECK_TORCH_CUDA:-}" = 1 ]; then
+    python3 "$(dirname "${BASH_SOURCE[0]}")/check-torch-cuda.py"
+fi
 command -v torchrun

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from tests.images.dockerfiles import (
     DOCKERFILES,
@@ -325,12 +327,25 @@ def test_pip_installs_are_pinned():
     assert seen >= 10  # the check did find the installs
 
 
-def test_python_pins_match_pyproject():
+def _pyproject_requirements() -> tuple[dict[str, str], dict[str, str]]:
+    """({name: exact version} of pyproject's == pins, dependencies and the stack/horovod
+    extras; {name: specifier} of its range requirements)."""
     project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
-    declared = {}
-    for dep in [*project["dependencies"], *project["optional-dependencies"].get("horovod", [])]:
-        name, _, version = dep.partition("==")
-        declared[name.strip().lower().replace("_", "-")] = version.strip()
+    extras = project["optional-dependencies"]
+    exact, ranges = {}, {}
+    for dep in [*project["dependencies"], *extras["stack"], *extras.get("horovod", [])]:
+        req = Requirement(dep)
+        name = canonicalize_name(req.name)
+        (spec,) = req.specifier  # one clause each: a pin or a floor
+        if spec.operator == "==":
+            exact[name] = spec.version
+        else:
+            ranges[name] = str(req.specifier)
+    return exact, ranges
+
+
+def test_python_pins_match_pyproject():
+    declared, _ = _pyproject_requirements()
     pins = load_versions()
     for flavor in ("cpu", "gpu"):
         assert pins[f"{flavor.upper()}_TORCH_VERSION"] == declared["torch"]
@@ -342,6 +357,23 @@ def test_python_pins_match_pyproject():
             assert pins["COMMON_" + key] == version, f"COMMON_{key} != pyproject's {version}"
         else:  # pinned per flavour: the flavours that run pyproject's stack must agree
             assert pins["CPU_" + key] == pins["GPU_" + key] == version, key
+
+
+def test_every_flavour_satisfies_pyprojects_own_requirements():
+    """install-our-packages.sh runs `pip check` with nothing filtered: each flavour's torch
+    (trn1: the one torch-neuronx was built for) must satisfy pyproject's dependencies, and
+    the exact stack must not hide in `dependencies`, where trn1 would conflict with it."""
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    base = {canonicalize_name(Requirement(d).name): Requirement(d).specifier for d in project["dependencies"]}
+    assert str(base["torch"]).startswith(">=") and str(base["numpy"]).startswith(">="), base
+    pins = load_versions()
+    for flavor in ("CPU", "GPU", "TRN1"):
+        assert pins[f"{flavor}_TORCH_VERSION"] in base["torch"], flavor
+    for flavor in ("CPU", "GPU"):
+        assert pins[f"{flavor}_PYPI_NUMPY_VERSION"] in base["numpy"], flavor
+    script = (REPO_ROOT / "docker" / "scripts" / "install-our-packages.sh").read_text()
+    assert "pip check" in script and "grep -v" not in script  # nothing filtered away
+    assert "--allow-torch-mismatch" not in (REPO_ROOT / "Dockerfile.trn1").read_text()
 
 
 def test_no_secret_like_names():
