@@ -13,6 +13,7 @@ from entrypoint import ssh, topology
 from entrypoint.config import JobConfig
 from entrypoint.distribution import MPI_BASED, Distribution, LaunchSettings
 from entrypoint.errors import JobDefinitionError
+from entrypoint.gpu_env import build_gpu_env
 from entrypoint.probe import MachineFacts
 from entrypoint.program import (
     CodeFacts,
@@ -294,7 +295,9 @@ def decide(
     user_args = build_user_args(job.hyperparameters.user)
     program_argv = build_program_argv(entry, runtime.python, code_facts, user_args, RECORD_ERRORS)
     install = build_install_steps(runtime.python, code_dir, code_facts)
-    env = build_sm_env(job, facts, interface)
+    gpu_env, gpu_notes = build_gpu_env(job.environ, facts, interface)
+    env = {**build_sm_env(job, facts, interface), **gpu_env}
+    notes.extend(gpu_notes)
 
     dist_hosts = tuple(topology.distribution_hosts(job))
     leader = topology.leader_host(job)

@@ -10,12 +10,15 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
 from dataclasses import dataclass
 
 PROBE_TIMEOUT_S = 20
+# Where the cuda-compat package puts its libcuda (the GPU image installs it).
+CUDA_COMPAT_DIR = "/usr/local/cuda/compat"
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,10 @@ class MachineFacts:
     # sagemaker-training's prebuilt LD_PRELOAD library (built when the image is built, never
     # at container start): gethostname() answers current_host from resourceconfig.json.
     gethostname_shim: str | None = None
+    # The host's NVIDIA kernel driver ("580.95.05") and the driver the image's CUDA
+    # forward-compatibility libcuda comes from; None where there is none.
+    gpu_driver_version: str | None = None
+    cuda_compat_driver_version: str | None = None
 
 
 def probe_machine(root: str = "/") -> MachineFacts:
@@ -44,7 +51,34 @@ def probe_machine(root: str = "/") -> MachineFacts:
         smddpmprun=shutil.which("smddpmprun") is not None,
         hostname=socket.gethostname(),
         gethostname_shim=probe_gethostname_shim(),
+        gpu_driver_version=probe_gpu_driver_version(root),
+        cuda_compat_driver_version=probe_cuda_compat_driver_version(root),
     )
+
+
+def probe_gpu_driver_version(root: str = "/") -> str | None:
+    """The loaded NVIDIA kernel module's version, from /proc (what the AWS images read too):
+    cheap, and present in any container that was given GPUs."""
+    try:
+        with open(os.path.join(root, "proc/driver/nvidia/version"), encoding="utf-8", errors="replace") as f:
+            return parse_nvidia_proc_version(f.read())
+    except OSError:
+        return None
+
+
+def parse_nvidia_proc_version(text: str) -> str | None:
+    match = re.search(r"Kernel Module(?: for [^ ]+)?\s+(\d+(?:\.\d+)+)", text)
+    return match.group(1) if match else None
+
+
+def probe_cuda_compat_driver_version(root: str = "/") -> str | None:
+    """cuda-compat's libcuda.so.1 links to libcuda.so.<driver version>."""
+    try:
+        target = os.readlink(os.path.join(root, CUDA_COMPAT_DIR.lstrip("/"), "libcuda.so.1"))
+    except OSError:
+        return None
+    match = re.fullmatch(r"libcuda\.so\.(\d+(?:\.\d+)+)", os.path.basename(target))
+    return match.group(1) if match else None
 
 
 def probe_gethostname_shim() -> str | None:

@@ -78,10 +78,13 @@ def test_two_hosts_torchrun_same_command_node_rank_from_order(current, node_rank
     }
 
 
-def test_two_hosts_without_efa_gets_no_fi_variables():
+def test_two_hosts_without_efa_gets_no_fi_variables_and_no_ofi_plugin():
+    """GPUs and no EFA device (g5, g6, local mode): NCCL's sockets, the aws-ofi-nccl plugin
+    never loaded, and the plan says so."""
     plan = plan_for(make_job(hosts=("algo-1", "algo-2"), hps=TORCH), GPU4)
     assert non_sm_env(plan) == {"MASTER_ADDR": "algo-1", "MASTER_PORT": "7777", "NCCL_SOCKET_IFNAME": "eth0",
-                                "BYOC_JOB_PORTS": "algo-1:7778,algo-2:7778"}
+                                "BYOC_JOB_PORTS": "algo-1:7778,algo-2:7778", "NCCL_NET_PLUGIN": "none"}
+    assert any(n.startswith("NCCL network: TCP sockets on eth0") for n in plan.notes), plan.notes
 
 
 def test_user_environment_wins_over_launcher_defaults():
