@@ -40,7 +40,39 @@ SDK_V2_PYTHON = REPO / ".venv-sdk-v2" / "bin" / "python"
 SDK_V2_SCRIPT = REPO / "scripts" / "main_job_sdk_v2.py"
 DEFAULT_IMAGE_TAG = "byoc-training:cpu-local"
 SDK_NETWORK = "sagemaker-local"
+# Where the main job works when the default (<cwd>/.work/main-job) is a folder SDK local mode
+# refuses (see decide_work_dir).
+FALLBACK_WORK = "/var/tmp/byoc-main-job"
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def build_sdk_restricted_paths(home: str) -> tuple[str, ...]:
+    """The folders SageMaker SDK local mode will not mount data from nor take a source_dir
+    from ("Local Mode does not support mounting from restricted system paths"): v2's
+    sagemaker.utils._SENSITIVE_SYSTEM_PATHS (2.257.7; v3 has the same list), checked against
+    the installed SDK by tests/localmode/test_harness_units.py."""
+    return (*(os.path.join(home, d) for d in (".aws", ".ssh", ".kube", ".docker", ".config", ".credentials")),
+            "/etc", "/root", "/var/lib", "/opt/ml/metadata")
+
+
+def decide_restricted(path: str, restricted: tuple[str, ...]) -> str | None:
+    """The restricted folder `path` lies in (the SDK's own test: a string prefix), or None."""
+    return next((r for r in restricted if path != "/" and path.startswith(r)), None)
+
+
+def decide_work_dir(requested: str | None, cwd: str, home: str) -> str:
+    """The main job's folder (code, channels, the SDK's container root). The default,
+    <cwd>/.work/main-job, moves to FALLBACK_WORK when the SDK would refuse it, which is every
+    checkout under /root; a --work the SDK would refuse is an error that says why."""
+    restricted = build_sdk_restricted_paths(home)
+    if requested:
+        work = os.path.realpath(os.path.abspath(requested))
+        if (where := decide_restricted(work, restricted)):
+            raise SystemExit(f"--work {requested}: SageMaker SDK local mode refuses code and data under {where} "
+                             f"(its restricted system paths); choose a folder outside {', '.join(restricted)}")
+        return work
+    default = os.path.realpath(os.path.join(cwd, ".work", "main-job"))
+    return FALLBACK_WORK if decide_restricted(default, restricted) else default
 
 
 def write_inputs(work: str, backend: str, train_shards: int = 4) -> tuple[str, dict[str, str]]:
@@ -223,13 +255,18 @@ def main(argv=None) -> int:
     parser.add_argument("--backend", choices=sorted(DISTRIBUTION), default="ddp")
     parser.add_argument("--hosts", type=int, default=2)
     parser.add_argument("--processes-per-host", type=int, default=1)
-    parser.add_argument("--work", default=os.path.join(os.getcwd(), ".work", "main-job"))
+    parser.add_argument("--work", help="the job's folder (default <cwd>/.work/main-job, or "
+                        f"{FALLBACK_WORK} where SDK local mode refuses that: e.g. under /root)")
     parser.add_argument("--emulated", action="store_true",
                         help="emulated hosts (Linux namespaces, no Docker; root) instead of SDK v2 local mode")
     parser.add_argument("--image-tag", default=os.environ.get("BYOC_IMAGE_TAG") or DEFAULT_IMAGE_TAG,
                         help="the CPU image to build or reuse (default: $BYOC_IMAGE_TAG, else %(default)s)")
     args = parser.parse_args(argv)
-    args.work = os.path.abspath(args.work)
+    if args.emulated:
+        args.work = os.path.abspath(args.work or os.path.join(os.getcwd(), ".work", "main-job"))
+    else:
+        args.work = decide_work_dir(args.work, os.getcwd(), os.path.expanduser("~"))
+    print(f"main job: working in {args.work}", flush=True)
     shutil.rmtree(args.work, ignore_errors=True)
     return main_emulated(args) if args.emulated else main_sdk_v2(args)
 

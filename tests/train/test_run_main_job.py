@@ -34,3 +34,39 @@ def test_result_line_under_mpirun_tag_output_in_a_tty():
     line = "x-algo-1-ab | [1,0]<stdout>:[result] validation_accuracy=0.9944 model=/opt/ml/model/model.pt[1,0]<stdout>:"
     found = RESULT.search(line)
     assert (found["acc"], found["model"]) == ("0.9944", "/opt/ml/model/model.pt")
+
+
+def test_work_dir_moves_out_of_folders_sdk_local_mode_refuses():
+    """A checkout under /root (root's home) is refused by SDK v2 local mode ("does not
+    support mounting from restricted system paths"): the main job works elsewhere then."""
+    from train.run_main_job import FALLBACK_WORK, decide_work_dir
+
+    assert decide_work_dir(None, "/work/main", "/root") == "/work/main/.work/main-job"
+    assert decide_work_dir(None, "/root/project", "/root") == FALLBACK_WORK
+    assert decide_work_dir(None, "/home/u/.config/x", "/home/u") == FALLBACK_WORK
+    assert decide_work_dir(None, "/home/u/src", "/home/u") == "/home/u/src/.work/main-job"
+    assert decide_work_dir("/srv/job", "/root/project", "/root") == "/srv/job"
+
+
+def test_a_refused_work_dir_is_an_error_that_says_why():
+    import pytest
+
+    from train.run_main_job import decide_work_dir
+
+    with pytest.raises(SystemExit, match=r"--work /root/job: SageMaker SDK local mode refuses code and data under /root"):
+        decide_work_dir("/root/job", "/work", "/root")
+
+
+def test_restricted_paths_are_the_installed_sdks():
+    """Our copy of the SDK's list must follow the SDK pinned in pyproject (sdk-v2 extra)."""
+    import os
+    import subprocess
+
+    from train.run_main_job import SDK_V2_PYTHON, build_sdk_restricted_paths
+
+    probe = "import json, sagemaker.utils as u; print(json.dumps(u._SENSITIVE_SYSTEM_PATHS))"
+    done = subprocess.run([str(SDK_V2_PYTHON), "-c", probe], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "SAGEMAKER_SUPPRESS_V2_WARNING": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    sdk = json.loads(done.stdout.strip().splitlines()[-1])
+    assert sorted(sdk) == sorted(build_sdk_restricted_paths(os.path.expanduser("~")))
