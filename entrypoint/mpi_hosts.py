@@ -25,6 +25,9 @@ from entrypoint import processes, ssh
 from entrypoint.plan import LaunchPlan
 
 POLL_S = 0.05
+# How long a worker that has its outcome waits for the leader's SSH sessions (the one that
+# delivered the outcome among them) to close before it stops sshd.
+SESSION_CLOSE_WAIT_S = 5.0
 OUTCOME_FILE = "job-exit-code"
 REPORT_FILE = "job-failure"
 MAX_REPORT_BYTES = 256 * 1024
@@ -126,6 +129,21 @@ def stop_sshd_and_sessions(proc: subprocess.Popen | None, grace_s: float) -> Non
             _reap()
             time.sleep(0.1)
     _reap()
+
+
+def wait_for_sessions_to_close(sshd_pid: int, timeout_s: float) -> bool:
+    """Wait until the listening sshd has no session processes left (each connection is a
+    child sshd), at most timeout_s; True when they all closed."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        table = processes.load_process_table()
+        live = [p for p in processes.build_descendants(table, sshd_pid) if table[p].state != "Z"]
+        if not live:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        _reap()
+        time.sleep(POLL_S)
 
 
 def _reap() -> None:
@@ -263,7 +281,13 @@ def run_worker(plan: LaunchPlan, stop: StopRequest, log) -> WorkerOutcome:
         become_subreaper()
         sshd = start_sshd(files)
         log(f"serving SSH to the leader {plan.leader} ({', '.join(addresses)})")
-        return _wait_for_outcome(plan, stop, log)
+        outcome = _wait_for_outcome(plan, stop, log)
+        if outcome.reason is None:
+            # The outcome file appears while the leader's session that wrote it is still
+            # closing; stopping sshd then cuts that session and the leader logs a false
+            # "could not tell algo-N the outcome: Connection ... closed by remote host".
+            wait_for_sessions_to_close(sshd.pid, SESSION_CLOSE_WAIT_S)
+        return outcome
     finally:
         stop_sshd_and_sessions(sshd, min(plan.settings.grace_period_s, 10.0))
         ssh.remove_private_key(files)

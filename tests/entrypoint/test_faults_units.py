@@ -248,3 +248,45 @@ def test_host_env_file_is_the_same_path_on_every_host_and_beside_the_key():
     assert decide_host_env_file("/run/byoc/ssh", "/dev/shm/byoc-ssh-9f9f") == "/dev/shm/byoc-host-env.json"
     assert decide_host_env_file("/run/byoc/ssh", "/run/byoc/ssh") == "/run/byoc/ssh/byoc-host-env.json"
     assert decide_host_env_file("/run/byoc/ssh", "") == "/run/byoc/ssh/byoc-host-env.json"
+
+
+def _fake_sshd(child_sleep_s: float):
+    """A stand-in for the listening sshd: a process with one session child that lives child_sleep_s."""
+    import subprocess
+    import sys
+    code = f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep({child_sleep_s})']); time.sleep(60)"
+    return subprocess.Popen([sys.executable, "-c", code])
+
+
+def test_a_worker_with_its_outcome_waits_for_the_leaders_session_to_close():
+    """The session that delivered the outcome is still closing when the file appears: the
+    worker waits for it (no false "closed by remote host" on the leader), but never long."""
+    import time
+
+    from entrypoint import processes
+    from entrypoint.mpi_hosts import wait_for_sessions_to_close
+
+    sshd = _fake_sshd(1.0)
+    try:
+        deadline = time.monotonic() + 10
+        while not processes.build_descendants(processes.load_process_table(), sshd.pid):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        started = time.monotonic()
+        assert wait_for_sessions_to_close(sshd.pid, 10.0) is True
+        assert 0.3 < time.monotonic() - started < 5.0
+    finally:
+        sshd.kill()
+        sshd.wait()
+
+    stuck = _fake_sshd(60)
+    try:
+        time.sleep(0.5)
+        started = time.monotonic()
+        assert wait_for_sessions_to_close(stuck.pid, 0.5) is False
+        assert time.monotonic() - started < 2.0
+    finally:
+        for pid in processes.build_descendants(processes.load_process_table(), stuck.pid):
+            os.kill(pid, 9)
+        stuck.kill()
+        stuck.wait()
