@@ -19,6 +19,7 @@ import signal
 import subprocess
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from entrypoint import processes, ssh
@@ -28,6 +29,8 @@ POLL_S = 0.05
 # How long a worker that has its outcome waits for the leader's SSH sessions (the one that
 # delivered the outcome among them) to close before it stops sshd.
 SESSION_CLOSE_WAIT_S = 5.0
+# The leader's SSH probes of its workers run this many at a time (each is an ssh process).
+MAX_PARALLEL_PROBES = 64
 OUTCOME_FILE = "job-exit-code"
 REPORT_FILE = "job-failure"
 MAX_REPORT_BYTES = 256 * 1024
@@ -192,14 +195,13 @@ def start_leader(plan: LaunchPlan, stop: StopRequest, log) -> tuple[subprocess.P
     write_host_env(plan)
     sshd = start_sshd(files)
     workers = [h for h in plan.hosts if h != plan.current_host]
-    deadline = time.monotonic() + plan.settings.peer_wait_timeout_s
+    started = time.monotonic()
+    deadline = started + plan.settings.peer_wait_timeout_s
     pending = list(workers)
     log(f"waiting for SSH on {', '.join(workers)}")
     while pending:
-        for host in list(pending):
-            done = subprocess.run(ssh_argv(files, host, "true"), capture_output=True, stdin=subprocess.DEVNULL)
-            if done.returncode == 0:
-                pending.remove(host)
+        accepted = probe_workers(files, pending, plan.settings.ssh_port)
+        pending = [h for h in pending if h not in accepted]
         if not pending:
             break
         if stop.signal_name:
@@ -210,8 +212,25 @@ def start_leader(plan: LaunchPlan, stop: StopRequest, log) -> tuple[subprocess.P
                 f"{plan.settings.peer_wait_timeout_s:g} s (BYOC_PEER_WAIT_TIMEOUT_S)"
             )
         time.sleep(POLL_S)
-    log("every worker accepts SSH")
+    log(f"every worker accepts SSH ({len(workers)} host(s), {time.monotonic() - started:.2f} s)")
     return sshd, None
+
+
+def probe_workers(files: ssh.SshFiles, hosts: list[str], port: int) -> set[str]:
+    """The hosts that accept our SSH login now, probed in parallel (at most
+    MAX_PARALLEL_PROBES at a time), so the wait does not grow with the host count the way
+    one-after-another probes did (0.3-0.4 s each). A host whose port does not answer yet
+    costs a TCP connect, not an ssh process."""
+    def accepts(host: str) -> bool:
+        if not ssh.can_connect(host, port, timeout_s=1.0):
+            return False
+        done = subprocess.run(ssh_argv(files, host, "true"), capture_output=True, stdin=subprocess.DEVNULL)
+        return done.returncode == 0
+
+    if not hosts:
+        return set()
+    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL_PROBES, len(hosts))) as pool:
+        return {host for host, ok in zip(hosts, pool.map(accepts, hosts)) if ok}
 
 
 def build_tell_command(plan: LaunchPlan, exit_code: int) -> str:
