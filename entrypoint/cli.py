@@ -5,9 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import secrets
 import sys
-import tempfile
 
 from entrypoint import execute, ssh
 from entrypoint.config import JobConfig, find_missing_channel_dirs, load_job
@@ -35,9 +33,14 @@ def build_runtime(environ: dict[str, str]) -> Runtime:
     # Per-job files that are not secret (SSH configuration, the host's environment, the
     # outcome) go to the runtime folder; the private key to memory-backed storage
     # (ssh.decide_key_folder): /run is a tmpfs on some platforms, not under Docker.
-    default = "/run/byoc" if os.access("/run", os.W_OK) else os.path.join(tempfile.gettempdir(), f"byoc-{os.getuid()}")
+    if os.access("/run", os.W_OK):
+        default = "/run/byoc"
+    else:
+        import tempfile  # rarely needed; it costs a few ms of every start-up
+
+        default = os.path.join(tempfile.gettempdir(), f"byoc-{os.getuid()}")
     runtime_dir = environ.get("BYOC_RUNTIME_DIR") or default
-    key_dir, key_note = ssh.decide_key_folder(os.path.join(runtime_dir, "ssh"), ssh.load_mounts(), secrets.token_hex(4))
+    key_dir, key_note = ssh.decide_key_folder(os.path.join(runtime_dir, "ssh"), ssh.load_mounts(), os.urandom(4).hex())
     return Runtime(python=sys.executable, runtime_dir=runtime_dir, key_dir=key_dir, key_note=key_note)
 
 

@@ -17,12 +17,11 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
 
-from entrypoint import mpi_hosts, processes, ssh
+from entrypoint import processes, ssh
 from entrypoint.liveness import JobPort, PeerWatch, wait_until_port_closes
 from entrypoint.failure import build_failure_report, build_job_outcome_report, first_root_cause, parse_root_cause_line
 from entrypoint.paths import MlPaths
@@ -232,6 +231,8 @@ def fetch_code(source: CodeSource, code_dir: str) -> None:
 
         bucket, _, key = source.uri[len("s3://"):].partition("/")
         client = boto3.client("s3", endpoint_url=os.environ.get("S3_ENDPOINT_URL") or None)
+        import tempfile  # only when the code is fetched: it costs every start-up a few ms
+
         with tempfile.TemporaryDirectory() as tmp:
             archive = os.path.join(tmp, "sourcedir.tar.gz")
             client.download_file(bucket, key, archive)
@@ -307,6 +308,7 @@ def stop_signals_set(stop: "mpi_hosts.StopRequest"):
 
 
 def run_mpi_worker(plan: LaunchPlan, paths: MlPaths, env: dict[str, str]) -> int:
+    from entrypoint import mpi_hosts  # multi-host paths only: a 1-host job never imports it
     log(f"{plan.current_host}: MPI worker for the leader {plan.leader}")
     stop = mpi_hosts.StopRequest()
     with stop_signals_set(stop):
@@ -390,6 +392,8 @@ class HostServices:
 def host_services(plan: LaunchPlan, collector: OutputCollector):
     services = HostServices(plan, collector)
     multi_host = plan.role in DISTRIBUTED_ROLES and len(plan.hosts) > 1
+    if plan.role == "mpi-leader" and multi_host:
+        from entrypoint import mpi_hosts  # multi-host paths only: a 1-host job never imports it
     try:
         if plan.role == "mpi-leader" and multi_host:
             stop = mpi_hosts.StopRequest()
@@ -496,6 +500,7 @@ def wait_for_leader_to_finish(plan: LaunchPlan) -> None:
     Bounded by BYOC_PEER_WAIT_TIMEOUT_S; SIGTERM ends the wait."""
     if plan.role not in ("torchrun", "parameter-server") or len(plan.hosts) < 2 or plan.current_host == plan.leader:
         return
+    from entrypoint import mpi_hosts  # multi-host paths only: a 1-host job never imports it
     stop = mpi_hosts.StopRequest()
     with stop_signals_set(stop):
         how = wait_until_port_closes(plan.leader, plan.settings.job_port, plan.settings.peer_wait_timeout_s,

@@ -19,7 +19,6 @@ import signal
 import subprocess
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from entrypoint import processes, ssh
@@ -226,6 +225,8 @@ def probe_workers(files: ssh.SshFiles, hosts: list[str], port: int) -> set[str]:
             return False
         done = subprocess.run(ssh_argv(files, host, "true"), capture_output=True, stdin=subprocess.DEVNULL)
         return done.returncode == 0
+
+    from concurrent.futures import ThreadPoolExecutor  # imports logging: only where it is used
 
     if not hosts:
         return set()

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import os
 import re
-import tarfile
-import tomllib
 from dataclasses import dataclass
 
 from entrypoint.errors import JobDefinitionError
@@ -141,6 +139,8 @@ def _is_installable(names: set[str], read) -> bool:
     if "setup.py" in names:
         return True
     if "pyproject.toml" in names:
+        import tomllib  # only for a code folder with a pyproject.toml (start-up cost)
+
         try:
             return "project" in tomllib.loads(read("pyproject.toml").decode("utf-8"))
         except (ValueError, UnicodeDecodeError):
@@ -184,6 +184,8 @@ def _inspect_folder(folder: str, program: str) -> CodeFacts:
 
 
 def _inspect_tar(tar_path: str, program: str) -> CodeFacts:
+    import tarfile  # only for a sourcedir.tar.gz (start-up cost)
+
     try:
         with tarfile.open(tar_path) as tar:
             members = {os.path.normpath(m.name): m for m in tar.getmembers()}

@@ -13,12 +13,14 @@ installed toolkit. Deliberate differences (README, "Differences from the toolkit
 from __future__ import annotations
 
 import json
-import logging
 from typing import Any, Mapping
 
 from entrypoint.config import JobConfig, canonical_json, thaw
 from entrypoint.probe import MachineFacts
 from entrypoint import topology
+
+# logging.INFO: the toolkit's default SM_LOG_LEVEL; logging itself is not imported for one number.
+LOG_LEVEL_INFO = 20
 
 
 def render_env_value(value: Any) -> str:
@@ -87,7 +89,7 @@ def build_training_env(job: JobConfig, facts: MachineFacts, interface: str) -> d
         "is_smddpmprun_installed": facts.smddpmprun,
         "is_smddprun_installed": facts.smddprun,
         "job_name": environ.get("TRAINING_JOB_NAME"),
-        "log_level": sagemaker.get("sagemaker_container_log_level", logging.INFO),
+        "log_level": sagemaker.get("sagemaker_container_log_level", LOG_LEVEL_INFO),
         "master_hostname": topology.leader_host(job),
         "model_dir": paths.model_dir,
         "module_dir": str(sagemaker.get("sagemaker_submit_directory", paths.code_dir)),
