@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Mapping
@@ -198,6 +199,31 @@ def _string_field(obj: dict, key: str, where: str, default: str | None = None) -
     return value
 
 
+# Values from resourceconfig.json that reach an argv (ssh and mpirun take host names,
+# torchrun --master_addr, Open MPI and NCCL the interface): what each may be. None may start
+# with "-" (ssh, mpirun or torchrun would read it as an option) or hold whitespace or control
+# characters. Host names: DNS names and SageMaker's algo-N; interfaces: Linux's 15 bytes.
+HOST_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,252}")
+INTERFACE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._@-]{0,14}")
+GROUP_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
+_RULES = {
+    HOST_NAME: "a host name: letters, digits, '.', '_' and '-', not starting with '-' or '.', at most 253",
+    INTERFACE_NAME: "a network interface name: letters, digits, '.', '_', '@' and '-', not starting with '-', at most 15",
+    GROUP_NAME: "an instance group name: letters, digits, '.', '_' and '-', not starting with '-', at most 128",
+}
+
+
+def _checked(value: str, pattern: re.Pattern, key: str, where: str) -> str:
+    """value when it matches pattern; otherwise a JobDefinitionError naming the file and key."""
+    if pattern.fullmatch(value):
+        return value
+    shown = json.dumps(value[:80]) + ("…" if len(value) > 80 else "")
+    raise JobDefinitionError(
+        f"\"{key}\" in {where} has {shown}, which is not {_RULES[pattern]} characters. "
+        f"It would be passed to ssh, mpirun or torchrun as a command-line argument, so it is refused."
+    )
+
+
 def _string_list(obj: dict, key: str, where: str) -> tuple[str, ...]:
     value = obj.get(key)
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
@@ -208,7 +234,7 @@ def _string_list(obj: dict, key: str, where: str) -> tuple[str, ...]:
     if len(set(value)) != len(value):
         dupes = sorted({v for v in value if value.count(v) > 1})
         raise JobDefinitionError(f"\"{key}\" in {where} lists {', '.join(dupes)} more than once.")
-    return tuple(value)
+    return tuple(_checked(v, HOST_NAME, key, where) for v in value)
 
 
 def parse_resource_config(doc: Any) -> ResourceConfig:
@@ -219,7 +245,7 @@ def parse_resource_config(doc: Any) -> ResourceConfig:
         raise JobDefinitionError(
             f"\"hosts\" in {where} is empty: a training job needs at least one host."
         )
-    current_host = _string_field(obj, "current_host", where)
+    current_host = _checked(_string_field(obj, "current_host", where), HOST_NAME, "current_host", where)
     if current_host not in hosts:
         raise JobDefinitionError(
             f"current_host \"{current_host}\" in {where} is not one of its hosts "
@@ -236,7 +262,7 @@ def parse_resource_config(doc: Any) -> ResourceConfig:
         gwhere = f"instance_groups[{i}] of {where}"
         if not isinstance(group, dict):
             raise JobDefinitionError(f"{gwhere} must be an object, but it is {_json_type(group)}.")
-        name = _string_field(group, "instance_group_name", gwhere)
+        name = _checked(_string_field(group, "instance_group_name", gwhere), GROUP_NAME, "instance_group_name", gwhere)
         group_hosts = _string_list(group, "hosts", gwhere)
         strangers = [h for h in group_hosts if h not in hosts]
         if strangers:
@@ -266,8 +292,9 @@ def parse_resource_config(doc: Any) -> ResourceConfig:
         current_instance_type=_string_field(obj, "current_instance_type", where, default="local"),
         current_group_name=current_group,
         instance_groups=tuple(groups),
-        network_interface_name=_string_field(
-            obj, "network_interface_name", where, default="eth0"
+        network_interface_name=_checked(
+            _string_field(obj, "network_interface_name", where, default="eth0"),
+            INTERFACE_NAME, "network_interface_name", where,
         ),
         raw=frozen_mapping(obj),
     )

@@ -39,6 +39,12 @@ BAD_TREES = {
     "bad-input-mode": (lambda r: corrupt(r, "inputdataconfig.json", '{"train": {"TrainingInputMode": "Stream"}}'), 'TrainingInputMode "Stream"'),
     "missing-resourceconfig": (lambda r: (r / "input/config/resourceconfig.json").unlink(), "resourceconfig.json does not exist"),
     "bad-env-setting": (None, "BYOC_GRACE_PERIOD_S='soon'"),
+    "host-name-is-an-option": (lambda r: corrupt(r, "resourceconfig.json", json.dumps(
+        {"current_host": "algo-1", "hosts": ["algo-1", "-oProxyCommand=touch /tmp/pwned"]})),
+        '"hosts" in resourceconfig.json has "-oProxyCommand=touch /tmp/pwned", which is not a host name'),
+    "interface-with-a-space": (lambda r: corrupt(r, "resourceconfig.json", json.dumps(
+        {"current_host": "algo-1", "hosts": ["algo-1"], "network_interface_name": "eth0 --foo"})),
+        '"network_interface_name" in resourceconfig.json has "eth0 --foo", which is not a network interface name'),
 }
 
 
@@ -166,3 +172,33 @@ def test_defaults_and_order_kept():
     channels = parse_input_data_config({"train": {}})
     assert channels.channels[0].input_mode == "File" and channels.channels[0].distribution == "FullyReplicated"
     assert parse_checkpoint_config({}, MlPaths("/opt/ml")).local_path == "/opt/ml/checkpoints"
+
+
+# --- values that reach an argv (ssh, mpirun, torchrun) -------------------------------------
+
+ARGV_HOSTILE = st.one_of(
+    st.text(min_size=1, max_size=20).map(lambda s: "-" + s),                       # read as an option
+    st.tuples(st.text(max_size=8), st.sampled_from(" \t\n\r\x00\x1b\x7f"), st.text(max_size=8)).map("".join),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(bad=ARGV_HOSTILE)
+def test_no_host_or_interface_that_an_argv_could_misread_gets_through(bad):
+    for doc, key in (
+        ({"current_host": "algo-1", "hosts": ["algo-1", bad]}, '"hosts"'),
+        ({"current_host": bad, "hosts": [bad]}, '"hosts"'),
+        ({"current_host": "algo-1", "hosts": ["algo-1"], "network_interface_name": bad}, '"network_interface_name"'),
+        ({"current_host": "algo-1", "hosts": ["algo-1"], "current_group_name": "g",
+          "instance_groups": [{"instance_group_name": bad, "hosts": ["algo-1"]}]}, '"instance_group_name"'),
+    ):
+        with pytest.raises(JobDefinitionError) as err:
+            parse_resource_config(doc)
+        assert key in str(err.value) and "resourceconfig.json" in str(err.value)
+
+
+@pytest.mark.parametrize("host", ["algo-1", "algo-12", "ip-10-0-1-23.ec2.internal", "node_3", "10.0.0.7"])
+@pytest.mark.parametrize("interface", ["eth0", "ethwe", "ens5", "enp0s31f6", "veth1@if2"])
+def test_real_host_and_interface_names_pass(host, interface):
+    resource = parse_resource_config({"current_host": host, "hosts": [host], "network_interface_name": interface})
+    assert resource.hosts == (host,) and resource.network_interface_name == interface
