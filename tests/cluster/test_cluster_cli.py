@@ -12,6 +12,7 @@ import time
 import pytest
 
 from localcluster import registry
+from support.public import copy_package_for_everyone
 
 PYTHON = sys.executable
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -126,13 +127,19 @@ def test_without_root_and_without_user_namespaces_the_message_says_what_is_neede
     setpriv = shutil.which("setpriv")
     if not os.path.exists("/usr/bin/python3") or setpriv is None:
         pytest.skip("needs /usr/bin/python3 and setpriv to run as an unprivileged user")
-    env = {"PATH": str(tmp_path), "PYTHONPATH": REPO}
+    # A copy of the package where an unprivileged user can read it: the checkout may lie under
+    # /root (mode 0700), as on a fresh machine where root clones into its home.
+    public = copy_package_for_everyone("localcluster")
+    env = {"PATH": str(tmp_path), "PYTHONPATH": public}
     started = time.monotonic()
-    done = subprocess.run(
-        [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", "--",
-         "/usr/bin/python3", "-m", "localcluster", "run", "--hosts", "2", "--", "true"],
-        capture_output=True, text=True, env=env, timeout=30, cwd="/",
-    )  # fmt: skip
+    try:
+        done = subprocess.run(
+            [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", "--",
+             "/usr/bin/python3", "-m", "localcluster", "run", "--hosts", "2", "--", "true"],
+            capture_output=True, text=True, env=env, timeout=30, cwd="/",
+        )  # fmt: skip
+    finally:
+        shutil.rmtree(public)
     assert time.monotonic() - started < 5
     assert done.returncode == 2, done.stdout + done.stderr
     assert "localcluster needs root (uid 0 with CAP_SYS_ADMIN and CAP_NET_ADMIN)" in done.stderr
