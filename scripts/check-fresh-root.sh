@@ -100,7 +100,9 @@ inner+=$'\n'"$commands"
 mkdir -p "$scratch/docker"
 started=$SECONDS
 set +e
-docker run --name "byoc-fresh-root-$$" --rm --network host --hostname fresh-root \
+# --add-host: a Debian install resolves its own host name (127.0.1.1 in /etc/hosts); a host-
+# network container's name does not, and gloo/Horovod on one host then fail on it.
+docker run --name "byoc-fresh-root-$$" --rm --network host --hostname fresh-root --add-host fresh-root:127.0.1.1 \
     --cap-add ALL --cap-drop SYS_RESOURCE --security-opt seccomp=unconfined --security-opt apparmor=unconfined \
     -v /sys/fs/cgroup:/sys/fs/cgroup:rw \
     -v "$scratch:/scratch" -v "$scratch/docker:/var/lib/byoc-docker" \

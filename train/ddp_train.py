@@ -67,11 +67,42 @@ def start_process_group(pg_backend: str, ranks: RankInfo, environ: Mapping[str, 
     else:
         from mpi4py import MPI
 
-        # The hostname SageMaker gives the host resolves on every host; gethostname() may not.
-        host = environ.get("SM_CURRENT_HOST") or socket.gethostname()
-        address = MPI.COMM_WORLD.bcast((host, _free_port()) if ranks.rank == 0 else None, root=0)
+        comm = MPI.COMM_WORLD
+        all_local = comm.Split_type(MPI.COMM_TYPE_SHARED).Get_size() == comm.Get_size()
+        offer = None
+        if ranks.rank == 0:
+            try:
+                offer = (decide_rendezvous_host(environ, socket.gethostname(), _resolves, all_local), _free_port())
+            except RuntimeError as exc:
+                offer = str(exc)
+        address = comm.bcast(offer, root=0)
+        if isinstance(address, str):  # every rank fails with rank 0's reason, none waits for a store
+            raise RuntimeError(address)
         dist.init_process_group(pg_backend, init_method=f"tcp://{address[0]}:{address[1]}", rank=ranks.rank,
                                 world_size=ranks.world_size, timeout=timeout)
+
+
+def _resolves(host: str) -> bool:
+    try:
+        socket.getaddrinfo(host, None)
+        return True
+    except OSError:
+        return False
+
+
+def decide_rendezvous_host(environ: Mapping[str, str], hostname: str, resolves, all_local: bool) -> str:
+    """Where rank 0 opens the store under plain mpirun. The host name SageMaker gives resolves
+    on every host (SM_CURRENT_HOST); gethostname() may not (a container's random name). An
+    unresolvable name used to leave every rank retrying the store for the collective timeout
+    (30 min): on one host the loopback serves, across hosts it is an error that says so."""
+    host = environ.get("SM_CURRENT_HOST") or hostname
+    if resolves(host):
+        return host
+    if all_local:
+        return "127.0.0.1"
+    raise RuntimeError(f"rank 0's host name {host!r} does not resolve and the ranks span several hosts: "
+                       "set SM_CURRENT_HOST to a name every host resolves (the entrypoint does), "
+                       "or MASTER_ADDR and MASTER_PORT")
 
 
 class DDPBackend(Backend):

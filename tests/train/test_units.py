@@ -215,3 +215,17 @@ def test_ddp_rendezvous_choice(environ, expected):
     from train.ddp_train import decide_rendezvous
 
     assert decide_rendezvous(environ, parse_rank_info(environ)) == expected
+
+
+def test_rendezvous_host_under_plain_mpirun():
+    """An unresolvable gethostname() used to hang every rank for the collective timeout."""
+    import pytest
+
+    from train.ddp_train import decide_rendezvous_host
+
+    resolves = {"algo-1", "vm"}.__contains__
+    assert decide_rendezvous_host({"SM_CURRENT_HOST": "algo-1"}, "c0ffee", resolves, all_local=False) == "algo-1"
+    assert decide_rendezvous_host({}, "vm", resolves, all_local=False) == "vm"
+    assert decide_rendezvous_host({}, "c0ffee", resolves, all_local=True) == "127.0.0.1"
+    with pytest.raises(RuntimeError, match="'c0ffee' does not resolve and the ranks span several hosts"):
+        decide_rendezvous_host({}, "c0ffee", resolves, all_local=False)
