@@ -13,7 +13,9 @@ import pytest
 
 from localmode.harness import V2JobResult, run_v2_job
 
-pytestmark = pytest.mark.slow
+# byoc_image: every job here runs the image of this tree, which the fixture builds (or finds in
+# Docker's cache); without it these tests passed only when an earlier test had built it.
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("byoc_image")]
 SCRIPTS = Path(__file__).resolve().with_name("scripts")
 
 
