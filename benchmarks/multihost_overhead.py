@@ -1,9 +1,13 @@
-"""End-to-end overhead of a 2-host job: ours (`python -m entrypoint train`) vs the
-sagemaker-training toolkit, for mpirun and for torchrun, on one emulated 2-host cluster
-(localcluster: Linux namespaces, needs root).
+"""End-to-end overhead of a multi-host job: ours (`python -m entrypoint train`) vs the
+sagemaker-training toolkit, for mpirun and for torchrun, on emulated hosts (localcluster:
+Linux namespaces, needs root); 2 hosts unless --hosts names other counts.
 
     .venv/bin/python benchmarks/multihost_overhead.py [--runs 5] [--mpi-toolkit-runs N]
-        [--only mpi|torchrun] [--timeline] [--trace]
+        [--only mpi|torchrun] [--who ours|toolkit] [--hosts 2,4,8,16] [--timeline] [--trace]
+
+For ours under mpirun it also reports the leader's serial time: the leader's own steps,
+not counting the time it waits for the workers' own start-up (which runs on each worker's
+machine, in parallel, on a real cluster) nor the script. See LEADER_STEPS.
 
 overhead = wall time of the whole job (from starting the container command on every host
 until every host has exited) - the script's own time (from the first rank's first line to
@@ -49,7 +53,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 BENCH_DIR = Path(__file__).resolve().parent
 VENV_BIN = Path(sys.executable).parent
-HOSTS = ("algo-1", "algo-2")
+DEFAULT_HOSTS = 2
+
+
+def build_host_names(count: int) -> list[str]:
+    return [f"algo-{i}" for i in range(1, count + 1)]
+
 TOOLKIT_DONE_FILE = "/tmp/done.algo-1"  # the toolkit's MPI status file (/tmp is shared here)
 GOALS = {"mpi": 3.0, "torchrun": 1.0}  # s: ours mpirun overhead; ours torchrun beyond import torch
 
@@ -434,6 +443,58 @@ def format_phases(runs: list[RunResult]) -> str:
     return "\n".join(lines)
 
 
+# ---------------------------------------------------------------- the leader's serial time
+
+# Ours under mpirun, from the hosts' log lines (no tracer needed). With one machine per host
+# the workers' start-up overlaps the leader's; what stays on the critical path is the
+# leader's own steps, one after another:
+LEADER_STEPS = (
+    ("start", "leader's start until its first probe (interpreter, /opt/ml, host key, sshd)"),
+    ("probe", "last worker ready (serving SSH) until the leader knows every worker accepts it"),
+    ("launch", "mpirun started until the script's first line (orted on every host over SSH, ranks start)"),
+    ("finish", "script's last line until mpirun reports (MPI_Finalize, orteds end)"),
+    ("tell", "mpirun reported until the leader's command exited (the outcome written on every worker)"),
+)
+LEADER = "algo-1"
+
+
+def _first(r: RunResult, host: str | None, pattern: str) -> float | None:
+    for t, h, text in r.timeline:
+        if (host is None or h == host) and re.search(pattern, text):
+            return t
+    return None
+
+
+def build_leader_steps(r: RunResult) -> dict[str, float] | None:
+    """Seconds of each LEADER_STEPS step in one run of ours under mpirun; None if a line is
+    missing (another launcher, or the toolkit)."""
+    probing = _first(r, LEADER, r"\[entrypoint\] waiting for SSH on")
+    accepted = _first(r, LEADER, r"\[entrypoint\] every worker accepts SSH")
+    launched = _first(r, LEADER, r"\[entrypoint\] .*: running mpirun on")
+    reported = _first(r, LEADER, r"\[entrypoint\] .*: mpirun on .* (succeeded|failed)")
+    ready = [t for t, h, text in r.timeline if h != LEADER and "serving SSH to the leader" in text]
+    if None in (probing, accepted, launched, reported) or not ready:
+        return None
+    leader_exit = dict(r.host_exit_s)[LEADER]
+    return {
+        "start": probing,
+        "probe": max(0.0, accepted - max(max(ready), probing)),
+        "launch": r.script_start_s - launched,
+        "finish": reported - r.script_end_s,
+        "tell": leader_exit - reported,
+    }
+
+
+def format_leader_steps(runs: list[RunResult]) -> list[str]:
+    steps = [s for s in (build_leader_steps(r) for r in runs) if s]
+    if not steps:
+        return []
+    medians = {name: statistics.median(s[name] for s in steps) for name, _ in LEADER_STEPS}
+    serial = statistics.median(sum(s.values()) for s in steps)
+    parts = "  ".join(f"{name} {medians[name]:.2f}" for name, _ in LEADER_STEPS)
+    return [f"leader's serial time {serial:5.2f} s  ({parts})"]
+
+
 # ---------------------------------------------------------------- reporting
 
 
@@ -468,22 +529,26 @@ def pick_median_run(runs: list[RunResult]) -> RunResult:
     return ordered[(len(ordered) - 1) // 2]
 
 
-def build_summary(launcher: str, results: dict[str, list[RunResult]], torch_import_s: float | None) -> list[str]:
+def build_summary(launcher: str, results: dict[str, list[RunResult]], torch_import_s: float | None,
+                  hosts: int = DEFAULT_HOSTS) -> list[str]:
     out = []
+    label = f"{hosts:>2} hosts  "
     for who in ("ours", "toolkit"):
         runs = results.get(who)
         if not runs:
             continue
         over = [r.overhead_s for r in runs]
         line = (
-            f"{launcher:<8} {who:<7} runs {len(runs)}  wall {statistics.median(r.wall_s for r in runs):6.2f} s  "
+            f"{label}{launcher:<8} {who:<7} runs {len(runs)}  wall {statistics.median(r.wall_s for r in runs):6.2f} s  "
             f"script {statistics.median(r.script_s for r in runs):5.2f} s  overhead {statistics.median(over):6.2f} s "
             f"(min {min(over):.2f}, max {max(over):.2f})"
         )
         if torch_import_s is not None:
             line += f"  beyond import torch {statistics.median(over) - torch_import_s:5.2f} s"
         out.append(line)
-    if results["ours"]:
+        if who == "ours" and launcher == "mpi":
+            out += [f"{label}{launcher:<8} {who:<7} {text}" for text in format_leader_steps(runs)]
+    if results["ours"] and hosts == DEFAULT_HOSTS:
         over = statistics.median(r.overhead_s for r in results["ours"])
         if launcher == "mpi":
             verdict = "met" if over <= GOALS["mpi"] else "MISSED"
@@ -503,12 +568,13 @@ def bench_launcher(
 ) -> dict[str, list[RunResult]]:
     sides = build_sides()
     cluster.write_opt_ml(build_job(launcher, code_dir))
-    order = ("ours", "toolkit")
-    results: dict[str, list[RunResult]] = {who: [] for who in order}
+    order = tuple(who for who in ("ours", "toolkit") if runs[who])
+    results: dict[str, list[RunResult]] = {who: [] for who in ("ours", "toolkit")}
     print(f"== {launcher}: warm-up (one run each, not counted)", flush=True)
     for who in order:
         print(format_run(run_once(cluster, sides[(launcher, who)], lines)) + "  [warm-up]", flush=True)
-    print(f"== {launcher}: " + ", ".join(f"{runs[who]} runs {who}" for who in order) + ", alternating", flush=True)
+    print(f"== {launcher}: " + ", ".join(f"{runs[who]} runs {who}" for who in order)
+          + (", alternating" if len(order) > 1 else ""), flush=True)
     for i in range(max(runs.values())):
         if launcher == "torchrun":
             # Between the runs, under the same load as the runs.
@@ -533,12 +599,25 @@ def bench_launcher(
     return results
 
 
+def parse_host_counts(text: str) -> tuple[int, ...]:
+    try:
+        counts = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected host counts like 2,4,8,16, got {text!r}") from None
+    if any(c < 2 or c > 64 for c in counts):
+        raise argparse.ArgumentTypeError(f"host counts must be 2 to 64 (got {text})")
+    return counts
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=5, help="runs per side (default 5)")
     parser.add_argument("--mpi-toolkit-runs", type=int, default=None,
                         help="runs of the toolkit's mpirun flow, ~35 s each (default: --runs)")  # fmt: skip
     parser.add_argument("--only", choices=("mpi", "torchrun"), help="one launcher only")
+    parser.add_argument("--who", choices=("ours", "toolkit"), help="one side only (default: both, alternating)")
+    parser.add_argument("--hosts", type=parse_host_counts, default=(DEFAULT_HOSTS,),
+                        help="host counts, comma-separated, e.g. 2,4,8,16: one cluster each (default 2)")
     parser.add_argument("--timeline", action="store_true", help="print every run's timeline")
     parser.add_argument("--trace", action="store_true",
                         help="add the hosts' processes (+ started, - ended) to the timelines; costs CPU itself")  # fmt: skip
@@ -552,6 +631,10 @@ def main() -> int:
     launchers = (args.only,) if args.only else ("mpi", "torchrun")
     toolkit_mpi_runs = args.mpi_toolkit_runs if args.mpi_toolkit_runs is not None else args.runs
     runs = {"mpi": {"ours": args.runs, "toolkit": toolkit_mpi_runs}, "torchrun": {"ours": args.runs, "toolkit": args.runs}}
+    if args.who:
+        for per_side in runs.values():
+            for who in per_side:
+                per_side[who] = per_side[who] if who == args.who else 0
     python = os.path.relpath(sys.executable, REPO) if sys.executable.startswith(str(REPO)) else sys.executable
     print(f"command: {python} {os.path.relpath(__file__, REPO)} {' '.join(sys.argv[1:])}".rstrip())
     print(f"machine: {os.cpu_count()} CPUs, load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
@@ -567,12 +650,14 @@ def main() -> int:
         if "torchrun" in launchers:
             probe_torch_import()  # warm the page cache
         try:
-            with EmulatedCluster(list(HOSTS), build_job(launchers[0], str(code_dir)), echo=lines, ssh_seed=str(seed)) as cluster:
-                print(f"cluster {cluster.cluster_id}: {', '.join(f'{h}={cluster.address(h)}' for h in HOSTS)}", flush=True)
-                for launcher in launchers:
-                    results = bench_launcher(cluster, launcher, runs[launcher], lines, str(code_dir), args, torch_imports)
-                    torch_import = statistics.median(torch_imports) if launcher == "torchrun" else None
-                    summary += build_summary(launcher, results, torch_import)
+            for count in args.hosts:
+                hosts = build_host_names(count)
+                with EmulatedCluster(hosts, build_job(launchers[0], str(code_dir)), echo=lines, ssh_seed=str(seed)) as cluster:
+                    print(f"cluster {cluster.cluster_id}: {', '.join(f'{h}={cluster.address(h)}' for h in hosts)}", flush=True)
+                    for launcher in launchers:
+                        results = bench_launcher(cluster, launcher, runs[launcher], lines, str(code_dir), args, torch_imports)
+                        torch_import = statistics.median(torch_imports) if launcher == "torchrun" and torch_imports else None
+                        summary += build_summary(launcher, results, torch_import, count)
         finally:
             if os.path.exists(TOOLKIT_DONE_FILE):
                 os.remove(TOOLKIT_DONE_FILE)
@@ -581,6 +666,8 @@ def main() -> int:
         print(f"python -c 'import torch': median {statistics.median(torch_imports):.2f} s of {len(torch_imports)} "
               f"(min {min(torch_imports):.2f}, max {max(torch_imports):.2f})")  # fmt: skip
     print("\n".join(summary))
+    if any(line for line in summary if "leader's serial time" in line):
+        print("leader's steps (s): " + "; ".join(f"{name} = {what}" for name, what in LEADER_STEPS))
     print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return 0
 

@@ -17,6 +17,9 @@
 #   --version VERSION         OCI version label (default: pyproject.toml's version)
 #   --source URL              OCI source label (default: git remote origin, if any)
 #   --cache-from REF          an earlier image whose layers the build may reuse
+#   --wheelhouse DIR          after the build, keep the Horovod wheel it made or reused in
+#                             DIR (docker/wheelhouse/<flavor>, which the next build reads;
+#                             docker/wheelhouse/README.md). cpu and gpu only
 #   --print                   print the command (one argument a line) instead of running it
 # ENGINE_ARGS go to the build command as they are (e.g. --network host).
 set -euo pipefail
@@ -27,6 +30,7 @@ versions_file="$repo_root/docker/versions.env"
 die() { echo "build.sh: $*" >&2; exit 2; }
 
 flavor='' tag='' builder=auto revision='' version='' source_url='' cache_from='' print=0
+wheelhouse=''
 overrides=()
 engine_args=()
 while (($#)); do
@@ -39,6 +43,7 @@ while (($#)); do
         --version) version=${2?}; shift 2 ;;
         --source) source_url=${2?}; shift 2 ;;
         --cache-from) cache_from=${2:?--cache-from needs a value}; shift 2 ;;
+        --wheelhouse) wheelhouse=${2:?--wheelhouse needs a folder}; shift 2 ;;
         --print) print=1; shift ;;
         --) shift; engine_args=("$@"); break ;;
         -h|--help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
@@ -53,6 +58,9 @@ case "$flavor" in
     *) die "--flavor must be cpu, gpu or trn1 (got '${flavor}')" ;;
 esac
 [ -n "$tag" ] || die "--tag is required"
+if [ -n "$wheelhouse" ] && [ "$flavor" = trn1 ]; then
+    die "--wheelhouse: the trn1 image builds no Horovod"
+fi
 case "$builder" in auto|buildx|legacy) ;; *) die "--builder must be auto, buildx or legacy" ;; esac
 
 # versions.env → KEY VALUE pairs; --set entries replace values of existing keys only
@@ -117,4 +125,41 @@ if ((print)); then
     exit 0
 fi
 echo "build.sh: building $flavor as $tag with Docker ($builder builder)" >&2
-exec "${cmd[@]}"
+if [ -z "$wheelhouse" ]; then
+    exec "${cmd[@]}"
+fi
+"${cmd[@]}"
+
+# The `wheelhouse` stage: every step is a cache hit of the build above, so this costs
+# seconds. Its files replace DIR's only when they differ (an untouched DIR keeps the next
+# build's COPY of it a cache hit).
+export_dir=$(mktemp -d)
+trap 'rm -rf -- "$export_dir"' EXIT
+# The same command without its tag, --load and context.
+stage_cmd=()
+for ((i = 0; i < ${#cmd[@]} - 1; i++)); do
+    case "${cmd[i]}" in
+        --tag) i=$((i + 1)) ;;
+        --load) ;;
+        *) stage_cmd+=("${cmd[i]}") ;;
+    esac
+done
+if [ "$builder" = buildx ]; then
+    stage_cmd+=(--target wheelhouse --output "type=local,dest=$export_dir" "$repo_root")
+    "${stage_cmd[@]}" >&2
+else
+    stage_cmd+=(--quiet --target wheelhouse "$repo_root")
+    stage_image=$("${stage_cmd[@]}")
+    container=$(docker create "$stage_image" /none)
+    docker cp "$container:/wheels" "$export_dir/" >/dev/null
+    docker rm "$container" >/dev/null
+fi
+[ -d "$export_dir/wheels" ] || die "--wheelhouse: the build's wheelhouse stage has no /wheels"
+mkdir -p "$wheelhouse"
+if diff -r -q --exclude=.gitkeep "$export_dir/wheels" "$wheelhouse" >/dev/null 2>&1; then
+    echo "build.sh: $wheelhouse already holds this build's Horovod wheel" >&2
+else
+    find "$wheelhouse" -mindepth 1 -maxdepth 1 ! -name .gitkeep -exec rm -rf -- {} +
+    cp -r "$export_dir/wheels/." "$wheelhouse/"
+    echo "build.sh: kept this build's Horovod wheel in $wheelhouse: $(cd "$wheelhouse" && echo horovod-*)" >&2
+fi

@@ -17,7 +17,6 @@ import os
 import shlex
 import signal
 import subprocess
-import threading
 import time
 from dataclasses import dataclass
 
@@ -28,8 +27,11 @@ POLL_S = 0.05
 # How long a worker that has its outcome waits for the leader's SSH sessions (the one that
 # delivered the outcome among them) to close before it stops sshd.
 SESSION_CLOSE_WAIT_S = 5.0
-# The leader's SSH probes of its workers run this many at a time (each is an ssh process).
-MAX_PARALLEL_PROBES = 64
+# The leader's SSH sessions to its workers (probes, telling the outcome) run this many at a
+# time: each is an ssh process (~5 MB, a key exchange), and a small leader instance with
+# 255 workers should not start 255 at once. Open MPI's own orted launch has its own limit
+# (plm_rsh_num_concurrent, 128 by default).
+MAX_PARALLEL_SESSIONS = 64
 OUTCOME_FILE = "job-exit-code"
 REPORT_FILE = "job-failure"
 MAX_REPORT_BYTES = 256 * 1024
@@ -217,7 +219,7 @@ def start_leader(plan: LaunchPlan, stop: StopRequest, log) -> tuple[subprocess.P
 
 def probe_workers(files: ssh.SshFiles, hosts: list[str], port: int) -> set[str]:
     """The hosts that accept our SSH login now, probed in parallel (at most
-    MAX_PARALLEL_PROBES at a time), so the wait does not grow with the host count the way
+    MAX_PARALLEL_SESSIONS at a time), so the wait does not grow with the host count the way
     one-after-another probes did (0.3-0.4 s each). A host whose port does not answer yet
     costs a TCP connect, not an ssh process."""
     def accepts(host: str) -> bool:
@@ -226,12 +228,18 @@ def probe_workers(files: ssh.SshFiles, hosts: list[str], port: int) -> set[str]:
         done = subprocess.run(ssh_argv(files, host, "true"), capture_output=True, stdin=subprocess.DEVNULL)
         return done.returncode == 0
 
+    return {host for host, ok in zip(hosts, run_per_host(accepts, hosts)) if ok}
+
+
+def run_per_host(action, hosts: list[str]) -> list:
+    """action(host) for every host, at most MAX_PARALLEL_SESSIONS at a time; the results in
+    the hosts' order."""
     from concurrent.futures import ThreadPoolExecutor  # imports logging: only where it is used
 
     if not hosts:
-        return set()
-    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL_PROBES, len(hosts))) as pool:
-        return {host for host, ok in zip(hosts, pool.map(accepts, hosts)) if ok}
+        return []
+    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL_SESSIONS, len(hosts))) as pool:
+        return list(pool.map(action, hosts))
 
 
 def build_tell_command(plan: LaunchPlan, exit_code: int) -> str:
@@ -246,7 +254,8 @@ def build_tell_command(plan: LaunchPlan, exit_code: int) -> str:
 
 
 def tell_workers(plan: LaunchPlan, exit_code: int, report: str | None, log) -> None:
-    """Write the job's outcome on every worker, in parallel; a dead worker is skipped."""
+    """Write the job's outcome on every worker, in parallel (MAX_PARALLEL_SESSIONS at a
+    time); a dead worker is skipped."""
     files = files_for(plan)
     command = build_tell_command(plan, exit_code)
     payload = (report or "").encode("utf-8", "replace")[:MAX_REPORT_BYTES] if exit_code != 0 else b""
@@ -259,11 +268,7 @@ def tell_workers(plan: LaunchPlan, exit_code: int, report: str | None, log) -> N
         except subprocess.TimeoutExpired:
             log(f"could not tell {host} the outcome: timed out")
 
-    threads = [threading.Thread(target=tell, args=(h,)) for h in plan.hosts if h != plan.current_host]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_per_host(tell, [h for h in plan.hosts if h != plan.current_host])
 
 
 # --- worker ------------------------------------------------------------------------------------

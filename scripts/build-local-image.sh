@@ -59,7 +59,8 @@ if [ -d "$local_dir/wheels" ]; then
 fi
 
 start=$SECONDS
-bash docker/build.sh --flavor cpu --tag "$tag" "${set_args[@]}" -- --network host "${extra[@]}" >&2
+bash docker/build.sh --flavor cpu --tag "$tag" "${set_args[@]}" --wheelhouse docker/wheelhouse/cpu \
+    -- --network host "${extra[@]}" >&2
 size=$(docker image inspect --format '{{.Size}}' "$tag")
 echo "build-local-image: $tag built in $((SECONDS - start)) s, $((size / 1000000)) MB" >&2
 echo "$tag"

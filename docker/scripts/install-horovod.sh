@@ -3,23 +3,19 @@
 # HOROVOD_GPU_OPERATIONS=NCCL). Horovod 0.28.1 pins C++14 in its CMake files while
 # PyTorch >= 2.1 headers need C++17, and its CMake strips -std flags from CXXFLAGS, so
 # the two `CMAKE_CXX_STANDARD 14` lines of the sdist become 17 before the build.
-# Ends with `horovodrun --check-build`, asserting what was built.
+#
+# The compile is most of an uncached image build (minutes on 2 cores; far more with CUDA),
+# and Docker's layer cache loses it whenever any earlier layer changes. So the wheel is
+# kept, keyed by what it was built against ("build facts": this script, Horovod's version,
+# Python, torch and its C++ ABI, Open MPI, the compiler, cmake, glibc, NCCL and nvcc): a
+# wheel in $WHEELHOUSE_IN whose recorded facts equal this build's is installed instead of
+# compiled. Every build leaves its wheel and facts in $WHEELS_OUT, which the Dockerfile's
+# `wheelhouse` stage exports (docker/build.sh --wheelhouse DIR; docker/wheelhouse/README.md).
+# Ends with `horovodrun --check-build`, asserting what was built or reused.
 set -euo pipefail
 : "${PYPI_HOROVOD_VERSION:?from docker/versions.env}"
-
-work=$(mktemp -d)
-trap 'rm -rf -- "$work"' EXIT
-python3 -m pip download --no-cache-dir -q --no-deps --no-binary :all: \
-    "horovod==$PYPI_HOROVOD_VERSION" -d "$work"
-tar -xzf "$work/horovod-$PYPI_HOROVOD_VERSION.tar.gz" -C "$work"
-src="$work/horovod-$PYPI_HOROVOD_VERSION"
-
-mapfile -t pinned < <(grep -l 'CMAKE_CXX_STANDARD 14' "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt" || true)
-if ((${#pinned[@]} != 2)); then
-    echo "install-horovod: expected 'CMAKE_CXX_STANDARD 14' in both CMake files, found: ${pinned[*]:-none}" >&2
-    exit 1
-fi
-sed -i 's/CMAKE_CXX_STANDARD 14/CMAKE_CXX_STANDARD 17/' "${pinned[@]}"
+WHEELHOUSE_IN=${WHEELHOUSE_IN:-/opt/byoc-wheelhouse}
+WHEELS_OUT=${WHEELS_OUT:-/opt/byoc-wheels-built}
 
 if [ "${HOROVOD_GPU_OPERATIONS:-}" = NCCL ]; then
     # Build against the NCCL that torch's CUDA wheels brought (nvidia-nccl-cu*), so one
@@ -43,9 +39,59 @@ print(sorted(hits)[0] if hits else "")')
     export HOROVOD_BUILD_CUDA_CC_LIST
 fi
 
-HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
-HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 MAKEFLAGS="-j$(nproc)" \
-    python3 -m pip install --no-cache-dir -q --no-build-isolation "$src"
+# The build facts, one a line: a change in any of them means a new wheel.
+build_facts() {
+    echo "install-horovod.sh $(sha256sum "${BASH_SOURCE[0]}" | cut -d' ' -f1)"
+    echo "horovod $PYPI_HOROVOD_VERSION"
+    echo "gpu-operations ${HOROVOD_GPU_OPERATIONS:-none} ${HOROVOD_BUILD_CUDA_CC_LIST:-}"
+    python3 - <<'PY'
+import sys, sysconfig
+import torch
+print("python", sys.version.split()[0], sysconfig.get_platform())
+print("torch", torch.__version__, "cxx11abi", int(torch.compiled_with_cxx11_abi()), "cuda", torch.version.cuda)
+PY
+    echo "mpi $(mpirun --version 2>&1 | head -n1)"
+    echo "c++ $(c++ --version | head -n1)"
+    echo "cmake $(cmake --version | head -n1)"
+    echo "glibc $(ldd --version | head -n1)"
+    if [ -n "${HOROVOD_NCCL_HOME:-}" ]; then
+        echo "nccl.h $(sha256sum "$HOROVOD_NCCL_HOME/include/nccl.h" | cut -d' ' -f1)"
+        echo "nvcc $( ("$HOROVOD_CUDA_HOME/bin/nvcc" --version 2>/dev/null || true) | tail -n1)"
+    fi
+}
+
+facts=$(build_facts)
+key=$(sha256sum <<<"$facts" | cut -c1-16)
+entry=horovod-$PYPI_HOROVOD_VERSION-$key
+out="$WHEELS_OUT/$entry"
+mkdir -p "$out"
+printf '%s\n' "$facts" >"$out/build-facts.txt"
+kept=("$WHEELHOUSE_IN/$entry/horovod-$PYPI_HOROVOD_VERSION"-*.whl)
+if [ -f "${kept[0]}" ] && cmp -s "$WHEELHOUSE_IN/$entry/build-facts.txt" "$out/build-facts.txt"; then
+    echo "install-horovod: reusing the kept wheel $entry (built for these facts): no compile"
+    cp "${kept[0]}" "$out/"
+else
+    echo "install-horovod: no kept wheel for $entry in $WHEELHOUSE_IN: building from source for"
+    printf '  %s\n' "${facts//$'\n'/$'\n'  }"
+    work=$(mktemp -d)
+    trap 'rm -rf -- "$work"' EXIT
+    python3 -m pip download --no-cache-dir -q --no-deps --no-binary :all: \
+        "horovod==$PYPI_HOROVOD_VERSION" -d "$work"
+    tar -xzf "$work/horovod-$PYPI_HOROVOD_VERSION.tar.gz" -C "$work"
+    src="$work/horovod-$PYPI_HOROVOD_VERSION"
+
+    mapfile -t pinned < <(grep -l 'CMAKE_CXX_STANDARD 14' "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt" || true)
+    if ((${#pinned[@]} != 2)); then
+        echo "install-horovod: expected 'CMAKE_CXX_STANDARD 14' in both CMake files, found: ${pinned[*]:-none}" >&2
+        exit 1
+    fi
+    sed -i 's/CMAKE_CXX_STANDARD 14/CMAKE_CXX_STANDARD 17/' "${pinned[@]}"
+
+    HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
+    HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 MAKEFLAGS="-j$(nproc)" \
+        python3 -m pip wheel --no-cache-dir -q --no-deps --no-build-isolation -w "$out" "$src"
+fi
+python3 -m pip install --no-cache-dir -q "$out/horovod-$PYPI_HOROVOD_VERSION"-*.whl
 
 # The check: what horovodrun says was built.
 report=$(horovodrun --check-build)

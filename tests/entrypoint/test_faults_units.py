@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -292,3 +293,24 @@ def test_a_worker_with_its_outcome_waits_for_the_leaders_session_to_close():
             os.kill(pid, 9)
         stuck.kill()
         stuck.wait()
+
+
+def test_the_leaders_sessions_to_workers_run_in_parallel_but_at_most_the_cap_at_once(monkeypatch):
+    from entrypoint import mpi_hosts
+
+    monkeypatch.setattr(mpi_hosts, "MAX_PARALLEL_SESSIONS", 3)
+    lock, running, peak = threading.Lock(), [0], [0]
+
+    def session(host: str) -> str:
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        time.sleep(0.05)
+        with lock:
+            running[0] -= 1
+        return host.upper()
+
+    hosts = [f"algo-{i}" for i in range(2, 12)]
+    assert mpi_hosts.run_per_host(session, hosts) == [h.upper() for h in hosts]  # the hosts' order
+    assert peak[0] == 3  # in parallel, and never more than the cap at once
+    assert mpi_hosts.run_per_host(session, []) == []

@@ -25,6 +25,13 @@ case "$(basename "$0") $1 $2" in
     "aws ecr describe-repositories") exit "${REPO_EXISTS_RC:-0}" ;;
     "aws ecr describe-images") echo "${MEDIA_TYPE:-application/vnd.docker.distribution.manifest.v2+json}" ;;
     "docker login --username") cat >/dev/null ;;  # reads the password from stdin, as docker does
+    "docker buildx build")  # an export (build.sh --wheelhouse) writes the stage's files
+        for arg in "$@"; do
+            case "$arg" in type=local,dest=*)
+                entry="${arg#type=local,dest=}/wheels/horovod-0.28.1-0123456789abcdef"
+                mkdir -p "$entry" && echo facts >"$entry/build-facts.txt" ;;
+            esac
+        done ;;
 esac
 """
 
@@ -134,7 +141,13 @@ def test_buildspec_pushes_each_flavour_and_writes_image_detail(tmp_path):
     assert pushes == [uri["gpu"], f"{registry}/repo:gpu-buildcache", uri["trn1"], f"{registry}/repo:trn1-buildcache"]
     builds = [c for c in _calls(work) if c[:3] == ["docker", "buildx", "build"]]
     assert [b[b.index("--cache-from") + 1] for b in builds] == [
-        f"{registry}/repo:gpu-buildcache", f"{registry}/repo:trn1-buildcache"]
+        f"{registry}/repo:gpu-buildcache", f"{registry}/repo:gpu-buildcache", f"{registry}/repo:trn1-buildcache"]
+    # After the GPU build, its Horovod wheel is exported into the folder CodeBuild caches.
+    export = builds[1]
+    assert export[export.index("--target") + 1] == "wheelhouse" and "--tag" not in export and "--load" not in export
+    assert (src / "docker/wheelhouse/gpu/horovod-0.28.1-0123456789abcdef/build-facts.txt").is_file()
+    cache_paths = yaml.safe_load((REPO_ROOT / "buildspec.yml").read_text())["cache"]["paths"]
+    assert cache_paths == ["docker/wheelhouse/**/*"]
 
 
 def test_buildspec_pushes_nothing_after_a_failed_build(tmp_path):

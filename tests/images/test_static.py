@@ -35,7 +35,10 @@ from tests.images.dockerfiles import (
 )
 
 FLAVORS = sorted(DOCKERFILES)
-STAGES = ("system", "builder", "sagemaker")
+# The images that build Horovod export its wheel from a `wheelhouse` stage (docker/wheelhouse/).
+STAGES = {"cpu": ("system", "builder", "wheelhouse", "sagemaker"),
+          "gpu": ("system", "builder", "wheelhouse", "sagemaker"),
+          "trn1": ("system", "builder", "sagemaker")}
 SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL)", re.IGNORECASE)
 BUILDSPEC = REPO_ROOT / "buildspec.yml"
 ECR_LIB = REPO_ROOT / "docker" / "ecr.sh"
@@ -135,11 +138,24 @@ def test_shell_scripts_parse():
 @pytest.mark.parametrize("flavor", FLAVORS)
 def test_the_same_stages_in_every_flavour(flavor):
     parsed = load_dockerfile(flavor)
-    assert tuple(s.name for s in parsed.stages) == STAGES
+    assert tuple(s.name for s in parsed.stages) == STAGES[flavor]
     assert parsed.global_args == ("BASE_IMAGE", "BUILDER_IMAGE")
     assert parsed.stage("system").base == "${BASE_IMAGE}"
     assert parsed.stage("builder").base == "${BUILDER_IMAGE}"
     assert parsed.stage("sagemaker").base == "system"
+    if "wheelhouse" in STAGES[flavor]:
+        wheelhouse = parsed.stage("wheelhouse")
+        assert wheelhouse.base == "scratch"
+        # What it exports is what install-horovod.sh writes, and the kept wheels go in
+        # just before the step that may reuse them.
+        script = (REPO_ROOT / "docker/scripts/install-horovod.sh").read_text()
+        assert "WHEELS_OUT=${WHEELS_OUT:-/opt/byoc-wheels-built}" in script
+        assert "WHEELHOUSE_IN=${WHEELHOUSE_IN:-/opt/byoc-wheelhouse}" in script
+        text = DOCKERFILES[flavor].read_text()
+        assert "COPY --from=builder /opt/byoc-wheels-built/ /wheels/" in text
+        copy_in = text.index(f"COPY docker/wheelhouse/{flavor}/ /opt/byoc-wheelhouse/")
+        assert text.index("install-horovod.sh /usr/local/byoc/build/") > copy_in
+        assert (REPO_ROOT / f"docker/wheelhouse/{flavor}/.gitkeep").is_file()
 
 
 # What a flavour's base images set themselves (nvidia/cuda: CUDA_VERSION, e.g. 13.0.2), which

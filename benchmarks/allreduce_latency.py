@@ -1,0 +1,122 @@
+"""What one gradient allreduce of the default model costs on this machine, gloo (what DDP
+uses on CPU) vs Open MPI through mpi4py (what the mpi4py trainer uses): the floor under
+DDP's 2-rank scaling efficiency (docs/training.md, "Where DDP's time goes").
+
+    .venv/bin/python benchmarks/allreduce_latency.py [--iterations 2000]
+
+Two ranks on one machine, each bound to its own core with one torch thread, as the
+trainers run. The gradient is the default model's (MLP 64-256-256-10: 85,002 float32
+values, 340 KB), reduced as one buffer (DDP's default 25 MB bucket holds it whole) and as
+4 and 16 pieces (what smaller buckets would do). Reported: the median time of one
+allreduce of the whole gradient, per rank. Not part of the test suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+PARAMETERS = 64 * 256 + 256 + 256 * 256 + 256 + 256 * 10 + 10  # the default MLP's
+PIECES = (1, 4, 16)
+
+
+def bind_to_own_core(rank: int) -> None:
+    cores = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {cores[rank % len(cores)]})
+
+
+def time_calls(reduce_pieces, pieces: list, iterations: int, barrier) -> float:
+    for _ in range(50):  # warm-up
+        reduce_pieces(pieces)
+    barrier()
+    samples = []
+    for _ in range(iterations):
+        start = time.perf_counter()
+        reduce_pieces(pieces)
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def rank_gloo(iterations: int) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    bind_to_own_core(rank)
+    grad = torch.ones(PARAMETERS)
+    out = {}
+    for n in PIECES:
+        pieces = list(torch.chunk(grad, n))
+        out[n] = time_calls(lambda ps: [dist.all_reduce(p) for p in ps], pieces, iterations, dist.barrier)
+    dist.destroy_process_group()
+    return {"rank": rank, "median_s": out}
+
+
+def rank_mpi(iterations: int) -> dict:
+    import numpy as np
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    bind_to_own_core(comm.Get_rank())
+    grad = np.ones(PARAMETERS, dtype=np.float32)
+    out = {}
+    for n in PIECES:
+        pieces = np.array_split(grad, n)
+        out[n] = time_calls(lambda ps: [comm.Allreduce(MPI.IN_PLACE, p, op=MPI.SUM) for p in ps],
+                            pieces, iterations, comm.Barrier)  # fmt: skip
+    return {"rank": comm.Get_rank(), "median_s": out}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(backend: str, iterations: int) -> list[dict]:
+    me = [sys.executable, os.path.abspath(__file__), "--rank-of", backend, "--iterations", str(iterations)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if backend == "gloo":
+        argv = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                "--master_addr", "127.0.0.1", "--master_port", str(free_port()), *me[1:]]  # fmt: skip
+    else:
+        argv = [shutil.which("mpirun") or "mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
+                "-np", "2", "-mca", "btl", "^openib,ofi", *me]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
+    if done.returncode != 0:
+        raise RuntimeError(f"{backend} run failed:\n{done.stderr[-3000:]}")
+    return [json.loads(line.split("RESULT ", 1)[1]) for line in done.stdout.splitlines() if "RESULT " in line]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--iterations", type=int, default=2000)
+    parser.add_argument("--rank-of", choices=("gloo", "mpi"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.rank_of:
+        result = (rank_gloo if args.rank_of == "gloo" else rank_mpi)(args.iterations)
+        print("RESULT " + json.dumps(result), flush=True)
+        return 0
+    print(f"command: {' '.join(sys.argv)}")
+    print(f"machine: {os.cpu_count()} CPUs, load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"gradient: {PARAMETERS} float32 values ({PARAMETERS * 4 / 1000:.0f} KB), 2 ranks, "
+          f"median of {args.iterations} allreduces of the whole gradient, in 1 / 4 / 16 pieces")
+    for backend in ("gloo", "mpi"):
+        ranks = launch(backend, args.iterations)
+        worst = {n: max(r["median_s"][str(n)] for r in ranks) for n in PIECES}
+        label = "gloo (DDP on CPU)" if backend == "gloo" else "Open MPI via mpi4py"
+        print(f"{label:<22} " + "   ".join(f"{n:>2} piece(s) {worst[n] * 1000:6.3f} ms" for n in PIECES), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
