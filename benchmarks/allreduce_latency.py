@@ -94,7 +94,13 @@ def launch(backend: str, iterations: int) -> list[dict]:
     done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
     if done.returncode != 0:
         raise RuntimeError(f"{backend} run failed:\n{done.stderr[-3000:]}")
-    return [json.loads(line.split("RESULT ", 1)[1]) for line in done.stdout.splitlines() if "RESULT " in line]
+    # Each rank prints one RESULT record; two ranks' prints can land on one line.
+    decoder, out, at = json.JSONDecoder(), [], done.stdout.find("RESULT ")
+    while at >= 0:
+        record, end = decoder.raw_decode(done.stdout, at + len("RESULT "))
+        out.append(record)
+        at = done.stdout.find("RESULT ", end)
+    return out
 
 
 def main() -> int:

@@ -339,9 +339,14 @@ def run_once(cluster, side: Side, lines: TimedLines, trace: bool = False) -> Run
     procs, started = {}, {}
     clock_offset = time.time() - time.monotonic()
     for host in cluster.host_names:
+        argv = list(side.argv)
+        if host == LEADER and side.who == "ours" and os.path.exists(GNU_TIME):
+            # The leader's CPU time, its children's included (ssh clients, mpirun and its ssh
+            # clients): GNU time, a small C program, so the start is not slowed.
+            argv = [GNU_TIME, "-f", LEADER_CPU_FORMAT, *argv]
         started[host] = time.monotonic()
         # stop_host_on_exit: what the command leaves running (sshd) ends with it, as in a container.
-        procs[host] = cluster.start_on(host, list(side.argv), env=dict(side.env), stop_host_on_exit=True)
+        procs[host] = cluster.start_on(host, argv, env=dict(side.env), stop_host_on_exit=True)
     t0 = min(started.values())
     result = ClusterRun(procs).wait(timeout=side.timeout_s, fail_fast=True, grace=10)
     if tracer is not None:
@@ -456,6 +461,8 @@ LEADER_STEPS = (
     ("tell", "mpirun reported until the leader's command exited (the outcome written on every worker)"),
 )
 LEADER = "algo-1"
+GNU_TIME = "/usr/bin/time"
+LEADER_CPU_FORMAT = "BENCH leader cpu %U %S"
 
 
 def _first(r: RunResult, host: str | None, pattern: str) -> float | None:
@@ -476,7 +483,9 @@ def build_leader_steps(r: RunResult) -> dict[str, float] | None:
     if None in (probing, accepted, launched, reported) or not ready:
         return None
     leader_exit = dict(r.host_exit_s)[LEADER]
+    cpu = [text.split()[-2:] for _, h, text in r.timeline if h == LEADER and text.startswith("BENCH leader cpu ")]
     return {
+        "cpu": float(cpu[0][0]) + float(cpu[0][1]) if cpu else float("nan"),
         "start": probing,
         "probe": max(0.0, accepted - max(max(ready), probing)),
         "launch": r.script_start_s - launched,
@@ -490,9 +499,10 @@ def format_leader_steps(runs: list[RunResult]) -> list[str]:
     if not steps:
         return []
     medians = {name: statistics.median(s[name] for s in steps) for name, _ in LEADER_STEPS}
-    serial = statistics.median(sum(s.values()) for s in steps)
+    serial = statistics.median(sum(s[name] for name, _ in LEADER_STEPS) for s in steps)
+    cpu = statistics.median(s["cpu"] for s in steps)
     parts = "  ".join(f"{name} {medians[name]:.2f}" for name, _ in LEADER_STEPS)
-    return [f"leader's serial time {serial:5.2f} s  ({parts})"]
+    return [f"leader's serial time {serial:5.2f} s  ({parts})  leader's CPU {cpu:.2f} s"]
 
 
 # ---------------------------------------------------------------- reporting

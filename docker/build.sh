@@ -135,12 +135,13 @@ fi
 # build's COPY of it a cache hit).
 export_dir=$(mktemp -d)
 trap 'rm -rf -- "$export_dir"' EXIT
-# The same command without its tag, --load and context.
+# The same command without its tag, --load and context, and without --no-cache/--pull:
+# it must reuse what the build above just made.
 stage_cmd=()
 for ((i = 0; i < ${#cmd[@]} - 1; i++)); do
     case "${cmd[i]}" in
         --tag) i=$((i + 1)) ;;
-        --load) ;;
+        --load|--no-cache|--no-cache=true|--pull|--pull=true) ;;
         *) stage_cmd+=("${cmd[i]}") ;;
     esac
 done

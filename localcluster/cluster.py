@@ -33,6 +33,7 @@ from localcluster.jobenv import build_job_environment
 from localcluster.multirun import ClusterRun
 from localcluster.optml import (
     JobSpec,
+    ROOT_BASHRC,
     WorkdirLayout,
     build_config_files,
     build_job_mounts,
@@ -398,7 +399,8 @@ class EmulatedCluster:
 
     def _host_spec(self, host: str) -> dict:
         mounts = build_job_mounts(self.job, self.layout, host) + build_private_mounts(
-            self.layout, host, with_etc_ssh=os.path.isdir(ETC_SSH), with_root_ssh=not self._rootless
+            self.layout, host, with_etc_ssh=os.path.isdir(ETC_SSH), with_root_ssh=not self._rootless,
+            with_root_bashrc=os.path.isfile(ROOT_BASHRC),
         )
         return {"hostname": host, "mounts": [asdict(m) for m in mounts]}
 

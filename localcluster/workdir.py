@@ -54,6 +54,9 @@ def write_private_files(layout: WorkdirLayout, host: str, ssh_seed: str | None, 
         shutil.copytree(ssh_seed, root_ssh, dirs_exist_ok=True)
     if rootless:
         os.makedirs(host_home(layout, host, rootless), exist_ok=True)
+    else:
+        with open(layout.private(host, "root-bashrc"), "w") as f:
+            f.write("# An emulated host's root: no shell start-up work, as in a container.\n")
     environment = layout.private(host, "environment")
     if os.path.isfile(ETC_ENVIRONMENT):
         shutil.copyfile(ETC_ENVIRONMENT, environment)

@@ -219,6 +219,14 @@ def test_private_mounts_keep_ssh_and_environment_off_the_machine():
     assert build_private_mounts(layout, "algo-1", with_etc_ssh=False, with_root_ssh=False) == (
         Mount("/w/hosts/algo-1/private/environment", "/etc/environment", is_dir=False),
     )
+    # A container's root has no shell start-up files: the machine's ~/.bashrc (pyenv here)
+    # stays out of every command sshd runs on an emulated host.
+    assert build_private_mounts(layout, "algo-1", with_root_bashrc=True) == (
+        Mount("/w/hosts/algo-1/private/etc-ssh", "/etc/ssh"),
+        Mount("/w/hosts/algo-1/private/root-ssh", "/root/.ssh"),
+        Mount("/w/hosts/algo-1/private/root-bashrc", "/root/.bashrc", is_dir=False),
+        Mount("/w/hosts/algo-1/private/environment", "/etc/environment", is_dir=False),
+    )
 
 
 def test_relative_paths_are_refused():

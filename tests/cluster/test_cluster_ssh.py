@@ -69,6 +69,10 @@ def test_plain_sshd_with_the_machine_config_and_a_key_seeded_in_root_ssh(tmp_pat
         result = ssh_until_up(cluster, "algo-1", ["ssh", "-o", "BatchMode=yes", "algo-2", "hostname"])
         assert result.returncode == 0, result.output + sshd.output
         assert result.output == "algo-2\n"
+        if os.path.isfile("/root/.bashrc"):
+            # The remote shell reads the host's own (empty) ~/.bashrc, not this machine's.
+            rc = cluster.run_on("algo-1", ["ssh", "-o", "BatchMode=yes", "algo-2", "cat ~/.bashrc"])
+            assert rc.output == "# An emulated host's root: no shell start-up work, as in a container.\n"
     # machine_files: the machine's /etc/ssh and /root/.ssh were never written
 
 
