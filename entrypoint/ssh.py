@@ -75,6 +75,9 @@ def build_sshd_config(files: SshFiles, port: int) -> str:
             "KbdInteractiveAuthentication no",
             "UsePAM no",
             "UseDNS no",
+            # X25519 only (see build_client_config): the workers' ssh-keyscan of the leader
+            # would otherwise choose the post-quantum default, ~100 ms of the leader's CPU each.
+            "KexAlgorithms curve25519-sha256,curve25519-sha256@libssh.org",
             "StrictModes no",
             "PermitUserEnvironment no",
             "X11Forwarding no",

@@ -1,5 +1,9 @@
 """Per-job SSH trust: pure builders, and real key generation (no key in the image)."""
 
+import os
+
+import pytest
+
 from entrypoint import ssh
 
 
@@ -27,6 +31,23 @@ def test_every_start_generates_a_new_host_key(tmp_path):
     ssh.write_host_key_and_configs(files, 2222)
     assert first.startswith("ssh-ed25519 ") and ssh.public_key(files) != first
     assert (tmp_path / "ssh/host_ed25519_key").stat().st_mode & 0o077 == 0
+
+
+def test_the_server_offers_x25519_only_and_this_sshd_accepts_the_config(tmp_path):
+    """ssh-keyscan cannot be told which key exchange to prefer: the server offering only
+    X25519 keeps the workers' scans of the leader cheap. `sshd -t` checks the file."""
+    import shutil
+    import subprocess
+
+    files = ssh.SshFiles(str(tmp_path / "ssh"))
+    ssh.write_host_key_and_configs(files, 2222)
+    assert "KexAlgorithms curve25519-sha256,curve25519-sha256@libssh.org\n" in open(files.sshd_config).read()
+    sshd = shutil.which("sshd") or "/usr/sbin/sshd"
+    if os.geteuid() != 0:
+        pytest.skip("sshd -t needs root (its privilege-separation folder, /run/sshd)")
+    ssh.prepare_sshd_runtime()  # what the entrypoint does before it starts sshd
+    done = subprocess.run([sshd, "-t", "-f", files.sshd_config], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
 
 
 def test_the_client_prefers_x25519_and_this_openssh_accepts_the_config(tmp_path):
