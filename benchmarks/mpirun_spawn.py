@@ -6,7 +6,8 @@ namespaces, needs root).
     .venv/bin/python benchmarks/mpirun_spawn.py [--hosts 2,4,8,16] [--runs 5]
 
 Every host gets one key pair trusted by all (the tree spawn needs workers to log in to
-each other; our images never allow that) and a plain `sshd -D`; then, on algo-1,
+each other; our images never allow that), X25519 key exchange as our client configuration
+prefers, and a plain `sshd -D`; then, on algo-1,
 `mpirun --host algo-1:1,...,algo-N:1 -np N ... /bin/true`, alternating the two modes.
 Reported per mode: mpirun's wall time (median), and the CPU time that mpirun and its
 children (the ssh clients) used on the leader. Not part of the test suite.
@@ -77,7 +78,8 @@ def main() -> int:
         code_dir = Path(tmp) / "code"
         write_code(code_dir)
         seed = Path(tmp) / "ssh-seed"
-        write_ssh_seed(seed)
+        # The key exchange our client configuration prefers (entrypoint/ssh.py).
+        write_ssh_seed(seed, kex_algorithms="curve25519-sha256")
         for count in args.hosts:
             hosts = build_host_names(count)
             with EmulatedCluster(hosts, build_job("mpi", str(code_dir)), ssh_seed=str(seed)) as cluster:

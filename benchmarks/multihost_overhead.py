@@ -194,14 +194,16 @@ def write_code(code_dir: Path) -> None:
         (code_dir / name).write_text(text)
 
 
-def write_ssh_seed(folder: Path) -> None:
-    """One key pair trusted by every host, as the toolkit's images bake in."""
+def write_ssh_seed(folder: Path, kex_algorithms: str | None = None) -> None:
+    """One key pair trusted by every host, as the toolkit's images bake in. kex_algorithms:
+    the clients' KexAlgorithms (default: OpenSSH's own)."""
     folder.mkdir(mode=0o700, parents=True)
     key = folder / "id_ed25519"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "bench", "-f", str(key)],
                    check=True, stdin=subprocess.DEVNULL)  # fmt: skip
     shutil.copyfile(str(key) + ".pub", folder / "authorized_keys")
-    (folder / "config").write_text("Host *\n  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n")
+    kex = f"  KexAlgorithms {kex_algorithms}\n" if kex_algorithms else ""
+    (folder / "config").write_text("Host *\n  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n" + kex)
     for path in folder.iterdir():
         os.chmod(path, 0o600)
 
