@@ -8,7 +8,10 @@ Two ranks on one machine, each bound to its own core with one torch thread, as t
 trainers run. The gradient is the default model's (MLP 64-256-256-10: 85,002 float32
 values, 340 KB), reduced as one buffer (DDP's default 25 MB bucket holds it whole) and as
 4 and 16 pieces (what smaller buckets would do). Reported: the median time of one
-allreduce of the whole gradient, per rank. Not part of the test suite.
+allreduce of the whole gradient, per rank. Also the step without any communication
+(forward, backward, SGD at 512 records a rank), one process alone and two at once, each on
+its own core: what running two ranks side by side costs before any gradient moves.
+Not part of the test suite.
 """
 
 from __future__ import annotations
@@ -76,6 +79,33 @@ def rank_mpi(iterations: int) -> dict:
     return {"rank": comm.Get_rank(), "median_s": out}
 
 
+def rank_compute(iterations: int, rank: int) -> float:
+    """Median seconds of one training step of the default model, no communication."""
+    import torch
+    from torch import nn
+
+    torch.set_num_threads(1)
+    bind_to_own_core(rank)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x, y = torch.randn(512, 64), torch.randint(0, 10, (512,))
+
+    def step(_):
+        optimizer.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+
+    return time_calls(step, [None], iterations, lambda: None)
+
+
+def launch_compute(processes: int, iterations: int) -> float:
+    me = [sys.executable, os.path.abspath(__file__), "--iterations", str(iterations)]
+    procs = [subprocess.Popen([*me, "--compute-rank", str(r)], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"}) for r in range(processes)]  # fmt: skip
+    return max(float(p.communicate()[0].split()[-1]) for p in procs)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -107,7 +137,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--iterations", type=int, default=2000)
     parser.add_argument("--rank-of", choices=("gloo", "mpi"), help=argparse.SUPPRESS)
+    parser.add_argument("--compute-rank", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.compute_rank is not None:
+        print(f"STEP {rank_compute(args.iterations, args.compute_rank)}", flush=True)
+        return 0
     if args.rank_of:
         result = (rank_gloo if args.rank_of == "gloo" else rank_mpi)(args.iterations)
         print("RESULT " + json.dumps(result), flush=True)
@@ -121,6 +155,10 @@ def main() -> int:
         worst = {n: max(r["median_s"][str(n)] for r in ranks) for n in PIECES}
         label = "gloo (DDP on CPU)" if backend == "gloo" else "Open MPI via mpi4py"
         print(f"{label:<22} " + "   ".join(f"{n:>2} piece(s) {worst[n] * 1000:6.3f} ms" for n in PIECES), flush=True)
+    steps = max(200, args.iterations // 4)
+    alone, side_by_side = launch_compute(1, steps), launch_compute(2, steps)
+    print(f"step without communication (batch 512, median of {steps}): one process alone {alone * 1000:.3f} ms, "
+          f"two at once {side_by_side * 1000:.3f} ms (slowest of the two)", flush=True)
     return 0
 
 
