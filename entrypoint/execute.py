@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 
 from entrypoint import processes, ssh
+from entrypoint.errors import EXIT_BAD_JOB
 from entrypoint.liveness import JobPort, PeerWatch, wait_until_port_closes
 from entrypoint.failure import build_failure_report, build_job_outcome_report, first_root_cause, parse_root_cause_line
 from entrypoint.paths import MlPaths
@@ -102,15 +103,21 @@ class Supervisor:
         self.kill_at: float | None = None
 
     def start(self, spec: ProcessSpec, env: dict[str, str], cwd: str) -> None:
-        proc = subprocess.Popen(
-            list(spec.argv),
-            env=env,
-            cwd=spec.cwd or cwd,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-        )
+        try:
+            proc = subprocess.Popen(
+                list(spec.argv),
+                env=env,
+                cwd=spec.cwd or cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
+        except (OSError, ValueError) as error:
+            from entrypoint.launch_errors import describe_launch_error  # only when a start fails
+
+            argv = list(spec.argv)
+            raise LaunchError(describe_launch_error(argv, env, error, shebang=_names_its_interpreter(argv))) from None
         self.children.append((spec, proc))
         for pipe, sink in ((proc.stdout, sys.stdout.buffer), (proc.stderr, sys.stderr.buffer)):
             t = threading.Thread(target=_pump, args=(pipe, sink, self.collector), daemon=True)
@@ -191,6 +198,23 @@ class RunResult:
     exit_code: int
     stopped_by: str | None = None
     stopped_at: float | None = None
+    launch_error: str | None = None  # one line, when a process could not be started
+
+
+class LaunchError(Exception):
+    """A process could not be started (the message is one line naming the cause)."""
+
+
+def _names_its_interpreter(argv: list[str]) -> bool:
+    """argv is [interpreter, program, ...] taken from the program's own #! line."""
+    if len(argv) < 2:
+        return False
+    try:
+        with open(argv[1], "rb") as f:
+            first_line = f.readline(4096)
+    except OSError:
+        return False
+    return first_line.startswith(b"#!") and os.fsencode(argv[0]) in first_line
 
 
 def run_processes(
@@ -204,8 +228,14 @@ def run_processes(
     supervisor = Supervisor(grace_period_s, collector)
     previous = {s: signal.signal(s, supervisor.on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        for spec in processes_:
-            supervisor.start(spec, {**env, **dict(spec.env)}, cwd)
+        try:
+            for spec in processes_:
+                supervisor.start(spec, {**env, **dict(spec.env)}, cwd)
+        except LaunchError as error:
+            supervisor.signal_all(signal.SIGKILL)  # what did start cannot run without the rest
+            for _, proc in supervisor.children:
+                proc.wait()
+            return RunResult(EXIT_BAD_JOB, launch_error=str(error))
         if on_started is not None:
             on_started(supervisor)
         code = supervisor.wait()
@@ -444,6 +474,8 @@ def run_plan(plan: LaunchPlan, paths: MlPaths, environ: dict[str, str]) -> int:
         what = "installing requirements.txt" if "-r" in step else "installing the source directory as a package"
         log(what)
         run = run_processes((ProcessSpec("pip", step),), env, plan.cwd, plan.settings.grace_period_s, collector)
+        if run.launch_error:
+            return fail(run.exit_code, f"{what}: {run.launch_error}")
         if run.exit_code != 0:
             return fail(run.exit_code, report(what, run.exit_code, run))
 
@@ -469,7 +501,10 @@ def run_plan(plan: LaunchPlan, paths: MlPaths, environ: dict[str, str]) -> int:
                 plan.processes, env, plan.cwd, plan.settings.grace_period_s, collector, on_started=services.watch_peers
             )
             services.exit_code = run.exit_code
-            if run.exit_code != 0:
+            if run.launch_error:
+                text = f"{what}: {run.launch_error}"
+                services.failure_report = text
+            elif run.exit_code != 0:
                 text = report(what, run.exit_code, run, services.lost)
                 # Workers are told what this host reports: the script's own failure file if
                 # it wrote one (write_outcome keeps it), else ours.

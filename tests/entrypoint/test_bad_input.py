@@ -202,3 +202,48 @@ def test_no_host_or_interface_that_an_argv_could_misread_gets_through(bad):
 def test_real_host_and_interface_names_pass(host, interface):
     resource = parse_resource_config({"current_host": host, "hosts": [host], "network_interface_name": interface})
     assert resource.hosts == (host,) and resource.network_interface_name == interface
+
+
+# --- launch errors: the kernel refuses to start the program ------------------------------------
+
+LAUNCH_ERRORS = {
+    "missing-#!-interpreter": (dict(program="train.sh", script="#!/nonexistent/bash\necho must not run\n"),
+                               "train.sh: could not start /nonexistent/bash (the interpreter named on the program's #! line): no such file"),
+    "NUL-in-a-hyperparameter": (dict(hyperparameters={"a": "x\x00y"}),
+                                "a NUL byte in argument 4, environment variable SM_HP_A (the kernel cannot pass one)"),
+    "=-in-a-hyperparameter-name": (dict(hyperparameters={"a=b": 1}),
+                                   "environment variable name(s) 'SM_HP_A=B' cannot be passed to a process"),
+    "argv-and-environment-too-large": (dict(hyperparameters={"a": "x" * 3_000_000}),
+                                       "are too large for the kernel (E2BIG); the largest: environment variable SM_TRAINING_ENV"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(LAUNCH_ERRORS))
+def test_a_program_the_kernel_will_not_start_is_one_clear_line_not_a_traceback(tmp_path, case):
+    kwargs, expected = LAUNCH_ERRORS[case]
+    root = write_tree(tmp_path, **{"script": "print('must not run')\n", **kwargs})
+    if kwargs.get("program", "").endswith(".sh"):
+        (root / "code" / kwargs["program"]).chmod(0o755)
+    done = run_entrypoint(root)
+    assert done.returncode == EXIT_BAD_JOB, done.stderr[-2000:]
+    report = failure_text(root)
+    assert expected in report
+    assert report.count("\n") <= 1 and len(report) < 1024
+    assert "Traceback" not in report and "Traceback" not in done.stderr
+    assert "must not run" not in done.stdout
+
+
+def test_launch_error_descriptions_for_what_the_kernel_says():
+    import errno
+
+    from entrypoint.launch_errors import describe_launch_error
+
+    argv, env = ["/opt/ml/code/train"], {"PATH": "/bin"}
+    assert describe_launch_error(argv, env, PermissionError(errno.EACCES, "denied")) == (
+        "could not start /opt/ml/code/train: permission denied (is it executable? chmod +x)")
+    assert "not a program this machine can run" in describe_launch_error(argv, env, OSError(errno.ENOEXEC, "x"))
+    assert describe_launch_error(argv, env, FileNotFoundError(errno.ENOENT, "x")) == (
+        "could not start /opt/ml/code/train: no such file")
+    # E2BIG names the biggest values, whatever they are.
+    big = describe_launch_error(["prog", "y" * 200_000], {"SMALL": "1", "BIG": "z" * 50_000}, OSError(errno.E2BIG, "x"))
+    assert "the largest: argument 1 (200,001 bytes), environment variable BIG (50,005 bytes)" in big
