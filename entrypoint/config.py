@@ -157,6 +157,11 @@ class JobConfig:
 def parse_json_document(text: str, file_name: str) -> Any:
     try:
         return json.loads(text)
+    except RecursionError:  # nested deeper than the interpreter's stack allows
+        raise JobDefinitionError(
+            f"{file_name} is nested too deeply to be a SageMaker configuration file (arrays or "
+            f"objects within each other thousands of levels down)."
+        ) from None
     except ValueError as exc:  # json.JSONDecodeError and UnicodeDecodeError
         raise JobDefinitionError(
             f"{file_name} is not valid JSON ({exc}). SageMaker writes this file from the "
@@ -307,7 +312,7 @@ def decode_hyperparameter(value: Any) -> Any:
         return value
     try:
         return json.loads(value)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested thousands of levels deep
         return value
 
 
@@ -379,11 +384,16 @@ def parse_program(hyperparameters: Hyperparameters, environ: Mapping[str, str]) 
 # --- loading (I/O) ------------------------------------------------------------------------
 
 
+# SageMaker's own files are small (at most 100 hyperparameters of 2,500 characters); a file
+# far larger is not one SageMaker wrote, and reading it whole would cost memory unbounded.
+MAX_CONFIG_BYTES = 16 * 1024 * 1024
+
+
 def _read_config(paths: MlPaths, name: str, required: bool) -> Any:
     path = paths.config_file(name)
     try:
         with open(path, "rb") as f:
-            data = f.read()
+            data = f.read(MAX_CONFIG_BYTES + 1)
     except FileNotFoundError:
         if required:
             raise JobDefinitionError(
@@ -394,6 +404,12 @@ def _read_config(paths: MlPaths, name: str, required: bool) -> Any:
         return None
     except OSError as exc:
         raise JobDefinitionError(f"{path} cannot be read: {exc.strerror}.") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise JobDefinitionError(
+            f"{path} is larger than {MAX_CONFIG_BYTES // (1024 * 1024)} MiB: not a file SageMaker writes "
+            f"(it allows at most 100 hyperparameters of 2,500 characters). Pass large values in a file "
+            f"(an input channel) instead."
+        )
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:

@@ -44,7 +44,7 @@ def parse_root_cause_line(line: str) -> RootCause | None:
             time=float(data["time"]),
             where=str(data.get("where", "")),
         )
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):  # a rank's output is any text
         return None
 
 

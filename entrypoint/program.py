@@ -208,7 +208,7 @@ def _inspect_tar(tar_path: str, program: str) -> CodeFacts:
                 installable=_is_installable(top, read),
                 has_requirements="requirements.txt" in top,
             )
-    except (OSError, tarfile.TarError) as exc:
+    except (OSError, EOFError, tarfile.TarError) as exc:  # EOFError: a truncated gzip stream
         raise JobDefinitionError(
             f"sagemaker_submit_directory {tar_path} is not a readable tar archive ({exc})."
         ) from None

@@ -247,3 +247,60 @@ def test_launch_error_descriptions_for_what_the_kernel_says():
     # E2BIG names the biggest values, whatever they are.
     big = describe_launch_error(["prog", "y" * 200_000], {"SMALL": "1", "BIG": "z" * 50_000}, OSError(errno.E2BIG, "x"))
     assert "the largest: argument 1 (200,001 bytes), environment variable BIG (50,005 bytes)" in big
+
+
+# --- configuration files too deep or too large: a clear error, bounded memory ----------------
+
+def test_a_configuration_file_nested_too_deeply_is_a_clear_error(tmp_path):
+    root = write_tree(tmp_path, script="print('must not run')\n")
+    corrupt(root, "inputdataconfig.json", "[" * 100_000 + "]" * 100_000)
+    done = run_entrypoint(root)
+    assert done.returncode == EXIT_BAD_JOB
+    report = failure_text(root)
+    assert "inputdataconfig.json is nested too deeply" in report
+    assert "Traceback" not in done.stderr and "must not run" not in done.stdout
+
+
+def test_a_configuration_file_larger_than_sagemaker_writes_is_refused_unread(tmp_path):
+    from entrypoint.config import MAX_CONFIG_BYTES
+
+    root = write_tree(tmp_path, script="print('must not run')\n")
+    with open(root / "input/config/hyperparameters.json", "w") as f:
+        f.write('{"sagemaker_program": "\\"train.py\\"", "x": "' + "a" * (MAX_CONFIG_BYTES + 10) + '"}')
+    done = run_entrypoint(root)
+    assert done.returncode == EXIT_BAD_JOB
+    assert "hyperparameters.json is larger than 16 MiB" in failure_text(root)
+    assert "Traceback" not in done.stderr
+
+
+def test_deep_values_inside_a_hyperparameter_or_a_ranks_output_are_just_text():
+    from entrypoint.config import decode_hyperparameter
+    from entrypoint.failure import parse_root_cause_line
+
+    deep = "[" * 100_000 + "]" * 100_000
+    assert decode_hyperparameter(deep) == deep  # the toolkit's rule: not JSON, so the raw value
+    from entrypoint.failure import MARKER
+
+    assert parse_root_cause_line("noise " + MARKER + deep) is None
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not-an-archive"])
+def test_a_corrupt_source_archive_is_a_clear_error_naming_it(tmp_path, damage):
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        body = ("print('must not run')\n" + "# padding\n" * 5000).encode()
+        info = tarfile.TarInfo("train.py")
+        info.size = len(body)
+        tar.addfile(info, io.BytesIO(body))
+    data = buf.getvalue()
+    archive = tmp_path / "sourcedir.tar.gz"
+    archive.write_bytes(data[: len(data) // 2] if damage == "truncated" else b"\x1f\x8b\x08\x00 not gzip at all")
+    root = write_tree(tmp_path / "ml", hyperparameters={"sagemaker_submit_directory": str(archive)})
+    done = run_entrypoint(root)
+    assert done.returncode == EXIT_BAD_JOB
+    report = failure_text(root)
+    assert f"sagemaker_submit_directory {archive} is not a readable tar archive" in report
+    assert "Traceback" not in done.stderr and "must not run" not in done.stdout
