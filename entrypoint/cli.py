@@ -91,10 +91,7 @@ def report_bad_job(paths: MlPaths, message: str, environ: dict[str, str], dry_ru
     report = build_job_definition_report(message, environ)
     execute.log(report.strip())
     if not dry_run:
-        try:
-            execute.write_outcome(paths, EXIT_BAD_JOB, report)
-        except OSError as exc:
-            execute.log(f"cannot write {paths.failure_file}: {exc}")
+        execute.write_outcome(paths, EXIT_BAD_JOB, report)
     return EXIT_BAD_JOB
 
 

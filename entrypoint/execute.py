@@ -298,19 +298,29 @@ def clear_previous_outcome(paths: MlPaths) -> None:
             os.remove(path)
         except FileNotFoundError:
             pass
+        except OSError as exc:  # a read-only output folder: nothing of ours to clear there
+            if os.path.exists(path):
+                log(f"cannot remove the previous run's {path}: {exc.strerror or exc}")
 
 
 def write_outcome(paths: MlPaths, exit_code: int, report: str | None) -> None:
-    os.makedirs(paths.output_dir, exist_ok=True)
-    if exit_code == 0:
-        with open(paths.success_file, "w"):
-            pass
-        return
-    if os.path.exists(paths.failure_file):
-        log("the script wrote its own output/failure; leaving it as it is")
-        return
-    with open(paths.failure_file, "w", encoding="utf-8") as f:
-        f.write(report or "")
+    """output/success or output/failure. A read-only or full /opt/ml/output does not change
+    the job's exit code: the reason goes to stderr (the job's log) instead."""
+    try:
+        os.makedirs(paths.output_dir, exist_ok=True)
+        if exit_code == 0:
+            with open(paths.success_file, "w"):
+                pass
+            return
+        if os.path.exists(paths.failure_file):
+            log("the script wrote its own output/failure; leaving it as it is")
+            return
+        with open(paths.failure_file, "w", encoding="utf-8") as f:
+            f.write(report or "")
+    except OSError as exc:
+        what = paths.success_file if exit_code == 0 else paths.failure_file
+        log(f"cannot write {what}: {exc.strerror or exc}; the job's exit code is {exit_code}"
+            + (f"; its reason: {report.strip()}" if report else ""))
 
 
 def load_failure_file(paths: MlPaths) -> str | None:

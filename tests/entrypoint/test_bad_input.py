@@ -2,6 +2,8 @@
 Property-based: no parser raises anything but JobDefinitionError, whatever the input."""
 
 import json
+import os
+import subprocess
 
 import pytest
 from hypothesis import given, settings
@@ -18,7 +20,7 @@ from entrypoint.distribution import parse_distribution, parse_launch_settings
 from entrypoint.errors import EXIT_BAD_JOB, JobDefinitionError
 from entrypoint.paths import MlPaths
 from support.jobs import make_job
-from support.jobtree import failure_text, run_entrypoint, write_tree
+from support.jobtree import PYTHON, entrypoint_env, failure_text, run_entrypoint, write_tree
 
 
 def corrupt(root, name, text):
@@ -304,3 +306,46 @@ def test_a_corrupt_source_archive_is_a_clear_error_naming_it(tmp_path, damage):
     report = failure_text(root)
     assert f"sagemaker_submit_directory {archive} is not a readable tar archive" in report
     assert "Traceback" not in done.stderr and "must not run" not in done.stdout
+
+
+# --- /opt/ml/output read-only or full: the exit code stays right, the reason goes to stderr ---
+
+@pytest.mark.parametrize("output", ["read-only", "full"])
+@pytest.mark.parametrize("script_exit", [0, 3])
+def test_an_unwritable_output_folder_keeps_the_exit_code_and_logs_the_reason(tmp_path, output, script_exit):
+    import shutil
+
+    if os.geteuid() != 0 or shutil.which("unshare") is None or subprocess.run(
+            ["unshare", "--mount", "true"], capture_output=True).returncode != 0:
+        pytest.skip("needs root and unshare(1) allowed (not in an unprivileged container): the output "
+                    "folder is a tmpfs in a private mount namespace")
+    root = write_tree(tmp_path, script=f"import sys\nprint('the script ran')\nsys.exit({script_exit})\n")
+    out = root / "output"
+    mount = ("mount -t tmpfs -o ro,size=64k tmpfs \"$OUT\"" if output == "read-only" else
+             "mount -t tmpfs -o size=64k tmpfs \"$OUT\" && (cat /dev/zero > \"$OUT/filler\" 2>/dev/null; true)")
+    done = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
+         f"{mount} && exec \"$0\" -m entrypoint train", PYTHON],
+        env={**entrypoint_env(root), "OUT": str(out)}, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == script_exit, done.stderr[-2000:]
+    assert "the script ran" in done.stdout
+    assert "Traceback" not in done.stderr
+    what = "success" if script_exit == 0 else "failure"
+    if output == "read-only" or script_exit:  # an empty success file still fits a full disk
+        assert f"cannot write {out}/{what}: " in done.stderr
+    if script_exit:
+        assert "the job's exit code is 3; its reason: train.py failed on host algo-1 with exit code 3." in done.stderr
+
+
+def test_output_that_is_not_utf8_still_gives_a_readable_failure_reason(tmp_path):
+    script = ("import os, sys\nsys.stderr.buffer.write(b'loss went \\xff\\xfe bad in \\xc3(\\n')\n"
+              "open(os.path.join(os.environ['SM_MODEL_DIR'], b'bad-\\xff-name'.decode('utf-8', 'surrogateescape')), 'w').close()\n"
+              "raise SystemExit(3)\n")  # fmt: skip
+    root = write_tree(tmp_path, script=script)
+    done = subprocess.run([PYTHON, "-m", "entrypoint", "train"], env=entrypoint_env(root), capture_output=True, timeout=120)
+    assert done.returncode == 3
+    report = failure_text(root)
+    assert "train.py failed on host algo-1 with exit code 3." in report
+    assert "loss went \ufffd\ufffd bad in \ufffd(" in report  # the bytes replaced, the line kept
+    assert b"Traceback" not in done.stderr
