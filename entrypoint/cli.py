@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 
 from entrypoint import execute, ssh
@@ -99,6 +100,22 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     environ = dict(os.environ)
     paths = build_paths(environ)
+    if not args.dry_run:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, execute.on_startup_signal)
+        try:
+            return run(args, environ, paths)
+        except execute.StartupStopped as stop:
+            code = 128 + stop.signum
+            execute.write_outcome(paths, code, (
+                f"Stopped by {stop} during start-up, before the training processes started; "
+                f"nothing was trained. Exit code {code}.\n"))
+            execute.log(f"stopped by {stop} during start-up")
+            return code
+    return run(args, environ, paths)
+
+
+def run(args, environ: dict[str, str], paths) -> int:
     runtime = build_runtime(environ)
     if not args.dry_run:
         execute.clear_previous_outcome(paths)

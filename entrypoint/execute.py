@@ -201,6 +201,37 @@ class RunResult:
     launch_error: str | None = None  # one line, when a process could not be started
 
 
+class StartupStopped(BaseException):  # not caught by the `except Exception` of a start-up step
+    """SIGTERM or SIGINT before the training processes started (see on_startup_signal)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+# Set once the training processes (or, on an MPI worker, the wait for the leader) begin: from
+# then on the run's own handlers decide what a stop means.
+_training_started = False
+
+
+def on_startup_signal(signum, _frame) -> None:
+    """The handler for the whole start-up (installed first thing by cli.main): as PID 1 a
+    process gets no default action for SIGTERM, so without a handler a stop during start-up
+    (reading /opt/ml, waiting for DNS, fetching code, installing requirements) was dropped
+    and the container ran on until SIGKILL. Raises StartupStopped, which cli.main reports.
+    Once training has begun, a stop that reaches this handler (between the run's own
+    handlers) is only logged: the job is finishing and its outcome is being written."""
+    if _training_started:
+        log(f"received {signal.Signals(signum).name} while finishing; finishing")
+        return
+    raise StartupStopped(signum)
+
+
+def mark_training_started() -> None:
+    global _training_started
+    _training_started = True
+
+
 class LaunchError(Exception):
     """A process could not be started (the message is one line naming the cause)."""
 
@@ -490,6 +521,7 @@ def run_plan(plan: LaunchPlan, paths: MlPaths, environ: dict[str, str]) -> int:
             return fail(run.exit_code, report(what, run.exit_code, run))
 
     if plan.role == "mpi-worker":
+        mark_training_started()
         return run_mpi_worker(plan, paths, env)
 
     if plan.role in DISTRIBUTED_ROLES and len(plan.hosts) > 1:
@@ -507,6 +539,7 @@ def run_plan(plan: LaunchPlan, paths: MlPaths, environ: dict[str, str]) -> int:
     try:
         with host_services(plan, collector) as services:
             log(f"{plan.current_host}: running {what} ({plan.role})")
+            mark_training_started()
             run = run_processes(
                 plan.processes, env, plan.cwd, plan.settings.grace_period_s, collector, on_started=services.watch_peers
             )

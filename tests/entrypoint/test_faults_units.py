@@ -314,3 +314,59 @@ def test_the_leaders_sessions_to_workers_run_in_parallel_but_at_most_the_cap_at_
     assert mpi_hosts.run_per_host(session, hosts) == [h.upper() for h in hosts]  # the hosts' order
     assert peak[0] == 3  # in parallel, and never more than the cap at once
     assert mpi_hosts.run_per_host(session, []) == []
+
+
+@pytest.mark.parametrize("as_pid_1", [False, True], ids=["plain", "as-pid-1"])
+def test_sigterm_during_start_up_is_honoured_at_once_with_143(tmp_path, as_pid_1):
+    """Start-up here is the wait for the other host's name to resolve (60 s allowed). As PID 1
+    (a container) a process without a handler never sees SIGTERM: it was dropped."""
+    import shutil
+
+    from support.jobtree import entrypoint_env, failure_text, write_tree
+
+    if as_pid_1 and (os.geteuid() != 0 or shutil.which("unshare") is None):
+        pytest.skip("PID 1 of a new PID namespace needs root and unshare(1)")
+    root = write_tree(tmp_path, hosts=("algo-1", "no-such-host.invalid"), script="print('must not run')\n",
+                      hyperparameters={"sagemaker_mpi_enabled": True})  # fmt: skip
+    argv = [PYTHON, "-m", "entrypoint", "train"]
+    if as_pid_1:
+        argv = ["unshare", "--pid", "--fork", "--kill-child", "--", *argv]
+    env = entrypoint_env(root, BYOC_HOST_RESOLUTION_TIMEOUT_S="60")
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # the entrypoint is up once it has cleared old outcomes
+            time.sleep(0.2)
+            target = _only_child(proc.pid) if as_pid_1 else proc.pid
+            if target and _has_signal_handler(target, signal.SIGTERM):
+                break
+        else:
+            pytest.fail("the entrypoint never installed its SIGTERM handler")
+        sent = time.monotonic()
+        os.kill(target, signal.SIGTERM)
+        out, err = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+    assert time.monotonic() - sent < 10  # at once, not after the 60 s DNS wait
+    assert proc.returncode == 143, err[-2000:]
+    assert "must not run" not in out
+    assert failure_text(root).startswith("Stopped by SIGTERM during start-up, before the training processes started")
+    assert "Traceback" not in err
+
+
+def _only_child(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            kids = f.read().split()
+    except OSError:
+        return None
+    return int(kids[0]) if kids else None
+
+
+def _has_signal_handler(pid: int, sig: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            caught = next(line for line in f if line.startswith("SigCgt:")).split()[1]
+    except (OSError, StopIteration):
+        return False
+    return bool(int(caught, 16) & (1 << (sig - 1)))
