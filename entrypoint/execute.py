@@ -27,6 +27,7 @@ from entrypoint.liveness import JobPort, PeerWatch, wait_until_port_closes
 from entrypoint.failure import build_failure_report, build_job_outcome_report, first_root_cause, parse_root_cause_line
 from entrypoint.paths import MlPaths
 from entrypoint.plan import LaunchPlan, ProcessSpec
+from entrypoint.probe import load_oom_kill_count
 from entrypoint.program import CodeSource
 
 TAIL_LINES = 100
@@ -101,6 +102,7 @@ class Supervisor:
         self.stopped_by: str | None = None
         self.stopped_at: float | None = None  # time.time() of the stop request
         self.kill_at: float | None = None
+        self.killed_at_deadline = False  # we sent SIGKILL when the grace period ran out
 
     def start(self, spec: ProcessSpec, env: dict[str, str], cwd: str) -> None:
         try:
@@ -179,6 +181,7 @@ class Supervisor:
             if self.kill_at is not None and time.monotonic() >= self.kill_at and running:
                 log("time is up: sending SIGKILL")
                 self.signal_all(signal.SIGKILL)
+                self.killed_at_deadline = True
                 self.kill_at = float("inf")
             if running:
                 # As PID 1 of a container we inherit orphans (a rank whose launcher died):
@@ -199,6 +202,8 @@ class RunResult:
     stopped_by: str | None = None
     stopped_at: float | None = None
     launch_error: str | None = None  # one line, when a process could not be started
+    killed_at_deadline: bool = False  # SIGKILLed by us when the grace period ran out
+    oom_kills: int | None = None  # the kernel's OOM kills in our memory cgroup during the run
 
 
 class StartupStopped(BaseException):  # not caught by the `except Exception` of a start-up step
@@ -257,6 +262,7 @@ def run_processes(
     on_started=None,
 ) -> RunResult:
     supervisor = Supervisor(grace_period_s, collector)
+    oom_before = load_oom_kill_count()
     previous = {s: signal.signal(s, supervisor.on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         try:
@@ -273,7 +279,10 @@ def run_processes(
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-    return RunResult(code, supervisor.stopped_by, supervisor.stopped_at)
+    oom_after = load_oom_kill_count() if code else None  # only a failure needs telling apart
+    oom_kills = oom_after - oom_before if oom_after is not None and oom_before is not None else None
+    return RunResult(code, supervisor.stopped_by, supervisor.stopped_at,
+                     killed_at_deadline=supervisor.killed_at_deadline, oom_kills=oom_kills)
 
 
 # --- code preparation ------------------------------------------------------------------------
@@ -504,6 +513,8 @@ def run_plan(plan: LaunchPlan, paths: MlPaths, environ: dict[str, str]) -> int:
             stopped_by=run.stopped_by if run else None,
             stopped_at=run.stopped_at if run else None,
             lost=lost,
+            oom_kills=run.oom_kills if run else None,
+            killed_by_us=run.killed_at_deadline if run else False,
         )
 
     def fail(code: int, text: str) -> int:

@@ -53,9 +53,22 @@ def first_root_cause(causes: Iterable[RootCause]) -> RootCause | None:
     return min(causes, key=lambda c: c.time) if causes else None
 
 
-def describe_exit_code(code: int) -> str:
+def describe_exit_code(code: int, oom_kills: int | None = None, killed_by_us: bool = False) -> str:
+    """oom_kills: the kernel's OOM kills in this container's memory cgroup during the run (None:
+    unknown); killed_by_us: this entrypoint sent SIGKILL at the end of its grace period.
+    137 is called out-of-memory only when the kernel's counter says so."""
     if code == 137:
-        return "exit code 137: killed by SIGKILL, most likely by the out-of-memory killer (the instance ran out of memory)"
+        if killed_by_us:
+            return ("exit code 137: killed by SIGKILL, sent by this entrypoint when the grace period after "
+                    "the stop ran out (BYOC_GRACE_PERIOD_S)")
+        if oom_kills:
+            return (f"exit code 137: killed by the kernel's out-of-memory killer ({oom_kills} OOM kill(s) in "
+                    f"this container's memory cgroup during the run): the container ran out of memory")
+        if oom_kills == 0:
+            return ("exit code 137: killed by SIGKILL, not by the out-of-memory killer on this host (its "
+                    "memory cgroup counted no OOM kill): something outside the job sent it")
+        return ("exit code 137: killed by SIGKILL (the out-of-memory killer is the usual cause; this "
+                "container's memory cgroup could not be read to tell)")
     if code > 128 and code - 128 < 65:
         try:
             name = signal.Signals(code - 128).name
@@ -111,6 +124,8 @@ def build_failure_report(
     stopped_by: str | None = None,
     stopped_at: float | None = None,
     lost: str | None = None,
+    oom_kills: int | None = None,
+    killed_by_us: bool = False,
 ) -> str:
     """`what`: the stage that failed, e.g. "torchrun on 2 hosts", "installing requirements.txt".
     stopped_at: when the stop request arrived (time.time()); a root cause recorded before it
@@ -119,14 +134,14 @@ def build_failure_report(
         head = (
             f"{root_cause.type}: {root_cause.message}\n"
             f"First failure: rank {root_cause.rank} on host {root_cause.host}, "
-            f"while running {what}; the job ended with {describe_exit_code(exit_code)}."
+            f"while running {what}; the job ended with {describe_exit_code(exit_code, oom_kills, killed_by_us)}."
         )
         if root_cause.where:
             head += f"\nWhere:\n{root_cause.where.rstrip()}"
     else:
         guess = guess_exception_from_tail(tail)
         lost_daemon = guess_lost_host(tail)
-        head = f"{what} failed on host {current_host} with {describe_exit_code(exit_code)}."
+        head = f"{what} failed on host {current_host} with {describe_exit_code(exit_code, oom_kills, killed_by_us)}."
         if lost_daemon:
             head = f"Host {lost_daemon} stopped responding: mpirun lost its daemon there (the host died or its network failed).\n" + head
         elif guess:

@@ -152,3 +152,50 @@ def _run_quietly(argv: list[str]) -> str | None:
     except (OSError, subprocess.TimeoutExpired):
         return None
     return done.stdout if done.returncode == 0 else None
+
+
+# --- the kernel's out-of-memory kills in this container's memory cgroup ------------------------
+
+
+def decide_oom_event_files(proc_self_cgroup: str, cgroup_root: str = "/sys/fs/cgroup") -> list[str]:
+    """Where this process's memory cgroup counts OOM kills, most specific first: cgroup v2's
+    memory.events (`oom_kill N`) and v1's memory.oom_control (`oom_kill N`, kernel >= 4.13).
+    In a container the cgroup's path reads "/" (its own namespace) and the mount is its own."""
+    files = []
+    for line in proc_self_cgroup.splitlines():
+        hierarchy, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        path = path.strip().rstrip("/")
+        if hierarchy == "0" and controllers == "":
+            files += [f"{cgroup_root}{path}/memory.events", f"{cgroup_root}/unified{path}/memory.events"]
+        elif "memory" in controllers.split(","):
+            files.append(f"{cgroup_root}/memory{path}/memory.oom_control")
+    files += [f"{cgroup_root}/memory.events", f"{cgroup_root}/memory/memory.oom_control"]
+    return list(dict.fromkeys(files))
+
+
+def parse_oom_kill_count(text: str) -> int | None:
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        if key == "oom_kill" and value.strip().isdigit():
+            return int(value)
+    return None
+
+
+def load_oom_kill_count(cgroup_root: str = "/sys/fs/cgroup") -> int | None:
+    """The OOM kills counted so far in this process's memory cgroup; None if it cannot be read
+    (then nobody can tell an OOM kill from another SIGKILL, and the report says so)."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            candidates = decide_oom_event_files(f.read(), cgroup_root)
+    except OSError:
+        return None
+    for path in candidates:
+        try:
+            with open(path) as f:
+                count = parse_oom_kill_count(f.read())
+        except OSError:
+            continue
+        if count is not None:
+            return count
+    return None

@@ -370,3 +370,112 @@ def _has_signal_handler(pid: int, sig: int) -> bool:
     except (OSError, StopIteration):
         return False
     return bool(int(caught, 16) & (1 << (sig - 1)))
+
+
+# --- 137: out-of-memory only when the kernel says so -------------------------------------------
+
+def test_137_is_called_out_of_memory_only_when_the_cgroup_counted_an_oom_kill():
+    from entrypoint.failure import describe_exit_code
+
+    assert "by the kernel's out-of-memory killer (2 OOM kill(s)" in describe_exit_code(137, oom_kills=2)
+    assert "not by the out-of-memory killer on this host" in describe_exit_code(137, oom_kills=0)
+    assert "could not be read to tell" in describe_exit_code(137, oom_kills=None)
+    ours = describe_exit_code(137, oom_kills=1, killed_by_us=True)
+    assert "sent by this entrypoint when the grace period after the stop ran out" in ours
+    assert describe_exit_code(143) == "exit code 143: killed by SIGTERM"
+
+
+def test_the_oom_counter_is_found_for_cgroup_v1_v2_and_a_containers_own_namespace():
+    from entrypoint.probe import decide_oom_event_files, parse_oom_kill_count
+
+    v1 = "4:memory:/process_api/abc\n1:cpu:/\n0::/\n"
+    assert decide_oom_event_files(v1, "/c")[:3] == [
+        "/c/memory/process_api/abc/memory.oom_control", "/c/memory.events", "/c/unified/memory.events"]
+    v2 = "0::/system.slice/docker-1.scope\n"
+    assert decide_oom_event_files(v2, "/c")[0] == "/c/system.slice/docker-1.scope/memory.events"
+    assert decide_oom_event_files("0::/\n", "/c")[0] == "/c/memory.events"  # in a container's namespace
+    assert parse_oom_kill_count("oom_kill_disable 0\nunder_oom 0\noom_kill 3\n") == 3
+    assert parse_oom_kill_count("low 0\nhigh 0\nmax 5\noom 2\noom_kill 2\noom_group_kill 0\n") == 2
+    assert parse_oom_kill_count("oom 1\n") is None
+
+
+def test_a_kill_at_the_end_of_our_grace_period_says_so_not_out_of_memory(tmp_path):
+    from support.jobtree import entrypoint_env, failure_text, write_tree
+
+    started = tmp_path / "started"
+    script = ("import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+              f"open({str(started)!r}, 'w').close()\ntime.sleep(60)\n")  # fmt: skip
+    root = write_tree(tmp_path / "ml", script=script)
+    proc = subprocess.Popen([PYTHON, "-m", "entrypoint", "train"], env=entrypoint_env(root, BYOC_GRACE_PERIOD_S="1"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while not started.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 137, err[-2000:]
+    report = failure_text(root)
+    assert "sent by this entrypoint when the grace period after the stop ran out" in report
+    assert "out-of-memory killer (" not in report
+
+
+def test_a_real_oom_kill_is_reported_as_out_of_memory(tmp_path):
+    """The entrypoint in a memory cgroup of its own, limited to 200 MB; the script allocates
+    more. Needs root and a writable memory cgroup (v1 or v2)."""
+    from support.jobtree import entrypoint_env, failure_text, write_tree
+
+    cgroup = _make_memory_cgroup(tmp_path.name, 200 * 1024 * 1024)
+    if cgroup is None:
+        pytest.skip("no writable memory cgroup here (needs root; not inside an unprivileged container)")
+    procs_file, remove = cgroup
+    try:
+        script = "blocks = []\nwhile True:\n    blocks.append(bytearray(32 * 1024 * 1024))\n"
+        root = write_tree(tmp_path / "ml", script=script)
+        done = subprocess.run(["sh", "-c", f'echo $$ > "{procs_file}" && exec "$0" -m entrypoint train', PYTHON],
+                              env=entrypoint_env(root), capture_output=True, text=True, timeout=120)  # fmt: skip
+    finally:
+        remove()
+    assert done.returncode == 137, done.stderr[-2000:]
+    assert "killed by the kernel's out-of-memory killer (1 OOM kill(s)" in failure_text(root)
+
+
+def _make_memory_cgroup(name: str, limit: int):
+    """(cgroup.procs path, remove) for a new memory cgroup below ours, or None."""
+    import contextlib
+
+    if os.geteuid() != 0:
+        return None
+    with open("/proc/self/cgroup") as f:
+        lines = f.read().splitlines()
+    v1 = next((ln.split(":", 2)[2] for ln in lines if "memory" in ln.split(":")[1].split(",")), None)
+    if v1 is not None:
+        base, limit_file = f"/sys/fs/cgroup/memory{v1.rstrip('/')}", "memory.limit_in_bytes"
+    else:
+        v2 = next((ln.split(":", 2)[2] for ln in lines if ln.startswith("0::")), None)
+        base, limit_file = f"/sys/fs/cgroup{(v2 or '').rstrip('/')}", "memory.max"
+    path = os.path.join(base, f"byoc-oom-{name}"[:60])
+    try:
+        os.mkdir(path)
+        with open(os.path.join(path, limit_file), "w") as f:
+            f.write(str(limit))
+        swap = os.path.join(path, "memory.memsw.limit_in_bytes" if v1 is not None else "memory.swap.max")
+        if os.path.exists(swap):
+            with open(swap, "w") as f:
+                f.write(str(limit) if v1 is not None else "0")
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.rmdir(path)
+        return None
+
+    def remove():
+        for _ in range(50):
+            try:
+                os.rmdir(path)
+                return
+            except OSError:
+                time.sleep(0.1)
+
+    return os.path.join(path, "cgroup.procs"), remove
