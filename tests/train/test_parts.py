@@ -153,3 +153,53 @@ def test_local_ps_outcome_reports_the_first_failure():
     assert Outcome((0, 0, 0), None).exit_code == 0
     assert Outcome((-15, -15, 1, -15), 2).exit_code == 1
     assert Outcome((-9, 0), 0).exit_code == 137
+
+
+def test_a_full_disk_leaves_the_previous_checkpoint_and_no_partial_file(tmp_path):
+    """The checkpoint folder is a 1 MiB tmpfs (a private mount namespace): a small checkpoint
+    fits, a 4 MB one does not."""
+    import shutil
+    import subprocess
+    import textwrap
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    if os.geteuid() != 0 or shutil.which("unshare") is None or subprocess.run(
+            ["unshare", "--mount", "true"], capture_output=True).returncode != 0:
+        pytest.skip("needs root and unshare(1) allowed: the full disk is a small tmpfs in a private mount namespace")
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    check = textwrap.dedent(f"""
+        import os, torch
+        from train.checkpoints import CheckpointWriteError, load_checkpoint, save_checkpoint
+        folder = {str(folder)!r}
+        save_checkpoint(folder, {{"step": 1, "model": {{"w": torch.zeros(10)}}}})
+        try:
+            save_checkpoint(folder, {{"step": 2, "model": {{"w": torch.zeros(1_000_000)}}}})
+        except CheckpointWriteError as err:
+            print("ERROR", err)
+        print("STEP", load_checkpoint(folder)["step"])
+        print("FILES", sorted(os.listdir(folder)))
+    """)
+    done = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
+         f'mount -t tmpfs -o size=1m tmpfs "{folder}" && exec "$0" -c "$1"', sys.executable, check],
+        capture_output=True, text=True, timeout=120, cwd=str(repo),
+        env={**os.environ, "PYTHONPATH": str(repo)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"ERROR checkpoint not written: the disk holding {folder} is full (" in done.stdout
+    assert f"the previous checkpoint {folder}/checkpoint.pt is intact" in done.stdout
+    assert "STEP 1" in done.stdout
+    assert "FILES ['checkpoint.pt']" in done.stdout  # no partial file left
+
+
+def test_a_partial_file_left_by_a_killed_writer_is_removed_by_the_next_save(tmp_path):
+    stale = tmp_path / "checkpoint.pt.999999999.partial"  # no such process
+    stale.write_bytes(b"half a checkpoint")
+    mine = tmp_path / f"checkpoint.pt.{os.getpid() + 1}.partial"  # a live writer's name is left alone
+    save_checkpoint(str(tmp_path), {"step": 3, "model": {"w": torch.zeros(2)}})
+    assert not stale.exists()
+    assert load_checkpoint(str(tmp_path))["step"] == 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt"]
+    del mine
