@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import difflib
 import shlex
-from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 from entrypoint.config import JobConfig, canonical_json
 from entrypoint.errors import JobDefinitionError
@@ -58,8 +57,7 @@ DISTRIBUTION_PREFIXES = (
 MPI_BASED = ("mpi", "pytorchddp", "smdataparallel")
 
 
-@dataclass(frozen=True)
-class Distribution:
+class Distribution(NamedTuple):
     launcher: str  # "process" or one of ENABLE_KEYS
     processes_per_host: int | None  # explicit request; None: from the devices
     num_processes: int | None  # cap on the total (mpirun -np)
@@ -68,8 +66,7 @@ class Distribution:
     notes: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
-class LaunchSettings:
+class LaunchSettings(NamedTuple):
     master_port: int = 7777
     max_restarts: int = 0
     grace_period_s: float = 90.0

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from entrypoint import processes, ssh
 from entrypoint.errors import EXIT_BAD_JOB
@@ -41,13 +41,13 @@ def log(message: str) -> None:
     sys.stderr.flush()
 
 
-@dataclass
 class OutputCollector:
     """Shared by the pumps of every child: the tail and the root causes seen so far."""
 
-    tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
-    root_causes: list = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    def __init__(self) -> None:
+        self.tail: collections.deque = collections.deque(maxlen=TAIL_LINES)
+        self.root_causes: list = []
+        self.lock = threading.Lock()
 
     def add_line(self, raw: bytes) -> None:
         self.add_line_text(raw.decode("utf-8", "replace"))
@@ -196,8 +196,7 @@ class Supervisor:
         return first_failure or 0
 
 
-@dataclass(frozen=True)
-class RunResult:
+class RunResult(NamedTuple):
     exit_code: int
     stopped_by: str | None = None
     stopped_at: float | None = None
@@ -438,18 +437,18 @@ class StartProblem(Exception):
         self.stopped_by = stopped_by
 
 
-@dataclass
 class HostServices:
     """What runs beside the job's processes on a multi-host launch (see liveness.py)."""
 
-    plan: LaunchPlan
-    collector: OutputCollector
-    exit_code: int = 1
-    failure_report: str | None = None  # what the leader tells MPI workers when the job failed
-    lost: str | None = None
-    job_port: JobPort | None = None
-    sshd: object = None
-    watch: PeerWatch | None = None
+    def __init__(self, plan: LaunchPlan, collector: OutputCollector) -> None:
+        self.plan = plan
+        self.collector = collector
+        self.exit_code = 1
+        self.failure_report: str | None = None  # what the leader tells MPI workers when the job failed
+        self.lost: str | None = None
+        self.job_port: JobPort | None = None
+        self.sshd: object = None
+        self.watch: PeerWatch | None = None
 
     def watch_peers(self, supervisor: "Supervisor") -> None:
         plan = self.plan

@@ -10,8 +10,7 @@ from __future__ import annotations
 import json
 import re
 import signal
-from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, NamedTuple
 
 from entrypoint.rank.record_errors import MARKER
 
@@ -20,8 +19,7 @@ MASK = "****"
 EXCEPTION_LINE = re.compile(r"^(?:\[[^\]]*\]<std(?:out|err)>:)?\s*([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Fault|Warning)\b[^\n]*)$")
 
 
-@dataclass(frozen=True)
-class RootCause:
+class RootCause(NamedTuple):
     host: str
     rank: str
     type: str

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from typing import NamedTuple
 
 DEFAULT_BASE_DIR = "/opt/ml"
 
 
-@dataclass(frozen=True)
-class MlPaths:
+class MlPaths(NamedTuple):
     base: str
 
     @property

@@ -7,7 +7,7 @@ entrypoint.execute runs it. Nothing here touches the machine.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from entrypoint import ssh, topology
 from entrypoint.config import JobConfig
@@ -35,8 +35,7 @@ FORWARDED_NAMES = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "LANG", "LC_ALL", "T
 FORWARDED_PREFIXES = ("NCCL_", "FI_", "TORCH_", "CUDA_", "OMP_", "MKL_", "HF_", "PYTHON", "BYOC_", "AWS_", "NEURON_", "XLA_")
 
 
-@dataclass(frozen=True)
-class Runtime:
+class Runtime(NamedTuple):
     """Facts about this image, not the job: where python is, where per-job files go."""
 
     python: str
@@ -49,8 +48,7 @@ class Runtime:
         return os.path.join(self.runtime_dir, "ssh", "config")
 
 
-@dataclass(frozen=True)
-class ProcessSpec:
+class ProcessSpec(NamedTuple):
     name: str
     argv: tuple[str, ...]
     env: tuple[tuple[str, str], ...] = ()  # on top of the plan's env
@@ -60,8 +58,7 @@ class ProcessSpec:
     signal_ranks: bool = False
 
 
-@dataclass(frozen=True)
-class LaunchPlan:
+class LaunchPlan(NamedTuple):
     role: str  # single | outside-distribution | mpi-leader | mpi-worker | torchrun | parameter-server
     launcher: str  # process | mpi | pytorchddp | torch_distributed | smdataparallel | parameter_server
     current_host: str
@@ -78,7 +75,7 @@ class LaunchPlan:
     settings: LaunchSettings
     runtime_dir: str = "/run/byoc"
     key_dir: str = ""  # see Runtime.key_dir
-    notes: tuple[str, ...] = field(default=())
+    notes: tuple[str, ...] = ()
 
     @property
     def env_dict(self) -> dict[str, str]:

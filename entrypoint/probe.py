@@ -14,15 +14,14 @@ import re
 import shutil
 import socket
 import subprocess
-from dataclasses import dataclass
+from typing import NamedTuple
 
 PROBE_TIMEOUT_S = 20
 # Where the cuda-compat package puts its libcuda (the GPU image installs it).
 CUDA_COMPAT_DIR = "/usr/local/cuda/compat"
 
 
-@dataclass(frozen=True)
-class MachineFacts:
+class MachineFacts(NamedTuple):
     cpu_count: int
     gpu_count: int
     neuron_core_count: int

@@ -14,15 +14,14 @@ Why the entrypoint needs it:
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from typing import NamedTuple
 
 # The rsh agent mpirun uses to start its daemons: not a rank, and signalling it would look to
 # mpirun like a lost daemon.
 RSH_AGENT_COMMANDS = ("ssh",)
 
 
-@dataclass(frozen=True)
-class ProcInfo:
+class ProcInfo(NamedTuple):
     pid: int
     ppid: int
     pgid: int

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from entrypoint.errors import JobDefinitionError
 
@@ -17,14 +17,12 @@ from entrypoint.errors import JobDefinitionError
 SAFE_PROGRAM = re.compile(r"^[A-Za-z0-9._][A-Za-z0-9._+-]*(/[A-Za-z0-9._+-]+)*$")
 
 
-@dataclass(frozen=True)
-class CodeSource:
+class CodeSource(NamedTuple):
     kind: str  # "code_dir" (already in place), "local_dir", "local_tar", "s3"
     uri: str | None
 
 
-@dataclass(frozen=True)
-class CodeFacts:
+class CodeFacts(NamedTuple):
     """What the code folder holds. `known` is False when the code is still in S3 (dry run)."""
 
     known: bool
@@ -35,8 +33,7 @@ class CodeFacts:
     has_requirements: bool = False
 
 
-@dataclass(frozen=True)
-class EntryPoint:
+class EntryPoint(NamedTuple):
     kind: str  # "python_script", "python_package", "shell_script", "executable"
     program: str
     path: str  # absolute path of the program inside the code folder

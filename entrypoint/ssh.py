@@ -20,7 +20,7 @@ import os
 import re
 import socket
 import subprocess
-from dataclasses import dataclass
+from typing import NamedTuple
 
 SSHD = "/usr/sbin/sshd"
 
@@ -29,8 +29,7 @@ MEMORY_FILESYSTEMS = ("tmpfs", "ramfs")
 SHM_DIR = "/dev/shm"
 
 
-@dataclass(frozen=True)
-class SshFiles:
+class SshFiles(NamedTuple):
     """Per-job SSH files: configuration under the runtime folder, the private key in
     key_folder (memory-backed storage when there is one: see decide_key_folder)."""
 

@@ -3,7 +3,6 @@ compatibility, decided from probed facts; the probes against fake /proc and comp
 
 from __future__ import annotations
 
-import dataclasses
 import os
 
 import pytest
@@ -61,7 +60,7 @@ def test_version_parser():
 
 
 def test_no_gpu_no_nccl_or_cuda_settings():
-    old_driver = dataclasses.replace(CPU, gpu_driver_version="535.104.05", cuda_compat_driver_version="580.95.05")
+    old_driver = CPU._replace(gpu_driver_version="535.104.05", cuda_compat_driver_version="580.95.05")
     assert build_gpu_env({}, old_driver, "eth0") == ({}, [])
 
 
@@ -86,19 +85,19 @@ def test_the_jobs_own_nccl_network_choice_wins(environ):
 
 
 def test_compat_goes_first_on_the_library_path_once():
-    facts = dataclasses.replace(GPU8_EFA, gpu_driver_version="535.104.05", cuda_compat_driver_version="580.95.05")
+    facts = GPU8_EFA._replace(gpu_driver_version="535.104.05", cuda_compat_driver_version="580.95.05")
     env, notes = build_gpu_env({"LD_LIBRARY_PATH": "/opt/amazon/efa/lib"}, facts, "eth0")
     assert env["LD_LIBRARY_PATH"] == f"{CUDA_COMPAT_DIR}:/opt/amazon/efa/lib"
     assert any("535.104.05 is older than 580.95.05" in n for n in notes)
     env, _ = build_gpu_env({"LD_LIBRARY_PATH": f"{CUDA_COMPAT_DIR}:/x"}, facts, "eth0")
     assert "LD_LIBRARY_PATH" not in env  # already there: not added twice
     assert build_gpu_env({}, facts, "eth0")[0]["LD_LIBRARY_PATH"] == CUDA_COMPAT_DIR
-    new_driver = dataclasses.replace(facts, gpu_driver_version="590.1.1")
+    new_driver = facts._replace(gpu_driver_version="590.1.1")
     assert "LD_LIBRARY_PATH" not in build_gpu_env({"LD_LIBRARY_PATH": "/x"}, new_driver, "eth0")[0]
 
 
 def test_plan_for_a_one_gpu_host_carries_the_settings_and_forwards_them_to_mpi_ranks():
-    facts = dataclasses.replace(GPU4, gpu_driver_version="535.104.05", cuda_compat_driver_version="580.95.05")
+    facts = GPU4._replace(gpu_driver_version="535.104.05", cuda_compat_driver_version="580.95.05")
     single = plan_for(make_job(), facts)
     assert single.env_dict["NCCL_NET_PLUGIN"] == "none" and single.env_dict["LD_LIBRARY_PATH"] == CUDA_COMPAT_DIR
     mpi = plan_for(make_job(hosts=("algo-1", "algo-2"), hps={"sagemaker_mpi_enabled": True}), facts)

@@ -153,10 +153,8 @@ def test_smdataparallel_without_aws_library_falls_back_to_torchrun():
 
 
 def test_smdataparallel_with_aws_library_uses_smddprun_under_mpirun():
-    from dataclasses import replace
-
     plan = plan_for(make_job(hosts=("algo-1", "algo-2"), hps={"sagemaker_distributed_dataparallel_enabled": True}),
-                    replace(GPU8_EFA, smddprun=True))
+                    GPU8_EFA._replace(smddprun=True))
     argv = plan.processes[0].argv
     assert argv[:5] == ("mpirun", "--host", "algo-1:8,algo-2:8", "-np", "16")
     assert argv[-4:] == ("smddprun", PY, RE, SCRIPT)
@@ -248,12 +246,10 @@ def test_missing_interface_falls_back_to_eth0():
 
 
 def test_hostname_shim_preloaded_when_the_container_name_differs():
-    from dataclasses import replace
-
-    facts = replace(GPU4, hostname="ip-10-0-1-23", gethostname_shim="/py/gethostname.so")
+    facts = GPU4._replace(hostname="ip-10-0-1-23", gethostname_shim="/py/gethostname.so")
     env = non_sm_env(plan_for(make_job(hosts=("algo-1", "algo-2"), hps=TORCH), facts))
     assert env["LD_PRELOAD"] == "/py/gethostname.so"
-    same = replace(facts, hostname="algo-1")
+    same = facts._replace(hostname="algo-1")
     assert "LD_PRELOAD" not in non_sm_env(plan_for(make_job(hosts=("algo-1", "algo-2"), hps=TORCH), same))
     with_user = make_job(hosts=("algo-1", "algo-2"), hps=TORCH, environ={"LD_PRELOAD": "/usr/lib/libjemalloc.so"})
     assert non_sm_env(plan_for(with_user, facts))["LD_PRELOAD"] == "/py/gethostname.so:/usr/lib/libjemalloc.so"
