@@ -24,7 +24,14 @@ from typing import NamedTuple
 from entrypoint import processes, ssh
 from entrypoint.errors import EXIT_BAD_JOB
 from entrypoint.liveness import JobPort, PeerWatch, wait_until_port_closes
-from entrypoint.failure import build_failure_report, build_job_outcome_report, first_root_cause, parse_root_cause_line
+from entrypoint.failure import (
+    build_failure_report,
+    build_job_outcome_report,
+    first_root_cause,
+    parse_root_cause_line,
+    redact,
+    secret_values,
+)
 from entrypoint.paths import MlPaths
 from entrypoint.plan import LaunchPlan, ProcessSpec
 from entrypoint.probe import load_oom_kill_count
@@ -44,10 +51,14 @@ def log(message: str) -> None:
 class OutputCollector:
     """Shared by the pumps of every child: the tail and the root causes seen so far."""
 
-    def __init__(self) -> None:
+    def __init__(self, secrets: list[str] | tuple[str, ...] = ()) -> None:
         self.tail: collections.deque = collections.deque(maxlen=TAIL_LINES)
         self.root_causes: list = []
         self.lock = threading.Lock()
+        self.secrets = list(secrets)  # masked in each line before it is cut to TAIL_LINE_CHARS
+
+    def redact(self, text: str) -> str:
+        return redact(text, self.secrets) if self.secrets else text
 
     def add_line(self, raw: bytes) -> None:
         self.add_line_text(raw.decode("utf-8", "replace"))
@@ -59,6 +70,8 @@ class OutputCollector:
             if cause is not None:
                 self.root_causes.append(cause)
             else:
+                if self.secrets:
+                    line = redact(line, self.secrets)
                 self.tail.append(line[:TAIL_LINE_CHARS])
 
 
@@ -76,7 +89,9 @@ def _pump(pipe, sink, collector: OutputCollector) -> None:
             for line in lines:
                 collector.add_line(line)
             if len(partial) > 65536:  # a very long line (progress bars with \r): keep moving
-                collector.add_line(partial[-TAIL_LINE_CHARS:])
+                # Masked before it is cut (add_line masks, then keeps the line's start).
+                tail = collector.redact(partial[-8 * TAIL_LINE_CHARS:].decode("utf-8", "replace"))
+                collector.add_line_text(tail[-TAIL_LINE_CHARS:])
                 partial = b""
     except (OSError, ValueError):
         pass
@@ -499,7 +514,7 @@ def host_services(plan: LaunchPlan, collector: OutputCollector):
 
 def run_plan(plan: LaunchPlan, paths: MlPaths, environ: dict[str, str]) -> int:
     env = {**environ, **plan.env_dict}
-    collector = OutputCollector()
+    collector = OutputCollector(secret_values(env))
 
     def report(what: str, code: int, run: RunResult | None = None, lost: str | None = None) -> str:
         return build_failure_report(

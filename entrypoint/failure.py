@@ -2,7 +2,8 @@
 
 SageMaker shows the first 1,024 characters as FailureReason, so the first paragraph must
 stand alone: what failed, where (host, rank), the exception and the exit code. Values of
-environment variables whose names look like secrets are masked everywhere in the report.
+environment variables whose names look like secrets are masked everywhere in the report, in
+every form they take in text, and in each output line before it is cut to length.
 """
 
 from __future__ import annotations
@@ -12,10 +13,8 @@ import re
 import signal
 from typing import Iterable, Mapping, NamedTuple
 
-from entrypoint.rank.record_errors import MARKER
+from entrypoint.rank.record_errors import MARKER, MASK, build_secret_forms, is_secret_name
 
-SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|SESSION", re.IGNORECASE)
-MASK = "****"
 EXCEPTION_LINE = re.compile(r"^(?:\[[^\]]*\]<std(?:out|err)>:)?\s*([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Fault|Warning)\b[^\n]*)$")
 
 
@@ -101,13 +100,21 @@ def guess_lost_host(lines: list[str]) -> str | None:
 
 
 def secret_values(environ: Mapping[str, str]) -> list[str]:
-    values = {v for k, v in environ.items() if SECRET_NAME.search(k) and len(v) >= 6}
+    values = {v for k, v in environ.items() if is_secret_name(k) and len(v) >= 6}
     return sorted(values, key=len, reverse=True)  # longest first: no partial masking
 
 
 def redact(text: str, secrets: list[str]) -> str:
-    for value in secrets:
-        text = text.replace(value, MASK)
+    """Mask every form of every secret (build_secret_forms), also where the text breaks it
+    over lines (a wrapped print, a value split across two output lines)."""
+    if not secrets:
+        return text
+    for form in build_secret_forms(secrets):
+        text = text.replace(form, MASK)
+        if len(form) >= 12 and "\n" in text:
+            # Line breaks between any of its characters (a wrapped print).
+            spread = "\n?".join(re.escape(c) for c in form)
+            text = re.sub(spread, MASK, text)
     return text
 
 

@@ -25,6 +25,10 @@ import time
 
 MARKER = "BYOC-ROOT-CAUSE "
 MESSAGE_LIMIT = 2000
+# Environment variables whose names hold one of these words carry secrets: their values are
+# masked in every report, in every form (entrypoint/failure.py uses the same rule).
+SECRET_NAME_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "SESSION")
+MASK = "****"
 REPORT_TIMEOUT_S = 5.0
 
 # What sys.path was before the user's program: this folder first, then the interpreter's own.
@@ -47,6 +51,33 @@ def _stdlib(name: str):
     return module
 
 
+def is_secret_name(name: str) -> bool:
+    upper = name.upper()
+    return any(word in upper for word in SECRET_NAME_WORDS)
+
+
+def build_secret_forms(values) -> list:
+    """Every form a secret value takes in text: as written, escaped as repr() and JSON write
+    it (inside the quotes), URL-encoded; longest first, so no form is masked only in part."""
+    json = _stdlib("json")
+    _stdlib("urllib.parse")
+    parse = sys.modules["urllib.parse"]
+    forms = set()
+    for value in values:
+        forms |= {value, repr(value)[1:-1], json.dumps(value)[1:-1], json.dumps(value, ensure_ascii=False)[1:-1],
+                  parse.quote(value, safe=""), parse.quote_plus(value, safe="")}
+    return sorted((f for f in forms if len(f) >= 6), key=len, reverse=True)
+
+
+def mask_secrets(text: str, environ=None) -> str:
+    """text with every form of every secret in environ (default: ours) masked."""
+    environ = os.environ if environ is None else environ
+    values = [v for k, v in environ.items() if is_secret_name(k) and len(v) >= 6]
+    for form in build_secret_forms(values) if values else ():
+        text = text.replace(form, MASK)
+    return text
+
+
 def _rank() -> str:
     for name in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"):
         if os.environ.get(name):
@@ -59,7 +90,7 @@ def _record(exc: BaseException) -> None:
     frames = traceback.extract_tb(exc.__traceback__)
     # Drop our own and runpy's frames: the report shows the user's code.
     user_frames = [f for f in frames if f.filename != __file__ and "runpy" not in os.path.basename(f.filename)]
-    message = str(exc)
+    message = mask_secrets(str(exc))  # before it is cut: half a secret is still a secret
     if len(message) > MESSAGE_LIMIT:
         message = message[:MESSAGE_LIMIT] + "..."
     record = {
@@ -68,7 +99,7 @@ def _record(exc: BaseException) -> None:
         "type": type(exc).__qualname__ if type(exc).__module__ in ("builtins", "__main__") else f"{type(exc).__module__}.{type(exc).__qualname__}",
         "message": message,
         "time": time.time(),
-        "where": "".join(traceback.format_list(user_frames[-3:])),
+        "where": mask_secrets("".join(traceback.format_list(user_frames[-3:]))),
     }
     try:
         sys.stderr.write(MARKER + json.dumps(record, ensure_ascii=True) + "\n")
