@@ -103,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.dry_run:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, execute.on_startup_signal)
+        signal.signal(signal.SIGUSR1, execute.on_stack_request_without_ranks)
         try:
             return run(args, environ, paths)
         except execute.StartupStopped as stop:

@@ -168,6 +168,19 @@ class Supervisor:
         self.signal_all(signal.SIGTERM)
         self._kill_within(min(self.grace_period_s, FAILURE_STOP_S))
 
+    def on_stack_request(self, _signum, _frame) -> None:
+        """SIGUSR1: every Python rank on this host prints its stack (rank/record_errors.py);
+        the job goes on."""
+        table = processes.load_process_table()
+        below = [pid for _, proc in self.children for pid in [proc.pid, *processes.build_descendants(table, proc.pid)]]
+        ranks = processes.decide_rank_pids(processes.load_cmdlines(below))
+        log(f"SIGUSR1: asking {len(ranks)} rank process(es) on this host for their Python stacks")
+        for pid in ranks:
+            try:
+                os.kill(pid, signal.SIGUSR1)
+            except ProcessLookupError:
+                pass
+
     def on_signal(self, signum, _frame) -> None:
         name = signal.Signals(signum).name
         if self.stopped_by is None:
@@ -246,6 +259,11 @@ def on_startup_signal(signum, _frame) -> None:
     raise StartupStopped(signum)
 
 
+def on_stack_request_without_ranks(_signum, _frame) -> None:
+    """SIGUSR1 outside a run (start-up, waits): no rank to ask; it must not end the process."""
+    log("SIGUSR1: no training process is running on this host yet (or any more)")
+
+
 def mark_training_started() -> None:
     global _training_started
     _training_started = True
@@ -278,6 +296,7 @@ def run_processes(
     supervisor = Supervisor(grace_period_s, collector)
     oom_before = load_oom_kill_count()
     previous = {s: signal.signal(s, supervisor.on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    previous[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, supervisor.on_stack_request)
     try:
         try:
             for spec in processes_:

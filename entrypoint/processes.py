@@ -82,6 +82,25 @@ def decide_launcher_pids(table: dict[int, ProcInfo], root_pid: int, names: tuple
     return [pid for pid in build_descendants(table, root_pid) if table[pid].comm in names]
 
 
+RANK_WRAPPER = "record_errors.py"  # entrypoint/rank/record_errors.py runs every Python rank
+
+
+def load_cmdlines(pids: list[int]) -> dict[int, list[str]]:
+    found = {}
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                found[pid] = [part.decode(errors="replace") for part in f.read().split(b"\0") if part]
+        except OSError:
+            continue  # exited
+    return found
+
+
+def decide_rank_pids(cmdlines: dict[int, list[str]]) -> list[int]:
+    """The Python ranks among these processes: those running our rank wrapper."""
+    return sorted(pid for pid, argv in cmdlines.items() if any(a.endswith(RANK_WRAPPER) for a in argv[1:3]))
+
+
 def signal_groups(groups: list[int], sig: int) -> None:
     for group in groups:
         try:

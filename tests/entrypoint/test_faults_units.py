@@ -479,3 +479,30 @@ def _make_memory_cgroup(name: str, limit: int):
                 time.sleep(0.1)
 
     return os.path.join(path, "cgroup.procs"), remove
+
+
+def test_sigusr1_prints_every_ranks_stack_and_the_job_goes_on(tmp_path):
+    from support.jobtree import entrypoint_env, write_tree
+
+    started = tmp_path / "started"
+    script = ("import time\n"
+              "def waiting_in_a_known_place():\n"
+              f"    open({str(started)!r}, 'w').close()\n"
+              "    time.sleep(4)\n"
+              "waiting_in_a_known_place()\nprint('finished')\n")  # fmt: skip
+    root = write_tree(tmp_path / "ml", script=script)
+    proc = subprocess.Popen([PYTHON, "-m", "entrypoint", "train"], env=entrypoint_env(root),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while not started.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.2)
+        proc.send_signal(signal.SIGUSR1)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    assert "finished" in out
+    assert "SIGUSR1: asking 1 rank process(es) on this host for their Python stacks" in err
+    assert 'in waiting_in_a_known_place' in err and "(most recent call first)" in err
