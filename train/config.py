@@ -51,6 +51,7 @@ class TrainConfig:
     # bookkeeping
     log_every: int = 10  # steps between metric lines
     checkpoint_every: int = 100  # steps between checkpoints (0: only on SIGTERM)
+    hang_timeout_s: float = 1800.0  # a rank with no finished step for this long fails the job (0: never)
     # parameter server
     ps_mode: str = "sync"  # sync | async
 
@@ -70,7 +71,8 @@ class TrainConfig:
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("max_steps", "num_classes", "checkpoint_every", "warmup_epochs", "weight_decay", "momentum"):
+        for name in ("max_steps", "num_classes", "checkpoint_every", "warmup_epochs", "weight_decay", "momentum",
+                     "hang_timeout_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"--{name} must be >= 0, got {getattr(self, name)}")
         if self.lr <= 0 or self.bucket_mb <= 0:

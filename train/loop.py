@@ -9,6 +9,7 @@ import hashlib
 import os
 import random
 import signal
+import socket
 import time
 from dataclasses import dataclass
 from typing import Mapping
@@ -28,6 +29,7 @@ from train.metrics import Reporter, format_progress
 from train.models import build_mlp, save_model, unwrap
 from train.paths import load_job_paths
 from train.schedule import build_lr, build_peak_lr, build_warmup_steps
+from train.watchdog import StepWatchdog
 
 EXIT_STOPPED = 143  # 128 + SIGTERM: stopped on request, checkpoint written
 
@@ -132,14 +134,17 @@ def run_training(config: TrainConfig, backend: Backend, environ: Mapping[str, st
     stop = StopRequest()
     stop.install()
     backend.stop_request = stop  # a parameter server passes it along with the gradients
+    host = environ.get("SM_CURRENT_HOST") or socket.gethostname()
+    watchdog = StepWatchdog(config.hang_timeout_s, ranks.rank, host).start()
     try:
-        return _train(config, backend, environ, paths, reporter, stop)
+        return _train(config, backend, environ, paths, reporter, stop, watchdog)
     finally:
+        watchdog.stop()
         stop.uninstall()
         reporter.close()
 
 
-def _train(config, backend, environ, paths, reporter, stop) -> TrainResult:
+def _train(config, backend, environ, paths, reporter, stop, watchdog) -> TrainResult:
     ranks, device = backend.rank_info, backend.device
     seed_everything(config.seed)
     channels = load_input_data_config(environ, paths.input_config_dir)
@@ -219,6 +224,7 @@ def _train(config, backend, environ, paths, reporter, stop) -> TrainResult:
         loss_sum += loss.detach().double()
         loss_count += 1
         step += 1
+        watchdog.beat()
 
         # Only at steps every rank reaches: a collective here must pair with the same one elsewhere.
         if step % config.log_every == 0 or step == total_steps:
@@ -235,6 +241,7 @@ def _train(config, backend, environ, paths, reporter, stop) -> TrainResult:
             loss_count, window_start, window_step = 0, now, step
         if stopped or (config.checkpoint_every and step % config.checkpoint_every == 0 and step < total_steps):
             write_checkpoint(step)
+            watchdog.beat()
         if stopped:
             reporter.line(f"[stopped] SIGTERM: stopped at step {step}; the next start resumes from the checkpoint")
             break
@@ -243,6 +250,7 @@ def _train(config, backend, environ, paths, reporter, stop) -> TrainResult:
         backend.finish()
         raise SystemExit(EXIT_STOPPED)
 
+    watchdog.beat()  # validation and saving the model get a full hang_timeout_s of their own
     if backend.name != "ps":  # PS workers share no collective; sync rounds give all the same answer
         digest = verify_replicas(train_model, backend)
         reporter.line(f"[check] parameters identical on all {ranks.world_size} ranks (digest {digest:#014x})")

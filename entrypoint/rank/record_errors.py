@@ -86,27 +86,15 @@ def _rank() -> str:
 
 
 def _record(exc: BaseException) -> None:
-    json, socket, traceback = _stdlib("json"), _stdlib("socket"), _stdlib("traceback")
+    json, traceback = _stdlib("json"), _stdlib("traceback")
     frames = traceback.extract_tb(exc.__traceback__)
     # Drop our own and runpy's frames: the report shows the user's code.
     user_frames = [f for f in frames if f.filename != __file__ and "runpy" not in os.path.basename(f.filename)]
-    message = mask_secrets(str(exc))  # before it is cut: half a secret is still a secret
-    if len(message) > MESSAGE_LIMIT:
-        message = message[:MESSAGE_LIMIT] + "..."
-    record = {
-        "host": os.environ.get("SM_CURRENT_HOST") or socket.gethostname(),
-        "rank": _rank(),
-        "type": type(exc).__qualname__ if type(exc).__module__ in ("builtins", "__main__") else f"{type(exc).__module__}.{type(exc).__qualname__}",
-        "message": message,
-        "time": time.time(),
-        "where": mask_secrets("".join(traceback.format_list(user_frames[-3:]))),
-    }
-    try:
-        sys.stderr.write(MARKER + json.dumps(record, ensure_ascii=True) + "\n")
-        sys.stderr.flush()
-    except (OSError, ValueError):
-        pass
-    _report_to_hosts(json.dumps(record, ensure_ascii=True))
+    # Secrets are masked before the message is cut: half a secret is still a secret.
+    record = build_root_cause(
+        type(exc).__qualname__ if type(exc).__module__ in ("builtins", "__main__") else f"{type(exc).__module__}.{type(exc).__qualname__}",
+        str(exc), "".join(traceback.format_list(user_frames[-3:])))
+    emit_root_cause(record)
     error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if error_file:
         payload = {
@@ -123,6 +111,27 @@ def _record(exc: BaseException) -> None:
                 json.dump(payload, f)
         except OSError:
             pass
+
+
+def build_root_cause(type_name: str, message: str, where: str) -> dict:
+    """A root-cause record of this rank (what _record makes from an exception)."""
+    message = mask_secrets(message)
+    if len(message) > MESSAGE_LIMIT:
+        message = message[:MESSAGE_LIMIT] + "..."
+    return {"host": os.environ.get("SM_CURRENT_HOST") or _stdlib("socket").gethostname(), "rank": _rank(),
+            "type": type_name, "message": message, "time": time.time(), "where": mask_secrets(where)}
+
+
+def emit_root_cause(record: dict) -> None:
+    """The record on stderr (it travels with the rank's output to the leader) and to every
+    host's job port. Also for code that fails a rank without an exception (train/watchdog.py)."""
+    line = _stdlib("json").dumps(record, ensure_ascii=True)
+    try:
+        sys.stderr.write(MARKER + line + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+    _report_to_hosts(line)
 
 
 def _report_to_hosts(line: str) -> None:
