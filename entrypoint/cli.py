@@ -143,4 +143,31 @@ def run(args, environ: dict[str, str], paths) -> int:
             plan = decide_plan(job, facts, runtime)  # now the code folder tells the entry point's kind
         except JobDefinitionError as exc:
             return report_bad_job(paths, str(exc), environ, False)
+    code = run_preflight(job, facts, plan, paths)
+    if code:
+        return code
     return execute.run_plan(plan, paths, environ)
+
+
+def run_preflight(job: JobConfig, facts: MachineFacts, plan: LaunchPlan, paths: MlPaths) -> int:
+    """The machine checks of entrypoint/preflight.py; a fatal finding ends the job before it
+    starts (exit EXIT_BAD_JOB: the script never ran), with every finding in output/failure."""
+    import time
+
+    from entrypoint import preflight
+
+    started = time.monotonic()
+    # The folders whose loss costs the run: the model (written at the end) and checkpoints.
+    folders = [paths.model_dir] + ([job.checkpoint.local_path] if job.checkpoint else [])
+    found = preflight.decide_preflight(preflight.probe_preflight_facts(
+        plan.current_host, job.resource.current_instance_type, folders, facts.gpu_count, facts.neuron_core_count,
+        facts.efa, plan.processes_per_host))
+    for finding in found:
+        execute.log(f"pre-flight {'FAILED' if finding.fatal else 'warning'}: {finding.text}")
+    fatal = [f.text for f in found if f.fatal]
+    execute.log(f"pre-flight: {len(fatal)} fatal, {len(found) - len(fatal)} warning(s), "
+                f"{(time.monotonic() - started) * 1000:.1f} ms")
+    if not fatal:
+        return 0
+    execute.write_outcome(paths, EXIT_BAD_JOB, "Pre-flight check failed, the training never started: " + " ".join(fatal) + "\n")
+    return EXIT_BAD_JOB
