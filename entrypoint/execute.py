@@ -463,6 +463,16 @@ def describe(plan: LaunchPlan) -> str:
     return f"{plan.entry.program} ({plan.role})"
 
 
+def describe_port_problem(port: int, host: str, error: OSError) -> str:
+    """One line for a job port we could not open, naming the setting that moves it."""
+    import errno
+
+    if error.errno == errno.EADDRINUSE:
+        return (f"port {port} on {host} is already in use by another process: the job's peers reach each "
+                f"other there; set BYOC_JOB_PORT to a free port (or BYOC_MASTER_PORT, which it follows)")
+    return f"cannot listen on port {port} on {host} (BYOC_JOB_PORT): {error.strerror or error}"
+
+
 class StartProblem(Exception):
     """A multi-host job could not start (workers never answered, stopped while waiting)."""
 
@@ -518,7 +528,10 @@ def host_services(plan: LaunchPlan, collector: OutputCollector):
             # Every host's port also takes root-cause reports from ranks on every host, so
             # each host's output/failure can lead with the job's first failure (SDK v2 local
             # mode keeps only the last host's).
-            services.job_port = JobPort(plan.settings.job_port, collector.add_line_text)
+            try:
+                services.job_port = JobPort(plan.settings.job_port, collector.add_line_text)
+            except OSError as exc:
+                raise StartProblem(describe_port_problem(plan.settings.job_port, plan.current_host, exc), None) from None
         yield services
     finally:
         if services.watch is not None:

@@ -506,3 +506,22 @@ def test_sigusr1_prints_every_ranks_stack_and_the_job_goes_on(tmp_path):
     assert "finished" in out
     assert "SIGUSR1: asking 1 rank process(es) on this host for their Python stacks" in err
     assert 'in waiting_in_a_known_place' in err and "(most recent call first)" in err
+
+
+def test_a_job_port_already_in_use_is_one_clear_line_naming_the_setting(tmp_path):
+    import socket
+
+    from support.jobtree import entrypoint_env, failure_text, write_tree
+
+    host = socket.gethostname()
+    with socket.create_server(("", 0)) as taken:
+        port = taken.getsockname()[1]
+        root = write_tree(tmp_path, hosts=(host, "localhost"), current_host=host, script="print('must not run')\n",
+                          hyperparameters={"sagemaker_distribution_instance_groups": [],
+                                           "sagemaker_torch_distributed_enabled": True})  # fmt: skip
+        done = subprocess.run([PYTHON, "-m", "entrypoint", "train"], capture_output=True, text=True, timeout=120,
+                              env=entrypoint_env(root, BYOC_JOB_PORT=str(port)))  # fmt: skip
+    assert done.returncode != 0
+    line = f"port {port} on {host} is already in use by another process: the job's peers reach each other there; set BYOC_JOB_PORT"
+    assert line in failure_text(root), failure_text(root)
+    assert "Traceback" not in done.stderr and "must not run" not in done.stdout
