@@ -32,6 +32,8 @@ IN_IMAGE_TESTS = (
     "tests/entrypoint/test_job_port.py",
     "tests/entrypoint/test_ssh.py",
     "tests/entrypoint/test_toolkit_parity.py",
+    "tests/entrypoint/test_secrets.py",
+    "tests/entrypoint/test_preflight.py",
 )
 # pytest and what the tests import beyond the image's packages, at the project's pins.
 TEST_REQUIREMENTS = ("pytest==9.2.0", "hypothesis==6.170.15")
