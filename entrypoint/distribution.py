@@ -66,9 +66,14 @@ class Distribution(NamedTuple):
     notes: tuple[str, ...] = ()
 
 
+# Restarts in place are for transient crashes; a job failing the same way a hundred times is
+# not transient.
+MAX_RESTARTS_LIMIT = 100
+
+
 class LaunchSettings(NamedTuple):
     master_port: int = 7777
-    max_restarts: int = 0
+    max_restarts: int = 0  # restarts in place after a rank fails (BYOC_MAX_RESTARTS; see decide_restart)
     grace_period_s: float = 90.0
     host_resolution_timeout_s: float = 300.0
     neuron_parallel_compile: bool = False
@@ -216,9 +221,11 @@ def parse_launch_settings(environ: Mapping[str, str]) -> LaunchSettings:
         return value
 
     master_port = number("BYOC_MASTER_PORT", 7777, int, 1, 65535)
+    # BYOC_TORCHRUN_MAX_RESTARTS: the name from before restarts covered every launcher.
+    restarts_name = "BYOC_MAX_RESTARTS" if environ.get("BYOC_MAX_RESTARTS") else "BYOC_TORCHRUN_MAX_RESTARTS"
     return LaunchSettings(
         master_port=master_port,
-        max_restarts=number("BYOC_TORCHRUN_MAX_RESTARTS", 0, int, 0),
+        max_restarts=number(restarts_name, 0, int, 0, MAX_RESTARTS_LIMIT),
         grace_period_s=number("BYOC_GRACE_PERIOD_S", 90.0, float, 0.0),
         host_resolution_timeout_s=number("BYOC_HOST_RESOLUTION_TIMEOUT_S", 300.0, float, 0.0),
         neuron_parallel_compile=environ.get("RUN_NEURON_PARALLEL_COMPILE") == "1",

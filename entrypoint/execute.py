@@ -27,6 +27,8 @@ from entrypoint.liveness import JobPort, PeerWatch, wait_until_port_closes
 from entrypoint.failure import (
     build_failure_report,
     build_job_outcome_report,
+    describe_exit_code,
+    describe_root_cause,
     first_root_cause,
     parse_root_cause_line,
     redact,
@@ -35,6 +37,7 @@ from entrypoint.failure import (
 from entrypoint.paths import MlPaths
 from entrypoint.plan import LaunchPlan, ProcessSpec
 from entrypoint.probe import load_oom_kill_count
+from entrypoint.restarts import RunEnding, build_earlier_failures_note, build_restart_line, decide_restart
 from entrypoint.program import CodeSource
 
 TAIL_LINES = 100
@@ -59,6 +62,12 @@ class OutputCollector:
 
     def redact(self, text: str) -> str:
         return redact(text, self.secrets) if self.secrets else text
+
+    def reset(self) -> None:
+        """Forget the tail and root causes (a restarted job's next attempt reports on its own)."""
+        with self.lock:
+            self.tail.clear()
+            self.root_causes.clear()
 
     def add_line(self, raw: bytes) -> None:
         self.add_line_text(raw.decode("utf-8", "replace"))
@@ -493,17 +502,21 @@ class HostServices:
         self.job_port: JobPort | None = None
         self.sshd: object = None
         self.watch: PeerWatch | None = None
+        self.supervisor: Supervisor | None = None  # the current run's
 
     def watch_peers(self, supervisor: "Supervisor") -> None:
+        """Called as each run's processes start; the watch itself starts once and spans the
+        restarts of a job (restarts.py), stopping whichever run is current."""
+        self.supervisor = supervisor
         plan = self.plan
-        if plan.role not in DISTRIBUTED_ROLES or len(plan.hosts) < 2:
+        if plan.role not in DISTRIBUTED_ROLES or len(plan.hosts) < 2 or self.watch is not None:
             return
         peers = [h for h in plan.hosts if h != plan.current_host] if plan.current_host == plan.leader else [plan.leader]
         port = plan.settings.ssh_port if plan.role == "mpi-leader" else plan.settings.job_port
 
         def on_lost(host: str, reason: str) -> None:
             self.lost = reason
-            supervisor.stop_after_failure(f"{reason}: the job cannot go on")
+            self.supervisor.stop_after_failure(f"{reason}: the job cannot go on")
 
         self.watch = PeerWatch(
             peers, port, plan.settings.host_lost_timeout_s, plan.settings.peer_wait_timeout_s, on_lost,
@@ -597,15 +610,15 @@ def run_plan(plan: LaunchPlan, paths: MlPaths, environ: dict[str, str]) -> int:
         with host_services(plan, collector) as services:
             log(f"{plan.current_host}: running {what} ({plan.role})")
             mark_training_started()
-            run = run_processes(
-                plan.processes, env, plan.cwd, plan.settings.grace_period_s, collector, on_started=services.watch_peers
-            )
+            run, earlier = run_with_restarts(plan, env, collector, services, paths, what)
             services.exit_code = run.exit_code
             if run.launch_error:
                 text = f"{what}: {run.launch_error}"
                 services.failure_report = text
             elif run.exit_code != 0:
                 text = report(what, run.exit_code, run, services.lost)
+                if earlier:
+                    text = f"{text.rstrip()}\n\n{build_earlier_failures_note(earlier)}\n"
                 # Workers are told what this host reports: the script's own failure file if
                 # it wrote one (write_outcome keeps it), else ours.
                 services.failure_report = load_failure_file(paths) or text
@@ -622,6 +635,27 @@ def run_plan(plan: LaunchPlan, paths: MlPaths, environ: dict[str, str]) -> int:
     if run.exit_code != 0:
         return fail(run.exit_code, text)
     return 0
+
+
+def run_with_restarts(plan: LaunchPlan, env: dict[str, str], collector: OutputCollector, services: HostServices,
+                      paths: MlPaths, what: str) -> tuple[RunResult, list[str]]:
+    """Run the plan's processes; after a crash, again, as long as decide_restart allows
+    (restarts.py). Returns the last run and one line for each failure that was restarted."""
+    earlier: list[str] = []
+    while True:
+        run = run_processes(plan.processes, env, plan.cwd, plan.settings.grace_period_s, collector,
+                            on_started=services.watch_peers)
+        ending = RunEnding(run.exit_code, run.stopped_by, run.launch_error, services.lost)
+        if decide_restart(plan.role, plan.settings.max_restarts, len(earlier), ending) is not None:
+            return run, earlier
+        cause = first_root_cause(collector.root_causes)
+        summary = describe_root_cause(cause) if cause else describe_exit_code(run.exit_code, run.oom_kills)
+        log(build_restart_line(len(earlier), plan.settings.max_restarts, what, run.exit_code, summary))
+        earlier.append(summary)
+        # The next attempt's failure, if any, is reported on its own: what this one printed
+        # stays in the log, and a failure file the script wrote is not the job's outcome.
+        collector.reset()
+        clear_previous_outcome(paths)
 
 
 def wait_for_leader_to_finish(plan: LaunchPlan) -> None:

@@ -50,6 +50,14 @@ def first_root_cause(causes: Iterable[RootCause]) -> RootCause | None:
     return min(causes, key=lambda c: c.time) if causes else None
 
 
+def describe_root_cause(cause: RootCause, limit: int = 300) -> str:
+    """One line: `rank 1 on algo-2: ValueError: bad shard` (the message's first line)."""
+    message = (cause.message.splitlines() or [""])[0]
+    if len(message) > limit:
+        message = message[:limit] + "..."
+    return f"rank {cause.rank} on {cause.host}: {cause.type}: {message}"
+
+
 def describe_exit_code(code: int, oom_kills: int | None = None, killed_by_us: bool = False) -> str:
     """oom_kills: the kernel's OOM kills in this container's memory cgroup during the run (None:
     unknown); killed_by_us: this entrypoint sent SIGKILL at the end of its grace period.

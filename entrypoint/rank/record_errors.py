@@ -196,12 +196,30 @@ def _print_stacks_on_request() -> None:
     faulthandler.register(_signal.SIGUSR1, file=sys.stderr, all_threads=True, chain=False)
 
 
+def build_restart_note(environ) -> str | None:
+    """The line a restarted torchrun rank group logs (once per host: local rank 0). torchrun's
+    own log of a restart is at INFO, which it does not print by default."""
+    count = environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if count in ("", "0") or environ.get("LOCAL_RANK", "0") != "0":
+        return None
+    return (f"[entrypoint] restart {count} of {environ.get('TORCHELASTIC_MAX_RESTARTS', '?')}: torchrun started this "
+            f"host's ranks again after one failed (BYOC_MAX_RESTARTS)")
+
+
+def _log_torchrun_restart(environ) -> None:
+    note = build_restart_note(environ)
+    if note:
+        sys.stderr.write(note + "\n")
+        sys.stderr.flush()
+
+
 def main(argv: list) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         sys.stderr.write(__doc__)
         return 2
     _apply_host_env()
     _print_stacks_on_request()
+    _log_torchrun_restart(os.environ)
     if argv[0] == "-m":
         if len(argv) < 2:
             sys.stderr.write("record_errors.py: -m needs a module name\n")

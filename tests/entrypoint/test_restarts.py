@@ -1,0 +1,106 @@
+"""Restart in place (entrypoint/restarts.py, BYOC_MAX_RESTARTS): which endings are restarted,
+and a real single-process job that crashes once, or every time."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from support.jobtree import run_entrypoint, write_tree  # noqa: E402
+
+from entrypoint.distribution import parse_launch_settings  # noqa: E402
+from entrypoint.errors import JobDefinitionError  # noqa: E402
+from entrypoint.restarts import RunEnding, build_earlier_failures_note, decide_restart  # noqa: E402
+from entrypoint.rank.record_errors import build_restart_note  # noqa: E402
+
+
+@pytest.mark.parametrize("role, ending, done, restarted", [
+    ("mpi-leader", RunEnding(1), 0, True),
+    ("mpi-leader", RunEnding(137), 1, True),
+    ("single", RunEnding(1), 2, False),  # every restart used
+    ("mpi-leader", RunEnding(0), 0, False),  # success
+    ("mpi-leader", RunEnding(143, stopped_by="SIGTERM"), 0, False),  # the platform stopped it
+    ("single", RunEnding(2, launch_error="no such file"), 0, False),  # it will never start
+    ("mpi-leader", RunEnding(1, lost_host="host algo-2 stopped answering"), 0, False),
+    ("torchrun", RunEnding(1), 0, False),  # torchrun's own --max_restarts does it
+    ("parameter-server", RunEnding(1), 0, False),
+    ("mpi-worker", RunEnding(1), 0, False),  # the leader relaunches, not the workers
+])
+def test_which_endings_are_restarted(role, ending, done, restarted):
+    why_not = decide_restart(role, 2, done, ending)
+    assert (why_not is None) == restarted, why_not
+
+
+def test_restarts_setting_its_old_name_and_bounds():
+    assert parse_launch_settings({}).max_restarts == 0
+    assert parse_launch_settings({"BYOC_MAX_RESTARTS": "3"}).max_restarts == 3
+    assert parse_launch_settings({"BYOC_TORCHRUN_MAX_RESTARTS": "2"}).max_restarts == 2
+    assert parse_launch_settings({"BYOC_MAX_RESTARTS": "1", "BYOC_TORCHRUN_MAX_RESTARTS": "5"}).max_restarts == 1
+    for bad in ("-1", "101", "two"):
+        with pytest.raises(JobDefinitionError, match="BYOC_MAX_RESTARTS"):
+            parse_launch_settings({"BYOC_MAX_RESTARTS": bad})
+
+
+def test_a_restarted_torchrun_host_says_so_once():
+    env = {"TORCHELASTIC_RESTART_COUNT": "1", "TORCHELASTIC_MAX_RESTARTS": "3", "LOCAL_RANK": "0"}
+    assert build_restart_note(env) == ("[entrypoint] restart 1 of 3: torchrun started this host's ranks again after "
+                                       "one failed (BYOC_MAX_RESTARTS)")
+    assert build_restart_note({**env, "LOCAL_RANK": "1"}) is None
+    assert build_restart_note({**env, "TORCHELASTIC_RESTART_COUNT": "0"}) is None
+    assert build_restart_note({}) is None
+
+
+CRASHES_ONCE = """\
+import os, sys
+marker = os.path.join(os.environ["SM_OUTPUT_DATA_DIR"], "attempts")
+os.makedirs(os.path.dirname(marker), exist_ok=True)
+with open(marker, "a") as f:
+    f.write("x")
+attempts = len(open(marker).read())
+if attempts <= int(os.environ.get("CRASHES", "1")):
+    with open(os.path.join(os.environ["SM_OUTPUT_DIR"], "failure"), "w") as f:
+        f.write(f"the script's own failure file, attempt {attempts}")
+    raise RuntimeError(f"transient fault {attempts}")
+print("trained on attempt", attempts)
+"""
+
+
+def test_a_job_that_crashes_once_is_restarted_and_succeeds(tmp_path):
+    root = write_tree(tmp_path, script=CRASHES_ONCE)
+    done = run_entrypoint(root, BYOC_MAX_RESTARTS="2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "restart 1 of 2: train.py exited with code 1 (rank 0 on algo-1: RuntimeError: transient fault 1); " \
+           "starting it again in place (BYOC_MAX_RESTARTS)" in done.stderr
+    assert "trained on attempt 2" in done.stdout
+    # The first attempt's own failure file is not the job's outcome.
+    assert (root / "output/success").exists() and not (root / "output/failure").exists()
+
+
+def test_a_job_that_always_crashes_fails_after_its_restarts_naming_each_failure(tmp_path):
+    root = write_tree(tmp_path, script=CRASHES_ONCE)
+    done = run_entrypoint(root, BYOC_MAX_RESTARTS="2", CRASHES="99")
+    assert done.returncode == 1
+    assert (root / "output/data/attempts").read_text() == "xxx"  # the first run and 2 restarts
+    assert "restart 2 of 2" in done.stderr and "restart 3" not in done.stderr
+    report = (root / "output/failure").read_text()
+    assert report == "the script's own failure file, attempt 3"  # the script's word stands, as without restarts
+
+
+def test_the_last_failure_report_lists_the_restarted_ones(tmp_path):
+    root = write_tree(tmp_path, script="import os\nraise SystemExit(int(os.environ.get('CODE', '3')))\n")
+    done = run_entrypoint(root, BYOC_MAX_RESTARTS="1")
+    assert done.returncode == 3
+    report = (root / "output/failure").read_text()
+    assert "The job was restarted 1 time(s) before this failure (BYOC_MAX_RESTARTS):\n  attempt 1: exit code 3" in report
+    assert build_earlier_failures_note(["a", "b"]).splitlines()[1:] == ["  attempt 1: a", "  attempt 2: b"]
+
+
+def test_without_restarts_nothing_is_restarted(tmp_path):
+    root = write_tree(tmp_path, script=CRASHES_ONCE)
+    done = run_entrypoint(root)
+    assert done.returncode == 1 and "] restart" not in done.stderr
+    assert (root / "output/data/attempts").read_text() == "x"

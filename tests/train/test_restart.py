@@ -1,0 +1,124 @@
+"""Restart in place (BYOC_MAX_RESTARTS): one rank is killed once mid-training; the job finishes,
+the log says a restart happened, at most one checkpoint interval of work is lost, and the final
+validation accuracy (and every weight) equals an uninterrupted run's with the same seed.
+
+Real processes: our entrypoint, 2 ranks under mpirun (the entrypoint relaunches the whole job)
+and under torchrun (its own --max_restarts); the kill is a SIGKILL from outside, as the
+kernel's OOM killer or a crashed library would end a rank."""
+
+from __future__ import annotations
+
+import re
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests"))
+
+from support.jobtree import PYTHON, entrypoint_env, write_tree  # noqa: E402
+
+from tests.train.train_helpers import load_saved_state, needs_mpirun, write_job  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+CHECKPOINT_EVERY = 30
+HYPERPARAMETERS = {"epochs": 40, "max_steps": 400, "batch_size": 8, "lr": 0.002, "hidden_sizes": "[64, 64]", "seed": 5,
+                   "log_every": 5, "optimizer": "adam", "checkpoint_every": CHECKPOINT_EVERY}
+LAUNCHES = {  # distribution, trainer, the restart's line in the log, the rank killed
+    # mpirun: the entrypoint relaunches the whole job.
+    "mpirun": ({"sagemaker_mpi_enabled": True, "sagemaker_mpi_num_of_processes_per_host": 2}, "train.mpi_train",
+               "restart 1 of 1: mpirun on 1 host(s) exited with code", 1),
+    # torchrun restarts its ranks itself (--max_restarts); on a host without GPUs it runs one.
+    "torchrun": ({"sagemaker_torch_distributed_enabled": True}, "train.ddp_train",
+                 "[entrypoint] restart 1 of 1: torchrun started this host's ranks again after one failed", 0),
+}
+
+
+def write_restart_job(root: Path, launch: str) -> Path:
+    distribution, module, _, _ = LAUNCHES[launch]
+    host = socket.gethostname()  # mpirun then starts both ranks here, without SSH
+    write_job(root)
+    script = f"import runpy\nrunpy.run_module({module!r}, run_name='__main__')\n"
+    return write_tree(root, script=script, program="job.py", hosts=(host,), current_host=host,
+                      hyperparameters={**HYPERPARAMETERS, **distribution})
+
+
+def environment(root: Path, restarts: int) -> dict[str, str]:
+    return entrypoint_env(root, BYOC_MAX_RESTARTS=str(restarts), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+                          SM_NUM_CPUS="2")  # fmt: skip
+
+
+def final_accuracy(log: str) -> str:
+    found = re.findall(r"\[result\] validation_accuracy=([0-9.]+)", log)
+    assert found, log[-3000:]
+    return found[-1]
+
+
+def find_rank(entrypoint_pid: int, rank: int) -> psutil.Process:
+    """The process of one rank: its launcher (mpirun, torchrun) tells it its rank in the
+    environment; the launchers themselves have none."""
+    for child in psutil.Process(entrypoint_pid).children(recursive=True):
+        try:
+            env = child.environ()
+        except psutil.Error:
+            continue
+        if env.get("OMPI_COMM_WORLD_RANK", env.get("RANK")) == str(rank):
+            return child
+    raise AssertionError(f"no rank {rank} under {entrypoint_pid}")
+
+
+def read_until(proc: subprocess.Popen, needle: str, timeout_s: float = 120) -> str:
+    seen, deadline = [], time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([proc.stdout], [], [], 0.5)
+        if ready:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            seen.append(line)
+            if needle in line:
+                return "".join(seen)
+    raise AssertionError(f"never saw {needle!r}:\n{''.join(seen[-40:])}")
+
+
+@pytest.mark.parametrize("launch", [pytest.param("mpirun", marks=needs_mpirun), "torchrun"])
+def test_a_rank_killed_once_restarts_in_place_and_ends_like_an_uninterrupted_run(tmp_path, launch):
+    straight_root = write_restart_job(tmp_path / "straight", launch)
+    straight = subprocess.run([PYTHON, "-m", "entrypoint", "train"], env=environment(straight_root, 0), cwd=REPO,
+                              capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert straight.returncode == 0, straight.stderr[-3000:]
+
+    root = write_restart_job(tmp_path / "killed", launch)
+    proc = subprocess.Popen([PYTHON, "-m", "entrypoint", "train"], env=environment(root, 1), cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        before = read_until(proc, f"[checkpoint] saved step {2 * CHECKPOINT_EVERY}")
+        victim = find_rank(proc.pid, LAUNCHES[launch][3])
+        killed_at = max(int(s) for s in re.findall(r"step[= ](\d+)", before))
+        victim.send_signal(signal.SIGKILL)
+        rest, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    log = before + rest
+    assert proc.returncode == 0, log[-4000:]
+    assert LAUNCHES[launch][2] in log, log[-4000:]
+    resumed = [int(s) for s in re.findall(r"\[checkpoint\] resumed from \S+ at step (\d+)", log)]
+    assert resumed, log[-4000:]
+    # At most one checkpoint interval lost: it resumed from the last checkpoint before the kill.
+    assert killed_at - CHECKPOINT_EVERY <= resumed[-1] <= killed_at + CHECKPOINT_EVERY
+    assert (root / "output/success").exists() and not (root / "output/failure").exists()
+    assert final_accuracy(log) == final_accuracy(straight.stdout + straight.stderr)
+    straight_state, state = load_saved_state(straight_root), load_saved_state(root)
+    assert straight_state.keys() == state.keys()
+    import torch
+
+    assert all(torch.equal(straight_state[k], state[k]) for k in state)
