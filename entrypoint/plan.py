@@ -310,6 +310,9 @@ def decide(
     pph, pph_note = decide_processes_per_host(dist, facts)
     if pph_note:
         notes.append(pph_note)
+    if settings.max_restarts and launcher == "parameter_server":
+        notes.append(f"BYOC_MAX_RESTARTS={settings.max_restarts} is not applied to the parameter-server launch: "
+                     f"each host runs its own part of the rpc group, which one host's relaunch cannot rejoin")
 
     def plan(role: str, processes: tuple[ProcessSpec, ...], extra_env: dict[str, str], hosts=dist_hosts) -> LaunchPlan:
         return LaunchPlan(

@@ -104,3 +104,14 @@ def test_without_restarts_nothing_is_restarted(tmp_path):
     done = run_entrypoint(root)
     assert done.returncode == 1 and "] restart" not in done.stderr
     assert (root / "output/data/attempts").read_text() == "x"
+
+
+def test_the_plan_says_when_restarts_do_not_apply(tmp_path):
+    import json
+
+    root = write_tree(tmp_path, script="pass\n", hosts=("algo-1", "algo-2"),
+                      hyperparameters={"sagemaker_parameter_server_enabled": True})
+    done = run_entrypoint(root, "--dry-run", BYOC_MAX_RESTARTS="2")
+    assert done.returncode == 0, done.stderr
+    notes = json.loads(done.stdout)["notes"]
+    assert any(n.startswith("BYOC_MAX_RESTARTS=2 is not applied to the parameter-server launch") for n in notes), notes
