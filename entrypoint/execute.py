@@ -35,7 +35,7 @@ from entrypoint.failure import (
     secret_values,
 )
 from entrypoint.paths import MlPaths
-from entrypoint.plan import LaunchPlan, ProcessSpec
+from entrypoint.plan import REPORT_KEY_ENV, LaunchPlan, ProcessSpec
 from entrypoint.probe import load_oom_kill_count
 from entrypoint.restarts import RunEnding, build_earlier_failures_note, build_restart_line, decide_restart
 from entrypoint.program import CodeSource
@@ -490,6 +490,9 @@ class StartProblem(Exception):
         self.stopped_by = stopped_by
 
 
+MAX_REFUSED_LOGGED = 5
+
+
 class HostServices:
     """What runs beside the job's processes on a multi-host launch (see liveness.py)."""
 
@@ -503,6 +506,14 @@ class HostServices:
         self.sshd: object = None
         self.watch: PeerWatch | None = None
         self.supervisor: Supervisor | None = None  # the current run's
+        self.refused_reports = 0
+
+    def on_refused_report(self, address: str, why: str) -> None:
+        """A report on the job port that is not this job's: logged (the first few), dropped."""
+        self.refused_reports += 1
+        if self.refused_reports <= MAX_REFUSED_LOGGED:
+            log(f"ignored a report on the job port from {address}: {why}"
+                + (" (further ones are not logged)" if self.refused_reports == MAX_REFUSED_LOGGED else ""))
 
     def watch_peers(self, supervisor: "Supervisor") -> None:
         """Called as each run's processes start; the watch itself starts once and spans the
@@ -542,7 +553,9 @@ def host_services(plan: LaunchPlan, collector: OutputCollector):
             # each host's output/failure can lead with the job's first failure (SDK v2 local
             # mode keeps only the last host's).
             try:
-                services.job_port = JobPort(plan.settings.job_port, collector.add_line_text)
+                services.job_port = JobPort(plan.settings.job_port, collector.add_line_text,
+                                            report_key=plan.env_dict.get(REPORT_KEY_ENV, ""),
+                                            on_refused=services.on_refused_report)
             except OSError as exc:
                 raise StartProblem(describe_port_problem(plan.settings.job_port, plan.current_host, exc), None) from None
         yield services

@@ -14,6 +14,7 @@ import socket
 import threading
 import time
 
+from entrypoint.rank.record_errors import MARKER, SIGNED, sign_report
 from entrypoint.ssh import can_connect
 
 CHECK_EVERY_S = 1.0
@@ -22,14 +23,49 @@ CHECK_EVERY_S = 1.0
 MAX_REPORT_BYTES = 65536
 
 
+# A report signed before the port opened is a replay (the key is the same for every run of the
+# same job definition); this much clock difference between hosts is allowed.
+REPORT_CLOCK_SKEW_S = 60.0
+
+
+def parse_signed_report(line: str, key_hex: str, not_before: float) -> tuple[str | None, str | None]:
+    """(the record line, None) when `line` is `BYOC-SIGNED <hmac> BYOC-ROOT-CAUSE {json}`
+    signed with this job's key and made after not_before; else (None, why it is refused)."""
+    import hmac  # only when a report arrives: hmac imports hashlib, ~5 ms of every start-up
+    import json
+
+    if not line.startswith(SIGNED):
+        return None, "not signed"
+    signature, _, record = line[len(SIGNED):].partition(" ")
+    try:
+        expected = sign_report(key_hex, record)
+    except ValueError:
+        return None, "no valid report key on this host"
+    if not hmac.compare_digest(signature, expected):
+        return None, "signed with another key"
+    try:
+        made = float(json.loads(record[len(MARKER):])["time"]) if record.startswith(MARKER) else None
+    except (ValueError, KeyError, TypeError, RecursionError):
+        made = None
+    if made is None:
+        return None, "not a root-cause record"
+    if made < not_before - REPORT_CLOCK_SKEW_S:
+        return None, "made before this job started (a replay)"
+    return record, None
+
+
 class JobPort:
     """The host's port for its peers. A connection that sends nothing is a liveness probe.
-    On the leader, a connection may carry one root-cause line from a failing rank on any host
-    (rank/record_errors.py sends it), handed to on_report."""
+    A connection may also carry one root-cause line from a failing rank on any host
+    (rank/record_errors.py sends it), handed to on_report when it is signed with the job's
+    report key (parse_signed_report); anything else is logged by on_refused and dropped."""
 
-    def __init__(self, port: int, on_report=None):
+    def __init__(self, port: int, on_report=None, report_key: str = "", on_refused=None):
         self._sock = socket.create_server(("", port))
         self._on_report = on_report
+        self._report_key = report_key
+        self._on_refused = on_refused or (lambda address, why: None)
+        self._opened_at = time.time()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._thread.start()
@@ -37,15 +73,15 @@ class JobPort:
     def _serve(self) -> None:
         while not self._stop.is_set():
             try:
-                conn, _ = self._sock.accept()
+                conn, address = self._sock.accept()
             except OSError:
                 continue  # closed by close(), or a transient error
             if self._on_report is None:
                 conn.close()
             else:
-                threading.Thread(target=self._read_report, args=(conn,), daemon=True).start()
+                threading.Thread(target=self._read_report, args=(conn, address), daemon=True).start()
 
-    def _read_report(self, conn: socket.socket) -> None:
+    def _read_report(self, conn: socket.socket, address) -> None:
         data = b""
         try:
             conn.settimeout(5)
@@ -59,8 +95,13 @@ class JobPort:
         finally:
             conn.close()
         for line in data.decode("utf-8", "replace").splitlines():
-            if line.strip():
-                self._on_report(line)
+            if not line.strip():
+                continue
+            record, why = parse_signed_report(line, self._report_key, self._opened_at)
+            if record is None:
+                self._on_refused(address[0] if address else "?", why)
+            else:
+                self._on_report(record)
 
     def close(self) -> None:
         self._stop.set()

@@ -82,6 +82,26 @@ class LaunchPlan(NamedTuple):
         return dict(self.env)
 
 
+REPORT_KEY_ENV = "BYOC_JOB_REPORT_KEY"  # rank/record_errors.py signs its reports with it
+
+
+def build_report_key(job: JobConfig, hosts: tuple[str, ...]) -> str:
+    """The key the ranks sign their root-cause reports with, the same on every host with no
+    message between them: derived from what every host of this job is given and nothing
+    outside the job has — its name, hosts and hyperparameters — and BYOC_JOB_SECRET when the
+    user sets one (a random value makes the key underivable by anyone without it)."""
+    import hashlib
+    import json
+
+    material = json.dumps({
+        "job": job.environ.get("TRAINING_JOB_NAME", ""),
+        "hosts": list(hosts),
+        "hyperparameters": job.hyperparameters.values,
+        "secret": job.environ.get("BYOC_JOB_SECRET", ""),
+    }, sort_keys=True, default=str)
+    return hashlib.sha256(b"byoc-job-report-key-v1\0" + material.encode("utf-8")).hexdigest()
+
+
 def decide_processes_per_host(dist: Distribution, facts: MachineFacts) -> tuple[int, str | None]:
     if dist.processes_per_host is not None:
         return dist.processes_per_host, None
@@ -379,6 +399,8 @@ def decide(
         # Ranks report their exception to every host's job port (entrypoint/liveness.py), the
         # leader's first: each host's output/failure can then lead with the job's first failure.
         launcher_env["BYOC_JOB_PORTS"] = ",".join(f"{h}:{settings.job_port}" for h in dist_hosts)
+    if "BYOC_JOB_PORTS" in launcher_env or "BYOC_JOB_PORTS" in job.environ:
+        launcher_env[REPORT_KEY_ENV] = build_report_key(job, dist_hosts)
 
     if launcher_kind == "torch_distributed":
         argv = build_torchrun_argv(runtime.python, dist_hosts, node_rank, leader=leader,

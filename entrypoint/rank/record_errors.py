@@ -24,6 +24,11 @@ import sys
 import time
 
 MARKER = "BYOC-ROOT-CAUSE "
+# A report sent to a job port is `BYOC-SIGNED <hmac> BYOC-ROOT-CAUSE {json}`: the HMAC-SHA256
+# of the record line with the job's report key (BYOC_JOB_REPORT_KEY, hex; made by the
+# entrypoint, entrypoint/liveness.py), so a host's port takes root causes only from this job's ranks.
+SIGNED = "BYOC-SIGNED "
+REPORT_KEY_ENV = "BYOC_JOB_REPORT_KEY"
 MESSAGE_LIMIT = 2000
 # Environment variables whose names hold one of these words carry secrets: their values are
 # masked in every report, in every form (entrypoint/failure.py uses the same rule).
@@ -139,10 +144,15 @@ def _report_to_hosts(line: str) -> None:
     them: each host's output/failure then leads with the job's first failure, wherever it
     happened. In parallel and bounded: a dead host must not hold up a failing rank."""
     addresses = [a for a in os.environ.get("BYOC_JOB_PORTS", "").split(",") if a]
-    if not addresses:
-        return
+    key = os.environ.get(REPORT_KEY_ENV, "")
+    if not addresses or not key:
+        return  # a port takes only signed reports: without the key, the stderr record must do
     socket, threading = _stdlib("socket"), _stdlib("threading")
-    payload = (MARKER + line + "\n").encode("utf-8")
+    record = MARKER + line
+    try:
+        payload = f"{SIGNED}{sign_report(key, record)} {record}\n".encode("utf-8")
+    except ValueError:  # not a hex key: nothing a port would take
+        return
 
     def send(address: str) -> None:
         try:
@@ -158,6 +168,12 @@ def _report_to_hosts(line: str) -> None:
     deadline = time.monotonic() + REPORT_TIMEOUT_S
     for t in threads:
         t.join(max(0.0, deadline - time.monotonic()))
+
+
+def sign_report(key_hex: str, record: str) -> str:
+    """HMAC-SHA256 of a record line (`BYOC-ROOT-CAUSE {json}`) with the job's report key."""
+    hmac = _stdlib("hmac")
+    return hmac.new(bytes.fromhex(key_hex), record.encode("utf-8"), "sha256").hexdigest()
 
 
 def _abort_mpi_job() -> None:

@@ -5,6 +5,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from entrypoint.failure import parse_root_cause_line
 from entrypoint.liveness import JobPort
@@ -18,15 +19,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+KEY = "ab" * 32
+
+
 def test_failing_rank_reports_to_the_leaders_job_port(tmp_path):
     port = free_port()
     lines = []
-    job_port = JobPort(port, on_report=lines.append)
+    job_port = JobPort(port, on_report=lines.append, report_key=KEY)
     try:
         assert can_connect("127.0.0.1", port)  # a liveness probe: no report
         script = tmp_path / "rank.py"
         script.write_text("raise KeyError('missing shard 7')\n")
-        env = {"PATH": "/usr/bin:/bin", "BYOC_JOB_PORTS": f"127.0.0.1:{port}", "SM_CURRENT_HOST": "algo-2", "RANK": "3"}
+        env = {"PATH": "/usr/bin:/bin", "BYOC_JOB_PORTS": f"127.0.0.1:{port}", "SM_CURRENT_HOST": "algo-2", "RANK": "3",
+               "BYOC_JOB_REPORT_KEY": KEY}
         done = subprocess.run([sys.executable, RECORD_ERRORS, str(script)], env=env, capture_output=True, text=True, timeout=60)
         assert done.returncode == 1
         deadline = time.monotonic() + 10
@@ -62,3 +67,67 @@ def test_worker_waits_until_the_leaders_job_port_closes():
         assert wait_until_port_closes("127.0.0.1", port, timeout_s=30, stopped=lambda: True) == "stopped"
     finally:
         still_running.close()
+
+
+def send(port: int, text: str) -> None:
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
+        conn.sendall(text.encode())
+
+
+def test_the_job_port_takes_reports_only_from_this_jobs_ranks(tmp_path):
+    """Anyone can connect; only a rank holding the job's report key is heard. Forged, unsigned,
+    re-keyed and replayed reports are dropped and logged."""
+    import json
+
+    from entrypoint.rank.record_errors import MARKER, sign_report
+
+    port = free_port()
+    heard, refused = [], []
+    job_port = JobPort(port, on_report=heard.append, report_key=KEY, on_refused=lambda a, why: refused.append(why))
+    try:
+        def record(message: str, made: float) -> str:
+            return MARKER + json.dumps({"host": "algo-9", "rank": "0", "type": "Forged", "message": message, "time": made})
+
+        now = time.time()
+        send(port, record("unsigned", now) + "\n")
+        send(port, f"BYOC-SIGNED {sign_report('cd' * 32, record('other key', now))} {record('other key', now)}\n")
+        tampered = record("tampered", now)
+        send(port, f"BYOC-SIGNED {sign_report(KEY, record('original', now))} {tampered}\n")
+        old = record("replayed", now - 3600)
+        send(port, f"BYOC-SIGNED {sign_report(KEY, old)} {old}\n")
+        good = record("genuine", now)
+        send(port, f"BYOC-SIGNED {sign_report(KEY, good)} {good}\n")
+        deadline = time.monotonic() + 10
+        while (not heard or len(refused) < 4) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        job_port.close()
+    assert [parse_root_cause_line(line).message for line in heard] == ["genuine"]
+    assert sorted(refused) == sorted(["not signed", "signed with another key", "signed with another key",
+                                      "made before this job started (a replay)"])
+
+
+def test_the_report_key_is_the_same_on_every_host_and_differs_between_jobs(tmp_path):
+    """Derived with no message between the hosts: from the job's name, hosts and
+    hyperparameters, and BYOC_JOB_SECRET; in the plan's env (masked in the dry run: a *KEY)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from support.jobtree import run_entrypoint, write_tree
+
+    def key(host: str, **env: str) -> str:
+        root = write_tree(tmp_path / f"{host}{len(env)}{sorted(env.items())!s:.40}".replace("/", "_"),
+                          script="pass\n", hosts=("algo-1", "algo-2"), current_host=host,
+                          hyperparameters={"sagemaker_torch_distributed_enabled": True, "lr": 0.1})
+        from entrypoint.cli import build_runtime, decide_plan
+        from entrypoint.config import load_job
+        from entrypoint.paths import build_paths
+        from entrypoint.probe import probe_machine
+
+        environ = {"SAGEMAKER_BASE_DIR": str(root), "TRAINING_JOB_NAME": "job-a", **env}
+        plan = decide_plan(load_job(build_paths(environ), environ), probe_machine(), build_runtime(environ))
+        dry = run_entrypoint(root, "--dry-run", **{"TRAINING_JOB_NAME": "job-a", **env})
+        assert plan.env_dict["BYOC_JOB_REPORT_KEY"] not in dry.stdout and "BYOC_JOB_REPORT_KEY" in dry.stdout
+        return plan.env_dict["BYOC_JOB_REPORT_KEY"]
+
+    assert key("algo-1") == key("algo-2")
+    assert key("algo-1", BYOC_JOB_SECRET="s3cr3t") == key("algo-2", BYOC_JOB_SECRET="s3cr3t") != key("algo-1")
+    assert key("algo-1", TRAINING_JOB_NAME="job-b") != key("algo-1")

@@ -22,7 +22,13 @@ TORCH = {"sagemaker_torch_distributed_enabled": True}
 
 
 def non_sm_env(plan):
-    return {k: v for k, v in plan.env if not k.startswith("SM_")}
+    """The plan's env but SM_*; the job's report key (a hash: tests/entrypoint/test_job_port.py)
+    is shown as what it must be, 64 hex digits, wherever the ranks report to job ports."""
+    env = {k: v for k, v in plan.env if not k.startswith("SM_")}
+    key = env.pop("BYOC_JOB_REPORT_KEY", None)
+    assert (key is not None) == ("BYOC_JOB_PORTS" in env)
+    assert key is None or (len(key) == 64 and int(key, 16) >= 0)
+    return env
 
 
 # What the PyTorch DLC exports for every job, with or without a launcher
