@@ -227,6 +227,18 @@ def build_torchrun_argv(
     argv = [python, "-m", "torch.distributed.run"]
     if len(hosts) == 1:
         argv += ["--standalone", "--nnodes", "1"]
+    elif settings.max_restarts:
+        # Restarts across hosts need rendezvous rounds: with the static rendezvous a restarted
+        # rank finds the failed attempt's peer addresses in the store and cannot connect
+        # (tests/multihost/test_faults.py). The c10d rendezvous, hosted by the leader's agent,
+        # starts a new round for every restart and every host's agent joins it. Node ranks are
+        # then the rendezvous's: sorted by host name (rank 0 on algo-1, SageMaker's leader).
+        argv += [
+            "--nnodes", str(len(hosts)),
+            "--rdzv_backend", "c10d",
+            "--rdzv_endpoint", f"{leader}:{settings.master_port}",
+            "--rdzv_id", "byoc-job",
+        ]
     else:
         argv += [
             "--nnodes", str(len(hosts)),
@@ -330,6 +342,11 @@ def decide(
     pph, pph_note = decide_processes_per_host(dist, facts)
     if pph_note:
         notes.append(pph_note)
+    if settings.max_restarts and launcher_kind == "torch_distributed" and len(dist_hosts) > 1:
+        notes.append(f"BYOC_MAX_RESTARTS={settings.max_restarts} with torchrun on {len(dist_hosts)} hosts is best effort: "
+                     f"torch's elastic agent can hand a restarted rank a peer address from the failed attempt "
+                     f"(gloo: connectFullMesh ... Connection refused), which fails the restart too; for dependable "
+                     f"restarts across hosts launch with mpirun (sagemaker_mpi_enabled), which the entrypoint relaunches whole")
     if settings.max_restarts and launcher == "parameter_server":
         notes.append(f"BYOC_MAX_RESTARTS={settings.max_restarts} is not applied to the parameter-server launch: "
                      f"each host runs its own part of the rpc group, which one host's relaunch cannot rejoin")

@@ -84,6 +84,21 @@ def test_two_hosts_torchrun_same_command_node_rank_from_order(current, node_rank
     }
 
 
+def test_two_hosts_torchrun_with_restarts_uses_the_c10d_rendezvous_and_says_it_is_best_effort():
+    """Restarts across hosts need rendezvous rounds (the static one hands restarted ranks the
+    failed attempt's store); one host keeps --standalone."""
+    job = make_job(hosts=("algo-1", "algo-2"), current="algo-2", hps=TORCH, environ={"BYOC_MAX_RESTARTS": "3"})
+    plan = plan_for(job, GPU8_EFA)
+    assert plan.processes[0].argv == (
+        PY, "-m", "torch.distributed.run", "--nnodes", "2", "--rdzv_backend", "c10d", "--rdzv_endpoint", "algo-1:7777",
+        "--rdzv_id", "byoc-job", "--nproc_per_node", "8", "--max_restarts", "3", RE, SCRIPT,
+    )
+    assert any(n.startswith("BYOC_MAX_RESTARTS=3 with torchrun on 2 hosts is best effort") for n in plan.notes)
+    one_host = plan_for(make_job(hps=TORCH, environ={"BYOC_MAX_RESTARTS": "3"}), GPU8_EFA)
+    assert one_host.processes[0].argv[3:6] == ("--standalone", "--nnodes", "1")
+    assert not any("best effort" in n for n in one_host.notes)
+
+
 def test_two_hosts_without_efa_gets_no_fi_variables_and_no_ofi_plugin():
     """GPUs and no EFA device (g5, g6, local mode): NCCL's sockets, the aws-ofi-nccl plugin
     never loaded, and the plan says so."""

@@ -106,3 +106,20 @@ def test_sigterm_with_default_settings_gives_every_rank_time_to_checkpoint(launc
     assert took < 20, f"the stop took {took:.0f} s"
     for host in HOSTS:
         assert "SIGTERM" in failures[host][:1024], failures[host][:1024]
+
+
+def test_a_rank_that_fails_once_is_restarted_in_place_on_every_host():
+    """BYOC_MAX_RESTARTS=1 across 2 hosts under mpirun: the leader relaunches the whole job
+    (mpirun starts every rank again on both hosts); every host ends 0 and every rank finished.
+    (torchrun across hosts: not dependable with torch 2.13, see docs/reliability.md.)"""
+    program, distribution = LAUNCHERS["mpi"]
+    with EmulatedCluster(HOSTS, job(program, distribution, fail="worker-once")) as cluster:
+        result = start(cluster, env={"BYOC_MAX_RESTARTS": "1"}).wait(timeout=180, fail_fast=False)
+        assert_nothing_left(cluster)
+        for host, r in result.results.items():
+            assert r.returncode == 0, "\n\n".join(f"{h}:\n{x.output[-3000:]}" for h, x in result.results.items())
+        leader_log = result.results["algo-1"].output
+        assert "] restart 1 of 1: mpirun on 2 host(s) exited with code 1 (rank 1 on algo-2: RuntimeError: injected " \
+               "failure on algo-2)" in leader_log, leader_log[-3000:]
+        ranks = sorted(n for n in os.listdir(cluster.model_dir) if n.startswith("rank-"))
+        assert ranks == ["rank-0.json", "rank-1.json"]
