@@ -8,7 +8,7 @@ import os
 import signal
 import sys
 
-from entrypoint import execute, ssh
+from entrypoint import execute, runtime_dirs, ssh
 from entrypoint.config import JobConfig, find_missing_channel_dirs, load_job
 from entrypoint.distribution import parse_distribution, parse_launch_settings
 from entrypoint.errors import EXIT_BAD_JOB, JobDefinitionError
@@ -30,19 +30,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def build_runtime(environ: dict[str, str]) -> Runtime:
-    # Per-job files that are not secret (SSH configuration, the host's environment, the
-    # outcome) go to the runtime folder; the private key to memory-backed storage
-    # (ssh.decide_key_folder): /run is a tmpfs on some platforms, not under Docker.
+def build_runtime(environ: dict[str, str], job_id: str) -> Runtime:
+    # Per-job files that are not secret (SSH configuration, the outcome) go to this job's own
+    # folder under the runtime folder; the private key and the host's environment to this
+    # job's folder in memory-backed storage (ssh.decide_key_folder): /run is a tmpfs on some
+    # platforms, not under Docker. Both are made exclusively (runtime_dirs.py).
     if os.access("/run", os.W_OK):
-        default = "/run/byoc"
+        base = "/run/byoc"
     else:
         import tempfile  # rarely needed; it costs a few ms of every start-up
 
-        default = os.path.join(tempfile.gettempdir(), f"byoc-{os.getuid()}")
-    runtime_dir = environ.get("BYOC_RUNTIME_DIR") or default
-    key_dir, key_note = ssh.decide_key_folder(os.path.join(runtime_dir, "ssh"), ssh.load_mounts(), os.urandom(4).hex())
-    return Runtime(python=sys.executable, runtime_dir=runtime_dir, key_dir=key_dir, key_note=key_note)
+        base = os.path.join(tempfile.gettempdir(), f"byoc-{os.getuid()}")
+    runtime_dir = os.path.join(environ.get("BYOC_RUNTIME_DIR") or base, f"job-{job_id}")
+    ssh_folder = os.path.join(runtime_dir, "ssh")
+    key_dir, key_note = ssh.decide_key_folder(ssh_folder, ssh.load_mounts(), job_id)
+    private_dir = os.path.dirname(key_dir) if key_dir != ssh_folder else ""
+    return Runtime(python=sys.executable, runtime_dir=runtime_dir, key_dir=key_dir, key_note=key_note,
+                   private_dir=private_dir)
+
+
+def decide_job_id_of(job: JobConfig) -> str:
+    return runtime_dirs.decide_job_id(job.environ.get("TRAINING_JOB_NAME", ""), job.resource.hosts,
+                                      json.dumps(dict(job.hyperparameters.values), sort_keys=True, default=str))
 
 
 def decide_plan(job: JobConfig, facts: MachineFacts, runtime: Runtime) -> LaunchPlan:
@@ -117,11 +126,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args, environ: dict[str, str], paths) -> int:
-    runtime = build_runtime(environ)
     if not args.dry_run:
         execute.clear_previous_outcome(paths)
     try:
         job = load_job(paths, environ)
+        runtime = build_runtime(environ, decide_job_id_of(job))
         facts = probe_machine()
         plan = decide_plan(job, facts, runtime)
     except JobDefinitionError as exc:
@@ -146,7 +155,22 @@ def run(args, environ: dict[str, str], paths) -> int:
     code = run_preflight(job, facts, plan, paths)
     if code:
         return code
-    return execute.run_plan(plan, paths, environ)
+    folders = [f for f in (runtime.runtime_dir, runtime.private_dir) if f]
+    try:
+        for folder in folders:
+            runtime_dirs.start_job_folder(folder)
+    except (runtime_dirs.RuntimeDirError, OSError) as exc:
+        for folder in folders:
+            runtime_dirs.remove_job_folder(folder)
+        text = str(exc) if isinstance(exc, runtime_dirs.RuntimeDirError) else f"cannot make the job's runtime folder: {exc}"
+        execute.log(f"FAILED: {text}")
+        execute.write_outcome(paths, EXIT_BAD_JOB, f"The training never started: {text}\n")
+        return EXIT_BAD_JOB
+    try:
+        return execute.run_plan(plan, paths, environ)
+    finally:
+        for folder in folders:
+            runtime_dirs.remove_job_folder(folder)
 
 
 def run_preflight(job: JobConfig, facts: MachineFacts, plan: LaunchPlan, paths: MlPaths) -> int:

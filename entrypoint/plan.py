@@ -42,6 +42,7 @@ class Runtime(NamedTuple):
     runtime_dir: str = "/tmp/byoc"
     key_dir: str = ""  # the job's private SSH key (ssh.decide_key_folder); "": runtime_dir/ssh
     key_note: str | None = None  # why the key has to be on disk, when it has to
+    private_dir: str = ""  # the job's memory-backed folder holding key_dir (runtime_dirs.py); "": none
 
     @property
     def ssh_config(self) -> str:

@@ -174,8 +174,10 @@ def decide_key_folder(ssh_folder: str, mounts: list[tuple[str, str]], token: str
     if filesystem_of(ssh_folder, mounts) in MEMORY_FILESYSTEMS:
         return ssh_folder, None
     if filesystem_of(SHM_DIR, mounts) in MEMORY_FILESYSTEMS:
-        # token: /dev/shm is the machine's own outside a container; one folder per entrypoint.
-        return os.path.join(SHM_DIR, f"byoc-ssh-{token}"), None
+        # token: the job's id. /dev/shm is the machine's own outside a container: each job
+        # has its own folder there (runtime_dirs.py makes it, exclusively, mode 0700), and
+        # the host's environment beside the key (decide_host_env_file) is the job's own too.
+        return os.path.join(SHM_DIR, f"byoc-job-{token}", "ssh"), None
     return ssh_folder, (
         f"no memory-backed folder for the job's SSH key ({ssh_folder} is on disk and {SHM_DIR} is "
         f"not a tmpfs): the key is removed when the job ends, but a container killed with SIGKILL "

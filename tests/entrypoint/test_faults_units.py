@@ -204,7 +204,7 @@ def test_mount_points_with_escaped_spaces():
 def test_under_docker_the_key_goes_to_dev_shm_not_to_run():
     mounts = ssh.parse_mounts(DOCKER_MOUNTS)
     assert ssh.filesystem_of("/run/byoc/ssh", mounts) == "overlay"
-    assert ssh.decide_key_folder("/run/byoc/ssh", mounts, "ab12") == ("/dev/shm/byoc-ssh-ab12", None)
+    assert ssh.decide_key_folder("/run/byoc/ssh", mounts, "ab12") == ("/dev/shm/byoc-job-ab12/ssh", None)
 
 
 def test_a_tmpfs_runtime_folder_keeps_the_key_beside_the_configuration():

@@ -123,7 +123,7 @@ def test_the_report_key_is_the_same_on_every_host_and_differs_between_jobs(tmp_p
         from entrypoint.probe import probe_machine
 
         environ = {"SAGEMAKER_BASE_DIR": str(root), "TRAINING_JOB_NAME": "job-a", **env}
-        plan = decide_plan(load_job(build_paths(environ), environ), probe_machine(), build_runtime(environ))
+        plan = decide_plan(load_job(build_paths(environ), environ), probe_machine(), build_runtime(environ, "0" * 16))
         dry = run_entrypoint(root, "--dry-run", **{"TRAINING_JOB_NAME": "job-a", **env})
         assert plan.env_dict["BYOC_JOB_REPORT_KEY"] not in dry.stdout and "BYOC_JOB_REPORT_KEY" in dry.stdout
         return plan.env_dict["BYOC_JOB_REPORT_KEY"]

@@ -1,0 +1,121 @@
+"""The job's own runtime folders: one per job, created exclusively, mode 0700, removed on every
+way out the entrypoint survives.
+
+Two jobs (or two containers sharing /run, or a 1-host MPI job and anything else on the machine)
+must never read or write each other's SSH configuration, outcome files or host environment.
+So each job works in `<BYOC_RUNTIME_DIR or /run/byoc>/job-<id>` and keeps what may be secret
+(the private SSH key, the host's environment) in `/dev/shm/byoc-job-<id>` where /dev/shm is
+memory-backed (ssh.decide_key_folder). The id is the same on every host of a job — the leader
+writes the outcome into a worker's folder, and mpirun tells every rank where its host's
+environment is — so it is derived from what every host is given (decide_job_id), not drawn
+at random.
+
+Created with mkdir (which fails if anything is there: no symlink, no folder someone prepared
+is followed) and mode 0700. A folder left by an entrypoint that was killed (SIGKILL, the OOM
+killer) on this same host is taken over; one that belongs to a live entrypoint, or that this
+host cannot tell about, is an error naming it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import stat
+from typing import NamedTuple
+
+OWNER_FILE = "owner"
+
+
+class RuntimeDirError(Exception):
+    """A job folder cannot be made ours (the message is one line naming it and the fix)."""
+
+
+class Owner(NamedTuple):
+    pid: int
+    host: str
+
+
+def decide_job_id(job_name: str, hosts: tuple[str, ...], hyperparameters_json: str) -> str:
+    """16 hex digits, the same on every host of one job, different between jobs."""
+    import hashlib
+    import json
+
+    material = json.dumps([job_name, list(hosts), hyperparameters_json])
+    return hashlib.sha256(b"byoc-job-id-v1\0" + material.encode("utf-8")).hexdigest()[:16]
+
+
+def parse_owner(text: str) -> Owner | None:
+    parts = text.split()
+    if len(parts) != 2 or not parts[0].isdigit():
+        return None
+    return Owner(int(parts[0]), parts[1])
+
+
+def decide_takeover(owner: Owner | None, my_host: str, pid_alive: bool) -> str | None:
+    """None when a folder left there may be removed and made again; else why not."""
+    if owner is None:
+        return "it has no readable owner file (not made by this entrypoint, or cut short)"
+    if owner.host != my_host:
+        return f"it belongs to an entrypoint on {owner.host} (a container sharing this folder)"
+    if pid_alive:
+        return f"the entrypoint that made it (pid {owner.pid}) is still running"
+    return None
+
+
+def probe_pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def load_owner(folder: str) -> Owner | None:
+    try:
+        with open(os.path.join(folder, OWNER_FILE)) as f:
+            return parse_owner(f.read(100))
+    except OSError:
+        return None
+
+
+def start_job_folder(path: str) -> None:
+    """Make `path` this job's folder: created here, mode 0700, its parent a real folder."""
+    parent = os.path.dirname(path)
+    os.makedirs(parent, mode=0o755, exist_ok=True)
+    info = os.lstat(parent)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        raise RuntimeDirError(f"{parent} is not a folder of this user's (a link, or another user's); "
+                              f"set BYOC_RUNTIME_DIR to a folder only this user can write")
+    for attempt in (1, 2):
+        try:
+            os.mkdir(path, 0o700)
+            break
+        except FileExistsError:
+            info = os.lstat(path)
+            why = None
+            if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+                why = "it is not a folder of this user's"
+            else:
+                owner = load_owner(path)
+                why = decide_takeover(owner, socket.gethostname(), owner is not None and probe_pid_alive(owner.pid))
+            if why is not None or attempt == 2:
+                raise RuntimeDirError(f"this job's runtime folder {path} already exists and {why or 'came back'}: "
+                                      f"two entrypoints of the same job cannot share it; remove it, or set "
+                                      f"BYOC_RUNTIME_DIR to another folder") from None
+            shutil.rmtree(path, ignore_errors=True)  # left by a killed entrypoint of this job
+    os.chmod(path, 0o700)  # whatever the umask
+    fd = os.open(os.path.join(path, OWNER_FILE), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(f"{os.getpid()} {socket.gethostname()}\n")
+
+
+def remove_job_folder(path: str) -> None:
+    """On every way out: nothing of the job's runtime files outlives it. Only a folder this
+    entrypoint made (its owner file names this process) is removed."""
+    owner = load_owner(path)
+    if owner is None or owner.pid != os.getpid():
+        return
+    shutil.rmtree(path, ignore_errors=True)

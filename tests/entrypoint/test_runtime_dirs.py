@@ -1,0 +1,132 @@
+"""Per-job runtime folders (entrypoint/runtime_dirs.py): one per job, the same name on every
+host, created exclusively with mode 0700, removed on every way out; a live job's folder is
+never shared or taken, a killed one's is."""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from support.jobtree import PYTHON, REPO, entrypoint_env, run_entrypoint, write_tree  # noqa: E402
+
+from entrypoint import runtime_dirs  # noqa: E402
+from entrypoint.runtime_dirs import Owner, RuntimeDirError, decide_job_id, decide_takeover, start_job_folder  # noqa: E402
+
+
+def test_the_job_id_is_the_same_on_every_host_and_differs_between_jobs():
+    hosts = ("algo-1", "algo-2")
+    one = decide_job_id("job-a", hosts, '{"lr": 0.1}')
+    assert len(one) == 16 and int(one, 16) >= 0
+    assert decide_job_id("job-a", hosts, '{"lr": 0.1}') == one
+    assert len({one, decide_job_id("job-b", hosts, '{"lr": 0.1}'), decide_job_id("job-a", ("algo-1",), '{"lr": 0.1}'),
+                decide_job_id("job-a", hosts, '{"lr": 0.2}')}) == 4
+
+
+@pytest.mark.parametrize("owner, alive, taken", [
+    (Owner(123, "here"), False, True),  # killed on this host: take it over
+    (Owner(123, "here"), True, False),  # still running
+    (Owner(123, "elsewhere"), False, False),  # another container sharing the folder: cannot tell
+    (None, False, False),  # not ours
+])
+def test_when_a_folder_left_there_may_be_taken_over(owner, alive, taken):
+    assert (decide_takeover(owner, "here", alive) is None) == taken
+
+
+def test_a_job_folder_is_made_exclusively_with_mode_0700_and_removed_only_by_its_maker(tmp_path):
+    folder = tmp_path / "run" / "job-1"
+    start_job_folder(str(folder))
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    assert (folder / "owner").read_text() == f"{os.getpid()} {socket.gethostname()}\n"
+    with pytest.raises(RuntimeDirError, match=rf"{folder} already exists and the entrypoint that made it \(pid {os.getpid()}\) is still running"):
+        start_job_folder(str(folder))
+    (folder / "owner").write_text(f"1 {socket.gethostname()}-other\n")
+    runtime_dirs.remove_job_folder(str(folder))  # not this process's: left alone
+    assert folder.exists()
+    (folder / "owner").write_text(f"{os.getpid()} {socket.gethostname()}\n")
+    runtime_dirs.remove_job_folder(str(folder))
+    assert not folder.exists()
+
+
+def test_a_folder_left_by_a_killed_entrypoint_is_taken_over(tmp_path):
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    folder = tmp_path / "job-1"
+    folder.mkdir(mode=0o755)
+    (folder / "owner").write_text(f"{dead.pid} {socket.gethostname()}\n")
+    (folder / "job-exit-code").write_text("0")  # a stale outcome must not reach the new job
+    start_job_folder(str(folder))
+    assert sorted(os.listdir(folder)) == ["owner"] and stat.S_IMODE(folder.stat().st_mode) == 0o700
+
+
+def test_a_link_or_a_folder_someone_else_prepared_is_never_used(tmp_path):
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "job-1").symlink_to(target)
+    with pytest.raises(RuntimeDirError, match="is not a folder of this user's"):
+        start_job_folder(str(tmp_path / "run" / "job-1"))
+    assert os.listdir(target) == []  # nothing written through the link
+    (tmp_path / "linked-run").symlink_to(target)
+    with pytest.raises(RuntimeDirError, match="linked-run is not a folder of this user's"):
+        start_job_folder(str(tmp_path / "linked-run" / "job-1"))
+    (tmp_path / "run" / "job-2").mkdir()  # made by someone, no owner file
+    with pytest.raises(RuntimeDirError, match="no readable owner file"):
+        start_job_folder(str(tmp_path / "run" / "job-2"))
+
+
+LISTS_ITS_FOLDER = """\
+import os, stat, sys
+base = os.environ["BYOC_RUNTIME_DIR"]
+for name in os.listdir(base):
+    print("FOLDER", name, oct(stat.S_IMODE(os.stat(os.path.join(base, name)).st_mode)))
+if os.environ.get("FAIL"):
+    raise SystemExit(3)
+"""
+
+
+@pytest.mark.parametrize("fail", ["", "1"])
+def test_a_job_runs_in_its_own_folder_which_is_gone_when_it_ends(tmp_path, fail):
+    run_dir = tmp_path / "run"
+    root = write_tree(tmp_path / "ml", script=LISTS_ITS_FOLDER)
+    done = run_entrypoint(root, BYOC_RUNTIME_DIR=str(run_dir), FAIL=fail)
+    assert done.returncode == (3 if fail else 0), done.stderr
+    folders = [line.split()[1:] for line in done.stdout.splitlines() if line.startswith("FOLDER")]
+    assert len(folders) == 1 and folders[0][0].startswith("job-") and folders[0][1] == "0o700", done.stdout
+    assert os.listdir(run_dir) == []
+
+
+def test_two_entrypoints_of_the_same_job_cannot_share_a_folder(tmp_path):
+    run_dir = tmp_path / "run"
+    waits = "import os, time\nwhile not os.path.exists(os.environ['GO']): time.sleep(0.05)\n"
+    first_root, second_root = (write_tree(tmp_path / name, script=waits) for name in ("first", "second"))
+    go = tmp_path / "go"
+    env = entrypoint_env(first_root, BYOC_RUNTIME_DIR=str(run_dir), GO=str(go), TRAINING_JOB_NAME="same-job")
+    first = subprocess.Popen([PYTHON, "-m", "entrypoint", "train"], env=env, cwd=REPO, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while not (run_dir.exists() and os.listdir(run_dir)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        [folder] = os.listdir(run_dir)
+        second = run_entrypoint(second_root, BYOC_RUNTIME_DIR=str(run_dir), GO=str(go), TRAINING_JOB_NAME="same-job")
+        assert second.returncode == 2
+        failure = (second_root / "output/failure").read_text()
+        assert failure.startswith(f"The training never started: this job's runtime folder {run_dir / folder} already "
+                                  f"exists and the entrypoint that made it (pid {first.pid}) is still running")
+        assert "BYOC_RUNTIME_DIR" in failure
+        other = run_entrypoint(second_root, BYOC_RUNTIME_DIR=str(run_dir), GO=str(tmp_path), TRAINING_JOB_NAME="other-job")
+        assert other.returncode == 0, other.stderr  # another job: its own folder
+    finally:
+        go.touch()
+        first.communicate(timeout=60)
+    assert first.returncode == 0
+    assert os.listdir(run_dir) == []
