@@ -81,6 +81,7 @@ class LaunchSettings(NamedTuple):
     peer_wait_timeout_s: float = 300.0
     host_lost_timeout_s: float = 30.0
     job_port: int = 7778
+    hang_timeout_s: float = 0.0  # BYOC_HANG_TIMEOUT_S: silence after which the job is hung (hangs.py); 0: off
 
 
 def _as_bool(key: str, value: Any) -> bool:
@@ -233,4 +234,5 @@ def parse_launch_settings(environ: Mapping[str, str]) -> LaunchSettings:
         peer_wait_timeout_s=number("BYOC_PEER_WAIT_TIMEOUT_S", 300.0, float, 0.0),
         host_lost_timeout_s=number("BYOC_HOST_LOST_TIMEOUT_S", 30.0, float, 1.0, 60.0),
         job_port=number("BYOC_JOB_PORT", master_port + 1 if master_port < 65535 else 7778, int, 1, 65535),
+        hang_timeout_s=number("BYOC_HANG_TIMEOUT_S", 0.0, float, 0.0),
     )

@@ -43,6 +43,7 @@ from entrypoint.program import CodeSource
 TAIL_LINES = 100
 DISTRIBUTED_ROLES = ("mpi-leader", "torchrun", "parameter-server")
 TAIL_LINE_CHARS = 500
+MAX_CAPTURED_LINES = 50000  # the ranks' stack dumps when a hang is suspected
 POLL_S = 0.01
 
 
@@ -59,6 +60,8 @@ class OutputCollector:
         self.root_causes: list = []
         self.lock = threading.Lock()
         self.secrets = list(secrets)  # masked in each line before it is cut to TAIL_LINE_CHARS
+        self.last_output = time.monotonic()  # when a child last printed a line (hang detection)
+        self.capture: list[str] | None = None  # every line, while stacks are being collected
 
     def redact(self, text: str) -> str:
         return redact(text, self.secrets) if self.secrets else text
@@ -72,10 +75,21 @@ class OutputCollector:
     def add_line(self, raw: bytes) -> None:
         self.add_line_text(raw.decode("utf-8", "replace"))
 
+    def start_capture(self) -> None:
+        with self.lock:
+            self.capture = []
+
+    def captured(self) -> list[str]:
+        with self.lock:
+            return list(self.capture or [])
+
     def add_line_text(self, line: str) -> None:
         line = line.rstrip("\r\n")
         cause = parse_root_cause_line(line) if "BYOC-ROOT-CAUSE" in line else None
         with self.lock:
+            self.last_output = time.monotonic()
+            if self.capture is not None and len(self.capture) < MAX_CAPTURED_LINES:
+                self.capture.append(line)
             if cause is not None:
                 self.root_causes.append(cause)
             else:
@@ -118,9 +132,16 @@ FAILURE_STOP_S = 10.0
 
 
 class Supervisor:
-    def __init__(self, grace_period_s: float, collector: OutputCollector):
+    def __init__(self, grace_period_s: float, collector: OutputCollector, hang_timeout_s: float = 0.0,
+                 host: str = "this host", ask_other_hosts=None):
         self.grace_period_s = grace_period_s
         self.collector = collector
+        self.hang_timeout_s = hang_timeout_s  # 0: off (hangs.py)
+        self.host = host
+        self.ask_other_hosts = ask_other_hosts  # asks the other hosts' ranks for their stacks, or None
+        self.hang_asked_at: float | None = None
+        self.hang_rank_order: list[str] = []
+        self.hang_reason: str | None = None
         self.children: list[tuple[ProcessSpec, subprocess.Popen]] = []
         self.pumps: list[threading.Thread] = []
         self.stopped_by: str | None = None
@@ -177,18 +198,43 @@ class Supervisor:
         self.signal_all(signal.SIGTERM)
         self._kill_within(min(self.grace_period_s, FAILURE_STOP_S))
 
+    def ask_ranks_for_stacks(self, gap_s: float = 0.0) -> list[str]:
+        """SIGUSR1 to every Python rank below our children (each prints its stack); the
+        ranks' labels in the order they were asked."""
+        roots = [proc.pid for _, proc in self.children]
+        return processes.signal_ranks_below(roots, signal.SIGUSR1, gap_s)
+
     def on_stack_request(self, _signum, _frame) -> None:
-        """SIGUSR1: every Python rank on this host prints its stack (rank/record_errors.py);
-        the job goes on."""
-        table = processes.load_process_table()
-        below = [pid for _, proc in self.children for pid in [proc.pid, *processes.build_descendants(table, proc.pid)]]
-        ranks = processes.decide_rank_pids(processes.load_cmdlines(below))
-        log(f"SIGUSR1: asking {len(ranks)} rank process(es) on this host for their Python stacks")
-        for pid in ranks:
-            try:
-                os.kill(pid, signal.SIGUSR1)
-            except ProcessLookupError:
-                pass
+        """SIGUSR1: every Python rank on this host prints its stack (rank/record_errors.py),
+        and under a multi-host mpirun every worker's too; the job goes on."""
+        asked = self.ask_ranks_for_stacks()
+        log(f"SIGUSR1: asking {len(asked)} rank process(es) on this host for their Python stacks"
+            + (" and the other hosts' entrypoints for theirs" if self.ask_other_hosts else ""))
+        if self.ask_other_hosts is not None:
+            threading.Thread(target=self.ask_other_hosts, daemon=True).start()  # ssh: not in a signal handler
+
+    def check_for_hang(self) -> None:
+        """No line from any child for hang_timeout_s: ask every rank for its stack; STACK_WAIT_S
+        later, stop the job naming where the ranks were (hangs.py)."""
+        from entrypoint import hangs  # only jobs that set BYOC_HANG_TIMEOUT_S
+
+        now = time.monotonic()
+        if self.hang_asked_at is None:
+            if now - self.collector.last_output < self.hang_timeout_s:
+                return
+            self.hang_asked_at = now
+            self.collector.start_capture()
+            log(f"no output from any process for {self.hang_timeout_s:g} s (BYOC_HANG_TIMEOUT_S): asking every "
+                f"rank for its Python stack")
+            if self.ask_other_hosts is not None:
+                threading.Thread(target=self.ask_other_hosts, daemon=True).start()
+            ranks = processes.load_rank_pids_below([proc.pid for _, proc in self.children])
+            gap = min(hangs.STACK_REQUEST_GAP_S, 2.0 / max(1, len(ranks)))
+            self.hang_rank_order = self.ask_ranks_for_stacks(gap)
+        elif now - self.hang_asked_at >= hangs.STACK_WAIT_S and self.hang_reason is None:
+            places = hangs.parse_stack_dumps(self.collector.captured(), self.hang_rank_order)
+            self.hang_reason = hangs.build_hang_reason(self.hang_timeout_s, self.host, places)
+            self.stop_after_failure(self.hang_reason.rstrip("."))
 
     def on_signal(self, signum, _frame) -> None:
         name = signal.Signals(signum).name
@@ -215,6 +261,9 @@ class Supervisor:
                     first_failure = code
                     if running:
                         self.stop_after_failure(f"{spec.name} exited with code {code}")
+            if self.hang_timeout_s and running and self.stopped_by is None and self.hang_reason is None \
+                    and (self.kill_at is None or self.hang_asked_at is not None):
+                self.check_for_hang()
             if self.kill_at is not None and time.monotonic() >= self.kill_at and running:
                 log("time is up: sending SIGKILL")
                 self.signal_all(signal.SIGKILL)
@@ -240,6 +289,7 @@ class RunResult(NamedTuple):
     launch_error: str | None = None  # one line, when a process could not be started
     killed_at_deadline: bool = False  # SIGKILLed by us when the grace period ran out
     oom_kills: int | None = None  # the kernel's OOM kills in our memory cgroup during the run
+    hang: str | None = None  # why the job was stopped as hung (hangs.py)
 
 
 class StartupStopped(BaseException):  # not caught by the `except Exception` of a start-up step
@@ -301,8 +351,11 @@ def run_processes(
     grace_period_s: float,
     collector: OutputCollector,
     on_started=None,
+    hang_timeout_s: float = 0.0,
+    host: str = "this host",
+    ask_other_hosts=None,
 ) -> RunResult:
-    supervisor = Supervisor(grace_period_s, collector)
+    supervisor = Supervisor(grace_period_s, collector, hang_timeout_s, host, ask_other_hosts)
     oom_before = load_oom_kill_count()
     previous = {s: signal.signal(s, supervisor.on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     previous[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, supervisor.on_stack_request)
@@ -323,8 +376,12 @@ def run_processes(
             signal.signal(s, handler)
     oom_after = load_oom_kill_count() if code else None  # only a failure needs telling apart
     oom_kills = oom_after - oom_before if oom_after is not None and oom_before is not None else None
+    if supervisor.hang_reason is not None:
+        from entrypoint.hangs import HANG_EXIT_CODE
+
+        code = HANG_EXIT_CODE
     return RunResult(code, supervisor.stopped_by, supervisor.stopped_at,
-                     killed_at_deadline=supervisor.killed_at_deadline, oom_kills=oom_kills)
+                     killed_at_deadline=supervisor.killed_at_deadline, oom_kills=oom_kills, hang=supervisor.hang_reason)
 
 
 # --- code preparation ------------------------------------------------------------------------
@@ -433,8 +490,18 @@ def run_mpi_worker(plan: LaunchPlan, paths: MlPaths, env: dict[str, str]) -> int
     from entrypoint import mpi_hosts  # multi-host paths only: a 1-host job never imports it
     log(f"{plan.current_host}: MPI worker for the leader {plan.leader}")
     stop = mpi_hosts.StopRequest()
-    with stop_signals_set(stop):
-        outcome = mpi_hosts.run_worker(plan, stop, log)
+
+    def on_stack_request(_signum, _frame) -> None:
+        # The ranks mpirun started here (under orted, which we adopted as subreaper).
+        asked = processes.signal_ranks_below([os.getpid()], signal.SIGUSR1)
+        log(f"SIGUSR1: asked {len(asked)} rank process(es) on {plan.current_host} for their Python stacks")
+
+    previous = signal.signal(signal.SIGUSR1, on_stack_request)
+    try:
+        with stop_signals_set(stop):
+            outcome = mpi_hosts.run_worker(plan, stop, log)
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
     code = outcome.exit_code
     if code == 0:
         write_outcome(paths, 0, None)
@@ -507,6 +574,17 @@ class HostServices:
         self.watch: PeerWatch | None = None
         self.supervisor: Supervisor | None = None  # the current run's
         self.refused_reports = 0
+
+    def ask_other_hosts_for_stacks(self):
+        """Under a multi-host mpirun, the leader asks each worker's entrypoint (SIGUSR1 over
+        SSH) to have its ranks print their stacks, which reach the leader's log through mpirun;
+        None elsewhere (torchrun and PS hosts each watch their own ranks)."""
+        plan = self.plan
+        if plan.role != "mpi-leader" or len(plan.hosts) < 2:
+            return None
+        from entrypoint import mpi_hosts
+
+        return lambda: mpi_hosts.ask_workers_for_stacks(plan, log)
 
     def on_refused_report(self, address: str, why: str) -> None:
         """A report on the job port that is not this job's: logged (the first few), dropped."""
@@ -630,6 +708,8 @@ def run_plan(plan: LaunchPlan, paths: MlPaths, environ: dict[str, str]) -> int:
                 services.failure_report = text
             elif run.exit_code != 0:
                 text = report(what, run.exit_code, run, services.lost)
+                if run.hang:
+                    text = f"{run.hang}\n\n{text}"
                 if earlier:
                     text = f"{text.rstrip()}\n\n{build_earlier_failures_note(earlier)}\n"
                 # Workers are told what this host reports: the script's own failure file if
@@ -657,7 +737,8 @@ def run_with_restarts(plan: LaunchPlan, env: dict[str, str], collector: OutputCo
     earlier: list[str] = []
     while True:
         run = run_processes(plan.processes, env, plan.cwd, plan.settings.grace_period_s, collector,
-                            on_started=services.watch_peers)
+                            on_started=services.watch_peers, hang_timeout_s=plan.settings.hang_timeout_s,
+                            host=plan.current_host, ask_other_hosts=services.ask_other_hosts_for_stacks())
         ending = RunEnding(run.exit_code, run.stopped_by, run.launch_error, services.lost)
         if decide_restart(plan.role, plan.settings.max_restarts, len(earlier), ending) is not None:
             return run, earlier

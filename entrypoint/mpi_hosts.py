@@ -271,6 +271,25 @@ def tell_workers(plan: LaunchPlan, exit_code: int, report: str | None, log) -> N
     run_per_host(tell, [h for h in plan.hosts if h != plan.current_host])
 
 
+def ask_workers_for_stacks(plan: LaunchPlan, log) -> None:
+    """SIGUSR1 to every worker's entrypoint (its PID is in its job folder's owner file, the
+    same path on every host), which passes it to its ranks; their stacks reach the leader's
+    log through mpirun. Only our constant path appears in the command."""
+    files = files_for(plan)
+    owner = shlex.quote(os.path.join(plan.runtime_dir, "owner"))
+    command = f"kill -USR1 \"$(cut -d' ' -f1 {owner})\""
+
+    def ask(host: str) -> None:
+        try:
+            done = subprocess.run(ssh_argv(files, host, command), capture_output=True, timeout=30)
+            if done.returncode != 0:
+                log(f"could not ask {host} for its ranks' stacks: {done.stderr.decode(errors='replace').strip()}")
+        except subprocess.TimeoutExpired:
+            log(f"could not ask {host} for its ranks' stacks: timed out")
+
+    run_per_host(ask, [h for h in plan.hosts if h != plan.current_host])
+
+
 # --- worker ------------------------------------------------------------------------------------
 
 

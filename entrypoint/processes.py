@@ -101,6 +101,44 @@ def decide_rank_pids(cmdlines: dict[int, list[str]]) -> list[int]:
     return sorted(pid for pid, argv in cmdlines.items() if any(a.endswith(RANK_WRAPPER) for a in argv[1:3]))
 
 
+def load_rank_pids_below(roots: list[int]) -> list[int]:
+    """The Python ranks (running our wrapper) among these processes and their descendants."""
+    table = load_process_table()
+    below = [pid for root in roots for pid in [root, *build_descendants(table, root)]]
+    return decide_rank_pids(load_cmdlines(below))
+
+
+def load_rank_label(pid: int) -> str:
+    """A rank's number as its launcher gave it (mpirun, torchrun), or `pid N`."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
+    except OSError:
+        env = {}
+    for name in (b"OMPI_COMM_WORLD_RANK", b"RANK", b"PMIX_RANK"):
+        if env.get(name, b"").isdigit():
+            return env[name].decode()
+    return f"pid {pid}"
+
+
+def signal_ranks_below(roots: list[int], sig: int, gap_s: float = 0.0) -> list[str]:
+    """Send sig to every Python rank below roots, one at a time gap_s apart; their labels
+    (load_rank_label) in that order."""
+    import time
+
+    labels = []
+    for i, pid in enumerate(load_rank_pids_below(roots)):
+        if i and gap_s:
+            time.sleep(gap_s)
+        label = load_rank_label(pid)
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            continue
+        labels.append(label)
+    return labels
+
+
 def signal_groups(groups: list[int], sig: int) -> None:
     for group in groups:
         try:

@@ -244,11 +244,12 @@ def test_host_env_is_the_hosts_own_environment_under_the_plans_values():
 def test_host_env_file_is_the_same_path_on_every_host_and_beside_the_key():
     from entrypoint.ssh import decide_host_env_file
 
-    # The key folder's name is random per host; the environment file's path must not be.
-    assert decide_host_env_file("/run/byoc/ssh", "/dev/shm/byoc-ssh-1a2b") == "/dev/shm/byoc-host-env.json"
-    assert decide_host_env_file("/run/byoc/ssh", "/dev/shm/byoc-ssh-9f9f") == "/dev/shm/byoc-host-env.json"
-    assert decide_host_env_file("/run/byoc/ssh", "/run/byoc/ssh") == "/run/byoc/ssh/byoc-host-env.json"
-    assert decide_host_env_file("/run/byoc/ssh", "") == "/run/byoc/ssh/byoc-host-env.json"
+    # In the job's own memory-backed folder (its id is the same on every host, so the path
+    # mpirun gives every rank is right on every host), beside the key, never shared by jobs.
+    assert decide_host_env_file("/run/byoc/job-1a2b/ssh", "/dev/shm/byoc-job-1a2b/ssh") == "/dev/shm/byoc-job-1a2b/byoc-host-env.json"
+    assert decide_host_env_file("/run/byoc/job-9f9f/ssh", "/dev/shm/byoc-job-9f9f/ssh") == "/dev/shm/byoc-job-9f9f/byoc-host-env.json"
+    assert decide_host_env_file("/run/byoc/job-1a2b/ssh", "/run/byoc/job-1a2b/ssh") == "/run/byoc/job-1a2b/ssh/byoc-host-env.json"
+    assert decide_host_env_file("/run/byoc/job-1a2b/ssh", "") == "/run/byoc/job-1a2b/ssh/byoc-host-env.json"
 
 
 def _fake_sshd(child_sleep_s: float):

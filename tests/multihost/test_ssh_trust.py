@@ -25,8 +25,12 @@ def test_only_the_leaders_per_job_key_from_the_leaders_address_gets_in(tmp_path)
         run = start(cluster)
         try:
             wait_for_files(cluster.model_dir, "started-", 2, timeout=90)
+            # The job's own folder (runtime_dirs.py): one job-<id> under /run/byoc, mode 0700.
+            found = cluster.run_on("algo-1", ["sh", "-c", "stat -c '%a %n' /run/byoc/job-*"])
+            mode, folder = found.output.split()
+            assert mode == "700", found.output
             # The leader itself, with the job's configuration: allowed.
-            ok = cluster.run_on("algo-1", ["ssh", "-F", "/run/byoc/ssh/config", "algo-2", "hostname"])
+            ok = cluster.run_on("algo-1", ["ssh", "-F", f"{folder}/ssh/config", "algo-2", "hostname"])
             assert ok.returncode == 0 and ok.output.strip().endswith("algo-2"), ok.output
 
             # Someone with a key of their own (all that holding the image gives): refused.
@@ -37,14 +41,14 @@ def test_only_the_leaders_per_job_key_from_the_leaders_address_gets_in(tmp_path)
 
             # The leader's per-job key itself, used from another host: refused (from= binding).
             stolen = tmp_path / "stolen_key"
-            key = cluster.run_on("algo-1", ["cat", "/run/byoc/ssh/host_ed25519_key"])
+            key = cluster.run_on("algo-1", ["cat", f"{folder}/ssh/host_ed25519_key"])
             stolen.write_text(key.output)
             os.chmod(stolen, 0o600)
             denied = cluster.run_on("algo-3", ["ssh", *SSH_OPTS, "-i", str(stolen), "algo-2", "true"])
             assert denied.returncode == 255 and "Permission denied" in denied.output, denied.output
 
             # The per-job key never lands in the image or on a shared disk: /run is per host.
-            assert not os.path.exists("/run/byoc/ssh/host_ed25519_key") or open("/run/byoc/ssh/host_ed25519_key").read() != key.output
+            assert not os.path.exists(f"{folder}/ssh/host_ed25519_key") or open(f"{folder}/ssh/host_ed25519_key").read() != key.output
         finally:
             run.signal(signal.SIGTERM)
             run.wait(timeout=60, fail_fast=False)
