@@ -123,3 +123,19 @@ def test_a_rank_that_fails_once_is_restarted_in_place_on_every_host():
                "failure on algo-2)" in leader_log, leader_log[-3000:]
         ranks = sorted(n for n in os.listdir(cluster.model_dir) if n.startswith("rank-"))
         assert ranks == ["rank-0.json", "rank-1.json"]
+
+
+def test_a_silent_rank_on_a_worker_is_named_by_the_leader_with_its_stack():
+    """BYOC_HANG_TIMEOUT_S under a multi-host mpirun: the leader notices the silence, asks the
+    worker's entrypoint over SSH for its ranks' stacks (they reach the leader through mpirun),
+    and every host fails; the leader's reason names the stuck rank on algo-2 and where."""
+    program, distribution = LAUNCHERS["mpi"]
+    with EmulatedCluster(HOSTS, job(program, distribution, fail="hang-worker")) as cluster:
+        result = start(cluster, env={"BYOC_HANG_TIMEOUT_S": "3"}).wait(timeout=120, fail_fast=False)
+        assert_nothing_left(cluster)
+        assert result.results["algo-1"].returncode == 124, result.results["algo-1"].output[-3000:]
+        assert result.results["algo-2"].returncode != 0
+        head = failure(cluster, "algo-1").split("\n")[0]
+        assert head.startswith("Hang: no output from any process on algo-1 for 3 s"), head
+        assert "rank 1 in stuck_on_the_worker (/opt/ml/code/mpi_job.py:" in head, head
+        assert "rank 0 in <module> (/opt/ml/code/mpi_job.py:" in head, head

@@ -11,7 +11,7 @@ import time
 from mpi4py import MPI
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--fail", default="none")  # none | leader | worker | worker-once (restart tests)
+parser.add_argument("--fail", default="none")  # none | leader | worker | worker-once | hang-worker
 parser.add_argument("--hold", type=float, default=0.0)  # seconds to stay in the job
 parser.add_argument("--save-s", type=float, default=0.0)  # seconds the SIGTERM handler takes
 args = parser.parse_args()
@@ -36,6 +36,12 @@ if args.fail == "worker" and rank == size - 1:
     raise RuntimeError(f"injected failure on {host}")
 if args.fail == "leader" and rank == 0:
     raise RuntimeError(f"injected failure on {host}")
+def stuck_on_the_worker():
+    time.sleep(600)  # as if blocked in I/O: silent, never reaching the barrier
+
+
+if args.fail == "hang-worker" and rank == size - 1:
+    stuck_on_the_worker()
 once_marker = os.path.join(model, "failed-once")
 if args.fail == "worker-once" and rank == size - 1 and not os.path.exists(once_marker):
     open(once_marker, "w").close()  # the restarted job runs through
