@@ -8,15 +8,17 @@ import os
 import signal
 import sys
 
-from entrypoint import execute, runtime_dirs, ssh
+from entrypoint import execute, runtime_dirs, ssh, supervise
 from entrypoint.config import JobConfig, find_missing_channel_dirs, load_job
 from entrypoint.distribution import parse_distribution, parse_launch_settings
 from entrypoint.errors import EXIT_BAD_JOB, JobDefinitionError
 from entrypoint.failure import build_job_definition_report, redact, secret_values
+from entrypoint.log import log
+from entrypoint.outcome import clear_previous_outcome, write_outcome
 from entrypoint.paths import MlPaths, build_paths
 from entrypoint.plan import LaunchPlan, Runtime, decide
 from entrypoint.probe import MachineFacts, probe_machine
-from entrypoint.program import check_program_name, decide_code_source, inspect_code
+from entrypoint.program import check_program_name, decide_code_source, fetch_code, inspect_code
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -99,9 +101,9 @@ def render_plan(plan: LaunchPlan, environ: dict[str, str]) -> str:
 
 def report_bad_job(paths: MlPaths, message: str, environ: dict[str, str], dry_run: bool) -> int:
     report = build_job_definition_report(message, environ)
-    execute.log(report.strip())
+    log(report.strip())
     if not dry_run:
-        execute.write_outcome(paths, EXIT_BAD_JOB, report)
+        write_outcome(paths, EXIT_BAD_JOB, report)
     return EXIT_BAD_JOB
 
 
@@ -111,23 +113,23 @@ def main(argv: list[str] | None = None) -> int:
     paths = build_paths(environ)
     if not args.dry_run:
         for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, execute.on_startup_signal)
-        signal.signal(signal.SIGUSR1, execute.on_stack_request_without_ranks)
+            signal.signal(sig, supervise.on_startup_signal)
+        signal.signal(signal.SIGUSR1, supervise.on_stack_request_without_ranks)
         try:
             return run(args, environ, paths)
-        except execute.StartupStopped as stop:
+        except supervise.StartupStopped as stop:
             code = 128 + stop.signum
-            execute.write_outcome(paths, code, (
+            write_outcome(paths, code, (
                 f"Stopped by {stop} during start-up, before the training processes started; "
                 f"nothing was trained. Exit code {code}.\n"))
-            execute.log(f"stopped by {stop} during start-up")
+            log(f"stopped by {stop} during start-up")
             return code
     return run(args, environ, paths)
 
 
 def run(args, environ: dict[str, str], paths) -> int:
     if not args.dry_run:
-        execute.clear_previous_outcome(paths)
+        clear_previous_outcome(paths)
     try:
         job = load_job(paths, environ)
         runtime = build_runtime(environ, decide_job_id_of(job))
@@ -137,15 +139,15 @@ def run(args, environ: dict[str, str], paths) -> int:
         return report_bad_job(paths, str(exc), environ, args.dry_run)
 
     for note in plan.notes:
-        execute.log(f"note: {note}")
+        log(f"note: {note}")
     if args.dry_run:
         print(render_plan(plan, environ))
         return 0
 
     if plan.code.kind != "code_dir":
-        execute.log(f"fetching the source directory from {plan.code.uri}")
+        log(f"fetching the source directory from {plan.code.uri}")
         try:
-            execute.fetch_code(plan.code, paths.code_dir)
+            fetch_code(plan.code, paths.code_dir)
         except Exception as exc:  # noqa: BLE001 - reported in output/failure, not as a traceback
             return report_bad_job(paths, f"could not fetch sagemaker_submit_directory {plan.code.uri}: {exc}", environ, False)
         try:
@@ -163,8 +165,8 @@ def run(args, environ: dict[str, str], paths) -> int:
         for folder in folders:
             runtime_dirs.remove_job_folder(folder)
         text = str(exc) if isinstance(exc, runtime_dirs.RuntimeDirError) else f"cannot make the job's runtime folder: {exc}"
-        execute.log(f"FAILED: {text}")
-        execute.write_outcome(paths, EXIT_BAD_JOB, f"The training never started: {text}\n")
+        log(f"FAILED: {text}")
+        write_outcome(paths, EXIT_BAD_JOB, f"The training never started: {text}\n")
         return EXIT_BAD_JOB
     try:
         return execute.run_plan(plan, paths, environ)
@@ -187,11 +189,11 @@ def run_preflight(job: JobConfig, facts: MachineFacts, plan: LaunchPlan, paths: 
         plan.current_host, job.resource.current_instance_type, folders, facts.gpu_count, facts.neuron_core_count,
         facts.efa, plan.processes_per_host))
     for finding in found:
-        execute.log(f"pre-flight {'FAILED' if finding.fatal else 'warning'}: {finding.text}")
+        log(f"pre-flight {'FAILED' if finding.fatal else 'warning'}: {finding.text}")
     fatal = [f.text for f in found if f.fatal]
-    execute.log(f"pre-flight: {len(fatal)} fatal, {len(found) - len(fatal)} warning(s), "
+    log(f"pre-flight: {len(fatal)} fatal, {len(found) - len(fatal)} warning(s), "
                 f"{(time.monotonic() - started) * 1000:.1f} ms")
     if not fatal:
         return 0
-    execute.write_outcome(paths, EXIT_BAD_JOB, "Pre-flight check failed, the training never started: " + " ".join(fatal) + "\n")
+    write_outcome(paths, EXIT_BAD_JOB, "Pre-flight check failed, the training never started: " + " ".join(fatal) + "\n")
     return EXIT_BAD_JOB

@@ -21,7 +21,12 @@ import time
 from dataclasses import dataclass
 
 from entrypoint import processes, ssh
+from entrypoint.failure import build_job_outcome_report
+from entrypoint.log import log as log_line
+from entrypoint.outcome import write_outcome
+from entrypoint.paths import MlPaths
 from entrypoint.plan import LaunchPlan
+from entrypoint.supervise import StopRequest, stop_signals_set
 
 POLL_S = 0.05
 # How long a worker that has its outcome waits for the leader's SSH sessions (the one that
@@ -35,13 +40,6 @@ MAX_PARALLEL_SESSIONS = 64
 OUTCOME_FILE = "job-exit-code"
 REPORT_FILE = "job-failure"
 MAX_REPORT_BYTES = 256 * 1024
-
-
-@dataclass
-class StopRequest:
-    """Set by the signal handler; waits check it so SIGTERM never waits out a timeout."""
-
-    signal_name: str | None = None
 
 
 @dataclass(frozen=True)
@@ -104,83 +102,6 @@ def host_env_path(plan: LaunchPlan) -> str:
     return files_for(plan).host_env
 
 
-def become_subreaper() -> None:
-    """Open MPI's orted daemonizes out of the sshd session; as a child subreaper we inherit it
-    (and the ranks under it) instead of init, so the worker can end them."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
-    except (OSError, AttributeError):
-        pass
-
-
-def stop_sshd_and_sessions(proc: subprocess.Popen | None, grace_s: float) -> None:
-    """Stop sshd and whatever its sessions still run (orted and the ranks when the leader
-    vanished without ending them): nothing of the job outlives the worker."""
-    if proc is None:
-        return
-    stop_process(proc)
-    left = [p for p in processes.build_descendants(processes.load_process_table(), os.getpid()) if p != proc.pid]
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 0)):
-        for pid in left:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + wait_s
-        while wait_s and time.monotonic() < deadline and any(os.path.exists(f"/proc/{p}") and not _is_zombie(p) for p in left):
-            _reap()
-            time.sleep(0.1)
-    _reap()
-
-
-def wait_for_sessions_to_close(sshd_pid: int, timeout_s: float) -> bool:
-    """Wait until the listening sshd has no session processes left (each connection is a
-    child sshd), at most timeout_s; True when they all closed."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        table = processes.load_process_table()
-        live = [p for p in processes.build_descendants(table, sshd_pid) if table[p].state != "Z"]
-        if not live:
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        _reap()
-        time.sleep(POLL_S)
-
-
-def _reap() -> None:
-    """Collect exited orphans we adopted as subreaper."""
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-        return stat[stat.rindex(")") + 2] == "Z"
-    except OSError:
-        return True
-
-
-def stop_process(proc: subprocess.Popen | None) -> None:
-    if proc is None or proc.poll() is not None:
-        return
-    proc.terminate()
-    try:
-        proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
 def ssh_argv(files: ssh.SshFiles, host: str, remote_command: str) -> list[str]:
     return ["ssh", "-F", files.client_config, host, remote_command]
 
@@ -215,6 +136,13 @@ def start_leader(plan: LaunchPlan, stop: StopRequest, log) -> tuple[subprocess.P
         time.sleep(POLL_S)
     log(f"every worker accepts SSH ({len(workers)} host(s), {time.monotonic() - started:.2f} s)")
     return sshd, None
+
+
+def finish_leader(plan: LaunchPlan, sshd: subprocess.Popen | None, exit_code: int, report: str | None, log) -> None:
+    """The job has ended: tell every worker its outcome, stop our sshd, remove the job's key."""
+    tell_workers(plan, exit_code, report, log)
+    processes.stop_process(sshd)
+    ssh.remove_private_key(files_for(plan))
 
 
 def probe_workers(files: ssh.SshFiles, hosts: list[str], port: int) -> set[str]:
@@ -293,6 +221,46 @@ def ask_workers_for_stacks(plan: LaunchPlan, log) -> None:
 # --- worker ------------------------------------------------------------------------------------
 
 
+def run_worker_host(plan: LaunchPlan, paths: MlPaths, env: dict[str, str]) -> int:
+    """This host's whole part in an MPI job led by another host: serve SSH to the leader
+    until it reports the outcome, write that outcome here, and exit with the job's code."""
+    log_line(f"{plan.current_host}: MPI worker for the leader {plan.leader}")
+    stop = StopRequest()
+
+    def on_stack_request(_signum, _frame) -> None:
+        # The ranks mpirun started here (under orted, which we adopted as subreaper).
+        asked = processes.signal_ranks_below([os.getpid()], signal.SIGUSR1)
+        log_line(f"SIGUSR1: asked {len(asked)} rank process(es) on {plan.current_host} for their Python stacks")
+
+    previous = signal.signal(signal.SIGUSR1, on_stack_request)
+    try:
+        with stop_signals_set(stop):
+            outcome = run_worker(plan, stop, log_line)
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    if outcome.exit_code == 0:
+        write_outcome(paths, 0, None)
+        log_line(f"{plan.current_host}: the leader reports success")
+        return 0
+    text = build_job_outcome_report(build_worker_failure_reason(plan, outcome), env)
+    write_outcome(paths, outcome.exit_code, text)
+    log_line(f"{plan.current_host}: FAILED: {text.splitlines()[0]}")
+    return outcome.exit_code
+
+
+def build_worker_failure_reason(plan: LaunchPlan, outcome: WorkerOutcome) -> str:
+    """What a worker's output/failure says when the job failed."""
+    if outcome.reason is not None:
+        return outcome.reason
+    if outcome.leader_report:
+        # The leader's report, whose first lines are the job's root cause: SDK v2 local mode
+        # keeps only the last host's output/failure, and that is a worker's.
+        return (f"{outcome.leader_report.rstrip()}\n\n({plan.current_host} ended with the job; "
+                f"this report is the leader {plan.leader}'s.)")
+    return (f"The MPI job failed: the leader {plan.leader} reported exit code {outcome.exit_code}. "
+            f"The leader's output/failure names the first failing host, rank and exception.")
+
+
 def run_worker(plan: LaunchPlan, stop: StopRequest, log) -> WorkerOutcome:
     """Authorize the leader, serve SSH until the leader reports the outcome."""
     files = files_for(plan)
@@ -322,7 +290,7 @@ def run_worker(plan: LaunchPlan, stop: StopRequest, log) -> WorkerOutcome:
         addresses = ssh.resolve_addresses(plan.leader)
         write_host_env(plan)
         ssh.authorize(files, key, addresses)
-        become_subreaper()
+        processes.become_subreaper()
         sshd = start_sshd(files)
         log(f"serving SSH to the leader {plan.leader} ({', '.join(addresses)})")
         outcome = _wait_for_outcome(plan, stop, log)
@@ -330,10 +298,10 @@ def run_worker(plan: LaunchPlan, stop: StopRequest, log) -> WorkerOutcome:
             # The outcome file appears while the leader's session that wrote it is still
             # closing; stopping sshd then cuts that session and the leader logs a false
             # "could not tell algo-N the outcome: Connection ... closed by remote host".
-            wait_for_sessions_to_close(sshd.pid, SESSION_CLOSE_WAIT_S)
+            processes.wait_for_descendants_to_end(sshd.pid, SESSION_CLOSE_WAIT_S)
         return outcome
     finally:
-        stop_sshd_and_sessions(sshd, min(plan.settings.grace_period_s, 10.0))
+        processes.stop_process_and_descendants(sshd, min(plan.settings.grace_period_s, 10.0))
         ssh.remove_private_key(files)
 
 

@@ -7,6 +7,7 @@ entrypoint.execute runs it. Nothing here touches the machine.
 from __future__ import annotations
 
 import os
+from enum import StrEnum
 from typing import NamedTuple
 
 from entrypoint import ssh, topology
@@ -49,6 +50,21 @@ class Runtime(NamedTuple):
         return os.path.join(self.runtime_dir, "ssh", "config")
 
 
+class Role(StrEnum):
+    """What this host does in the job: the closed set every launch decision ends in."""
+
+    SINGLE = "single"  # one process, one host
+    OUTSIDE_DISTRIBUTION = "outside-distribution"  # a host not in the distribution's instance group
+    MPI_LEADER = "mpi-leader"  # runs mpirun over SSH to the other hosts
+    MPI_WORKER = "mpi-worker"  # serves SSH to the leader until the leader reports the outcome
+    TORCHRUN = "torchrun"  # torchrun on every host
+    PARAMETER_SERVER = "parameter-server"  # a server and workers on every host
+
+
+# The roles whose processes take part in a job across hosts (a multi-host wait and watch).
+DISTRIBUTED_ROLES = (Role.MPI_LEADER, Role.TORCHRUN, Role.PARAMETER_SERVER)
+
+
 class ProcessSpec(NamedTuple):
     name: str
     argv: tuple[str, ...]
@@ -60,7 +76,7 @@ class ProcessSpec(NamedTuple):
 
 
 class LaunchPlan(NamedTuple):
-    role: str  # single | outside-distribution | mpi-leader | mpi-worker | torchrun | parameter-server
+    role: Role
     launcher: str  # process | mpi | pytorchddp | torch_distributed | smdataparallel | parameter_server
     current_host: str
     hosts: tuple[str, ...]  # hosts taking part in the distribution, in SageMaker's order
@@ -352,7 +368,7 @@ def decide(
         notes.append(f"BYOC_MAX_RESTARTS={settings.max_restarts} is not applied to the parameter-server launch: "
                      f"each host runs its own part of the rpc group, which one host's relaunch cannot rejoin")
 
-    def plan(role: str, processes: tuple[ProcessSpec, ...], extra_env: dict[str, str], hosts=dist_hosts) -> LaunchPlan:
+    def plan(role: Role, processes: tuple[ProcessSpec, ...], extra_env: dict[str, str], hosts=dist_hosts) -> LaunchPlan:
         return LaunchPlan(
             role=role,
             launcher=launcher,
@@ -360,7 +376,7 @@ def decide(
             hosts=hosts,
             leader=leader,
             interface=interface,
-            processes_per_host=pph if role != "single" and role != "outside-distribution" else 1,
+            processes_per_host=pph if role not in (Role.SINGLE, Role.OUTSIDE_DISTRIBUTION) else 1,
             cwd=code_dir,
             code=code,
             entry=entry,
@@ -375,14 +391,14 @@ def decide(
 
     rendezvous_env = build_rendezvous_env(job, interface, leader, settings)
     if launcher == "process":
-        return plan("single", (ProcessSpec("script", program_argv),), rendezvous_env, hosts=(resource.current_host,))
+        return plan(Role.SINGLE, (ProcessSpec("script", program_argv),), rendezvous_env, hosts=(resource.current_host,))
     if resource.current_host not in dist_hosts:
         notes.append(
             f"{resource.current_host} is in instance group \"{resource.current_group_name}\", "
             f"outside the distribution's groups ({', '.join(topology.distribution_instance_groups(job))}); "
             f"running the script once here, as the toolkit does"
         )
-        return plan("outside-distribution", (ProcessSpec("script", program_argv),), rendezvous_env, hosts=dist_hosts)
+        return plan(Role.OUTSIDE_DISTRIBUTION, (ProcessSpec("script", program_argv),), rendezvous_env, hosts=dist_hosts)
 
     launcher_env = {**build_launcher_env(job, facts, interface, leader, dist_hosts, settings), **build_hostname_env(job, facts)}
     node_rank = dist_hosts.index(resource.current_host)
@@ -404,14 +420,14 @@ def decide(
         launcher_env["BYOC_HOST_ENV_FILE"] = ssh.decide_host_env_file(os.path.join(runtime.runtime_dir, "ssh"),
                                                                       runtime.key_dir)
         if resource.current_host != leader:
-            return plan("mpi-worker", (), launcher_env)
+            return plan(Role.MPI_WORKER, (), launcher_env)
         if launcher_kind == "smdataparallel":
             program_argv = ("smddprun", *program_argv)
         forwarded = forwarded_names({**env, **launcher_env}, dict(job.environ))
         argv = build_mpirun_argv(
             dist_hosts, pph, np_, interface, forwarded, dist.custom_mpi_options, program_argv, runtime, efa=facts.efa,
         )
-        return plan("mpi-leader", (ProcessSpec("mpirun", argv, signal_ranks=True),), launcher_env)
+        return plan(Role.MPI_LEADER, (ProcessSpec("mpirun", argv, signal_ranks=True),), launcher_env)
 
     if len(dist_hosts) > 1 and "BYOC_JOB_PORTS" not in job.environ:
         # Ranks report their exception to every host's job port (entrypoint/liveness.py), the
@@ -423,10 +439,10 @@ def decide(
     if launcher_kind == "torch_distributed":
         argv = build_torchrun_argv(runtime.python, dist_hosts, node_rank, leader=leader,
                                    processes_per_host=pph, settings=settings, program_argv=program_argv)
-        return plan("torchrun", (ProcessSpec("torchrun", argv),), launcher_env)
+        return plan(Role.TORCHRUN, (ProcessSpec("torchrun", argv),), launcher_env)
 
     if launcher_kind == "parameter_server":
         processes = build_parameter_server_processes(runtime.python, dist_hosts, node_rank, pph, program_argv)
-        return plan("parameter-server", processes, launcher_env)
+        return plan(Role.PARAMETER_SERVER, processes, launcher_env)
 
     raise AssertionError(f"unhandled launcher {launcher_kind}")  # parse_distribution lists them all

@@ -7,14 +7,21 @@ Why the entrypoint needs it:
   ranks only its kill timeout (see plan.build_mpirun_argv).
 - As PID 1 of a container (or a child subreaper) we inherit every orphan: they must be
   reaped, or they stay zombies until the container ends.
+- Nothing of the job outlives a host's entrypoint: sshd and what its sessions started (orted
+  and the ranks under it on an MPI worker) are stopped with it.
 
-`load_*` read /proc; `build_*`/`decide_*` are pure.
+`load_*` read /proc; `build_*`/`decide_*` are pure; `signal_*`/`stop_*`/`reap_*` act.
 """
 
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import time
 from typing import NamedTuple
+
+POLL_S = 0.05
 
 # The rsh agent mpirun uses to start its daemons: not a rank, and signalling it would look to
 # mpirun like a lost daemon.
@@ -162,3 +169,69 @@ def reap_orphans(keep: set[int]) -> None:
             os.waitpid(info.si_pid, 0)
         except ChildProcessError:
             return
+
+
+def become_subreaper() -> None:
+    """Open MPI's orted daemonizes out of the sshd session; as a child subreaper we inherit it
+    (and the ranks under it) instead of init, so the worker can end them."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
+
+
+def is_zombie_or_gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return parse_stat(f.read()).state == "Z"
+    except (OSError, ValueError, IndexError):
+        return True
+
+
+def stop_process(proc: subprocess.Popen | None) -> None:
+    """SIGTERM, then SIGKILL after 5 s; waited for."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def stop_process_and_descendants(proc: subprocess.Popen | None, grace_s: float) -> None:
+    """Stop proc (sshd on a worker), then every other process below us: SIGTERM, grace_s for
+    them to end, SIGKILL (orted and the ranks when the leader vanished without ending them)."""
+    if proc is None:
+        return
+    stop_process(proc)
+    left = [p for p in build_descendants(load_process_table(), os.getpid()) if p != proc.pid]
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 0)):
+        for pid in left:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + wait_s
+        while wait_s and time.monotonic() < deadline and not all(is_zombie_or_gone(p) for p in left):
+            reap_orphans(set())
+            time.sleep(0.1)
+    reap_orphans(set())
+
+
+def wait_for_descendants_to_end(pid: int, timeout_s: float) -> bool:
+    """Wait until pid (a listening sshd) has no live descendants (each connection is a child
+    sshd), at most timeout_s; True when they all ended."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        table = load_process_table()
+        live = [p for p in build_descendants(table, pid) if table[p].state != "Z"]
+        if not live:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        reap_orphans(set())
+        time.sleep(POLL_S)

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from entrypoint.plan import Role
+
 # Roles whose every process is started by this host's entrypoint, so a relaunch here is a
 # relaunch of the whole job.
-RELAUNCHED_ROLES = ("single", "outside-distribution", "mpi-leader")
+RELAUNCHED_ROLES = (Role.SINGLE, Role.OUTSIDE_DISTRIBUTION, Role.MPI_LEADER)
 
 
 class RunEnding(NamedTuple):
@@ -32,7 +34,7 @@ class RunEnding(NamedTuple):
     lost_host: str | None = None  # a host is gone: the cluster it needs no longer exists
 
 
-def decide_restart(role: str, max_restarts: int, restarts_done: int, ending: RunEnding) -> str | None:
+def decide_restart(role: Role, max_restarts: int, restarts_done: int, ending: RunEnding) -> str | None:
     """Why the job is not restarted, or None when it is."""
     if ending.exit_code == 0:
         return "it succeeded"

@@ -86,7 +86,7 @@ SUPERVISE = textwrap.dedent(
     """
     import json, sys, time
     sys.path.insert(0, sys.argv[1])
-    from entrypoint.execute import OutputCollector, run_processes
+    from entrypoint.supervise import OutputCollector, run_processes
     from entrypoint.plan import ProcessSpec
     specs = [ProcessSpec(s["name"], tuple(s["argv"]), signal_ranks=s.get("signal_ranks", False)) for s in json.loads(sys.argv[2])]
     started = time.monotonic()
@@ -266,7 +266,7 @@ def test_a_worker_with_its_outcome_waits_for_the_leaders_session_to_close():
     import time
 
     from entrypoint import processes
-    from entrypoint.mpi_hosts import wait_for_sessions_to_close
+    from entrypoint.processes import wait_for_descendants_to_end as wait_for_sessions_to_close
 
     sshd = _fake_sshd(1.0)
     try:

@@ -11,7 +11,7 @@ from urllib.parse import quote, quote_plus
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from entrypoint.execute import TAIL_LINE_CHARS, OutputCollector
+from entrypoint.supervise import TAIL_LINE_CHARS, OutputCollector
 from entrypoint.failure import redact
 from entrypoint.rank.record_errors import MESSAGE_LIMIT, mask_secrets
 from support.jobtree import PYTHON, entrypoint_env, failure_text, write_tree

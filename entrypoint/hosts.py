@@ -1,0 +1,160 @@
+"""The multi-host side of a launch on this host: waiting for the other hosts' names, the
+services that run beside the job's processes (the MPI leader's sshd and workers, the job port,
+the watch on the peers; liveness.py), and a worker host waiting for its leader to finish.
+The MPI hosts' own steps over SSH are in mpi_hosts.py, imported only by multi-host jobs."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import time
+
+from entrypoint.liveness import JobPort, PeerWatch, wait_until_port_closes
+from entrypoint.log import log
+from entrypoint.plan import DISTRIBUTED_ROLES, REPORT_KEY_ENV, LaunchPlan, Role
+from entrypoint.supervise import OutputCollector, StopRequest, Supervisor, stop_signals_set
+
+
+def wait_for_hosts(hosts: tuple[str, ...], timeout_s: float) -> list[str]:
+    """Hosts that still do not resolve after timeout_s (SageMaker's DNS can lag at start)."""
+    deadline = time.monotonic() + timeout_s
+    pending = list(hosts)
+    delay = 0.1
+    while True:
+        for host in list(pending):
+            try:
+                socket.getaddrinfo(host, None)
+                pending.remove(host)
+            except OSError:
+                pass
+        if not pending or time.monotonic() >= deadline:
+            return pending
+        time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+        delay = min(delay * 2, 5.0)
+
+
+def describe_port_problem(port: int, host: str, error: OSError) -> str:
+    """One line for a job port we could not open, naming the setting that moves it."""
+    import errno
+
+    if error.errno == errno.EADDRINUSE:
+        return (f"port {port} on {host} is already in use by another process: the job's peers reach each "
+                f"other there; set BYOC_JOB_PORT to a free port (or BYOC_MASTER_PORT, which it follows)")
+    return f"cannot listen on port {port} on {host} (BYOC_JOB_PORT): {error.strerror or error}"
+
+
+class StartProblem(Exception):
+    """A multi-host job could not start (workers never answered, stopped while waiting)."""
+
+    def __init__(self, reason: str, stopped_by: str | None):
+        super().__init__(reason)
+        self.stopped_by = stopped_by
+
+
+MAX_REFUSED_LOGGED = 5
+
+
+class HostServices:
+    """What runs beside the job's processes on a multi-host launch (see liveness.py)."""
+
+    def __init__(self, plan: LaunchPlan, collector: OutputCollector) -> None:
+        self.plan = plan
+        self.collector = collector
+        self.exit_code = 1
+        self.failure_report: str | None = None  # what the leader tells MPI workers when the job failed
+        self.lost: str | None = None
+        self.job_port: JobPort | None = None
+        self.sshd: object = None
+        self.watch: PeerWatch | None = None
+        self.supervisor: Supervisor | None = None  # the current run's
+        self.refused_reports = 0
+
+    def ask_other_hosts_for_stacks(self):
+        """Under a multi-host mpirun, the leader asks each worker's entrypoint (SIGUSR1 over
+        SSH) to have its ranks print their stacks, which reach the leader's log through mpirun;
+        None elsewhere (torchrun and PS hosts each watch their own ranks)."""
+        plan = self.plan
+        if plan.role != Role.MPI_LEADER or len(plan.hosts) < 2:
+            return None
+        from entrypoint import mpi_hosts
+
+        return lambda: mpi_hosts.ask_workers_for_stacks(plan, log)
+
+    def on_refused_report(self, address: str, why: str) -> None:
+        """A report on the job port that is not this job's: logged (the first few), dropped."""
+        self.refused_reports += 1
+        if self.refused_reports <= MAX_REFUSED_LOGGED:
+            log(f"ignored a report on the job port from {address}: {why}"
+                + (" (further ones are not logged)" if self.refused_reports == MAX_REFUSED_LOGGED else ""))
+
+    def watch_peers(self, supervisor: Supervisor) -> None:
+        """Called as each run's processes start; the watch itself starts once and spans the
+        restarts of a job (restarts.py), stopping whichever run is current."""
+        self.supervisor = supervisor
+        plan = self.plan
+        if plan.role not in DISTRIBUTED_ROLES or len(plan.hosts) < 2 or self.watch is not None:
+            return
+        peers = [h for h in plan.hosts if h != plan.current_host] if plan.current_host == plan.leader else [plan.leader]
+        port = plan.settings.ssh_port if plan.role == Role.MPI_LEADER else plan.settings.job_port
+
+        def on_lost(host: str, reason: str) -> None:
+            self.lost = reason
+            self.supervisor.stop_after_failure(f"{reason}: the job cannot go on")
+
+        self.watch = PeerWatch(
+            peers, port, plan.settings.host_lost_timeout_s, plan.settings.peer_wait_timeout_s, on_lost,
+            seen_at_start=plan.role == Role.MPI_LEADER,  # start_leader has just reached every worker
+        )
+
+
+@contextlib.contextmanager
+def host_services(plan: LaunchPlan, collector: OutputCollector):
+    services = HostServices(plan, collector)
+    multi_host = plan.role in DISTRIBUTED_ROLES and len(plan.hosts) > 1
+    if plan.role == Role.MPI_LEADER and multi_host:
+        from entrypoint import mpi_hosts  # multi-host paths only: a 1-host job never imports it
+    try:
+        if plan.role == Role.MPI_LEADER and multi_host:
+            stop = StopRequest()
+            with stop_signals_set(stop):
+                services.sshd, problem = mpi_hosts.start_leader(plan, stop, log)
+            if problem:
+                raise StartProblem(problem, stop.signal_name)
+        elif multi_host:
+            # Every host's port also takes root-cause reports from ranks on every host, so
+            # each host's output/failure can lead with the job's first failure (SDK v2 local
+            # mode keeps only the last host's).
+            try:
+                services.job_port = JobPort(plan.settings.job_port, collector.add_line_text,
+                                            report_key=plan.env_dict.get(REPORT_KEY_ENV, ""),
+                                            on_refused=services.on_refused_report)
+            except OSError as exc:
+                raise StartProblem(describe_port_problem(plan.settings.job_port, plan.current_host, exc), None) from None
+        yield services
+    finally:
+        if services.watch is not None:
+            services.watch.close()
+        if plan.role == Role.MPI_LEADER and multi_host:
+            mpi_hosts.finish_leader(plan, services.sshd, services.exit_code, services.failure_report, log)
+        if services.job_port is not None:
+            services.job_port.close()
+
+
+def wait_for_leader_to_finish(plan: LaunchPlan) -> None:
+    """A torchrun / parameter-server worker host whose processes succeeded waits for the leader
+    to finish before exiting, its job port still open.
+
+    Why: SageMaker local mode (SDK v2) runs `docker-compose up --abort-on-container-exit`:
+    the first container to exit stops all the others. A worker host that ends first would stop
+    the leader while rank 0 still saves the model (and compose reports the job a success from
+    the worker's exit code). The leader closes its job port once its outcome is written.
+    Bounded by BYOC_PEER_WAIT_TIMEOUT_S; SIGTERM ends the wait."""
+    if plan.role not in (Role.TORCHRUN, Role.PARAMETER_SERVER) or len(plan.hosts) < 2 or plan.current_host == plan.leader:
+        return
+    stop = StopRequest()
+    with stop_signals_set(stop):
+        how = wait_until_port_closes(plan.leader, plan.settings.job_port, plan.settings.peer_wait_timeout_s,
+                                     stopped=lambda: stop.signal_name is not None)
+    if how == "timeout":
+        log(f"{plan.current_host}: the leader {plan.leader} was still running after "
+            f"{plan.settings.peer_wait_timeout_s:g} s (BYOC_PEER_WAIT_TIMEOUT_S); exiting")

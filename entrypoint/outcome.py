@@ -1,0 +1,89 @@
+"""Turn how the job ended into SageMaker's outcome: output/success or output/failure (with
+the reason a person reads first) and the exit code. The reasons are built by failure.py;
+this module writes them and reads back what the script wrote itself."""
+
+from __future__ import annotations
+
+import os
+
+from entrypoint.failure import build_failure_report, first_root_cause
+from entrypoint.log import log
+from entrypoint.paths import MlPaths
+from entrypoint.restarts import build_earlier_failures_note
+
+
+def clear_previous_outcome(paths: MlPaths) -> None:
+    """A tree reused for a second local run still holds the first run's outcome; SageMaker
+    never hands us one. Remove it so "the script wrote its own failure file" means this run."""
+    for path in (paths.failure_file, paths.success_file):
+        try:
+            os.remove(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:  # a read-only output folder: nothing of ours to clear there
+            if os.path.exists(path):
+                log(f"cannot remove the previous run's {path}: {exc.strerror or exc}")
+
+
+def write_outcome(paths: MlPaths, exit_code: int, report: str | None) -> None:
+    """output/success or output/failure. A read-only or full /opt/ml/output does not change
+    the job's exit code: the reason goes to stderr (the job's log) instead."""
+    try:
+        os.makedirs(paths.output_dir, exist_ok=True)
+        if exit_code == 0:
+            with open(paths.success_file, "w"):
+                pass
+            return
+        if os.path.exists(paths.failure_file):
+            log("the script wrote its own output/failure; leaving it as it is")
+            return
+        with open(paths.failure_file, "w", encoding="utf-8") as f:
+            f.write(report or "")
+    except OSError as exc:
+        what = paths.success_file if exit_code == 0 else paths.failure_file
+        log(f"cannot write {what}: {exc.strerror or exc}; the job's exit code is {exit_code}"
+            + (f"; its reason: {report.strip()}" if report else ""))
+
+
+def load_failure_file(paths: MlPaths) -> str | None:
+    try:
+        with open(paths.failure_file, encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def write_failure(paths: MlPaths, exit_code: int, text: str) -> int:
+    """The job failed: output/failure, one line in the log; returns the exit code."""
+    write_outcome(paths, exit_code, text)
+    log(f"FAILED: {text.splitlines()[0]}")
+    return exit_code
+
+
+def build_run_report(what: str, exit_code: int, collector, current_host: str, environ: dict[str, str],
+                     run=None, lost: str | None = None) -> str:
+    """The failure report of one step (an install, the training run, the start of the workers)
+    from what its processes printed (collector: supervise.OutputCollector) and how it ended
+    (run: supervise.RunResult, None when nothing ran)."""
+    return build_failure_report(
+        what=what,
+        exit_code=exit_code,
+        root_cause=first_root_cause(collector.root_causes),
+        tail=list(collector.tail),
+        current_host=current_host,
+        environ=environ,
+        stopped_by=run.stopped_by if run else None,
+        stopped_at=run.stopped_at if run else None,
+        lost=lost,
+        oom_kills=run.oom_kills if run else None,
+        killed_by_us=run.killed_at_deadline if run else False,
+    )
+
+
+def build_job_failure_text(report: str, hang: str | None, earlier: list[str]) -> str:
+    """The training run's report, led by why it was stopped as hung (hangs.py) and followed by
+    the failures that were restarted before it (restarts.py)."""
+    text = f"{hang}\n\n{report}" if hang else report
+    if earlier:
+        text = f"{text.rstrip()}\n\n{build_earlier_failures_note(earlier)}\n"
+    return text

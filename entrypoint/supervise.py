@@ -1,0 +1,390 @@
+"""Supervise the job's process tree on this host: start, stream, signal, stop, reap.
+
+- Every child runs in its own process group (own session), never through a shell.
+- SIGTERM/SIGINT to us are forwarded to every child's group; after the grace period the
+  groups get SIGKILL. When one of several processes fails, the others get the same treatment.
+- Output is streamed live, byte for byte; a bounded tail is kept for the failure report, and
+  the root-cause lines that ranks print (see rank/record_errors.py) are collected.
+- Signals while nothing runs (start-up, waits for other hosts) have their own handlers here.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import NamedTuple
+
+from entrypoint import processes
+from entrypoint.errors import EXIT_BAD_JOB
+from entrypoint.failure import parse_root_cause_line, redact
+from entrypoint.log import log
+from entrypoint.plan import ProcessSpec
+from entrypoint.probe import load_oom_kill_count
+
+TAIL_LINES = 100
+TAIL_LINE_CHARS = 500
+MAX_CAPTURED_LINES = 50000  # the ranks' stack dumps when a hang is suspected
+POLL_S = 0.01
+
+
+class OutputCollector:
+    """Shared by the pumps of every child: the tail and the root causes seen so far."""
+
+    def __init__(self, secrets: list[str] | tuple[str, ...] = ()) -> None:
+        self.tail: collections.deque = collections.deque(maxlen=TAIL_LINES)
+        self.root_causes: list = []
+        self.lock = threading.Lock()
+        self.secrets = list(secrets)  # masked in each line before it is cut to TAIL_LINE_CHARS
+        self.last_output = time.monotonic()  # when a child last printed a line (hang detection)
+        self.capture: list[str] | None = None  # every line, while stacks are being collected
+
+    def redact(self, text: str) -> str:
+        return redact(text, self.secrets) if self.secrets else text
+
+    def reset(self) -> None:
+        """Forget the tail and root causes (a restarted job's next attempt reports on its own)."""
+        with self.lock:
+            self.tail.clear()
+            self.root_causes.clear()
+
+    def add_line(self, raw: bytes) -> None:
+        self.add_line_text(raw.decode("utf-8", "replace"))
+
+    def start_capture(self) -> None:
+        with self.lock:
+            self.capture = []
+
+    def captured(self) -> list[str]:
+        with self.lock:
+            return list(self.capture or [])
+
+    def add_line_text(self, line: str) -> None:
+        line = line.rstrip("\r\n")
+        cause = parse_root_cause_line(line) if "BYOC-ROOT-CAUSE" in line else None
+        with self.lock:
+            self.last_output = time.monotonic()
+            if self.capture is not None and len(self.capture) < MAX_CAPTURED_LINES:
+                self.capture.append(line)
+            if cause is not None:
+                self.root_causes.append(cause)
+            else:
+                if self.secrets:
+                    line = redact(line, self.secrets)
+                self.tail.append(line[:TAIL_LINE_CHARS])
+
+
+def _pump(pipe, sink, collector: OutputCollector) -> None:
+    partial = b""
+    try:
+        while True:
+            chunk = pipe.read1(65536)
+            if not chunk:
+                break
+            sink.write(chunk)
+            sink.flush()
+            partial += chunk
+            *lines, partial = partial.split(b"\n")
+            for line in lines:
+                collector.add_line(line)
+            if len(partial) > 65536:  # a very long line (progress bars with \r): keep moving
+                # Masked before it is cut (add_line masks, then keeps the line's start).
+                tail = collector.redact(partial[-8 * TAIL_LINE_CHARS:].decode("utf-8", "replace"))
+                collector.add_line_text(tail[-TAIL_LINE_CHARS:])
+                partial = b""
+    except (OSError, ValueError):
+        pass
+    finally:
+        if partial:
+            collector.add_line(partial)
+        pipe.close()
+
+
+# When one of the job's processes fails (or a host is lost), the others are stopped: SIGTERM,
+# then SIGKILL after this long. It is not the grace period: that one is for a stop the platform
+# asked for (StopTrainingJob, spot interruption), where scripts checkpoint. A failed job only
+# needs its processes gone, and every failure path must end within a minute.
+FAILURE_STOP_S = 10.0
+
+
+class Supervisor:
+    def __init__(self, grace_period_s: float, collector: OutputCollector, hang_timeout_s: float = 0.0,
+                 host: str = "this host", ask_other_hosts=None):
+        self.grace_period_s = grace_period_s
+        self.collector = collector
+        self.hang_timeout_s = hang_timeout_s  # 0: off (hangs.py)
+        self.host = host
+        self.ask_other_hosts = ask_other_hosts  # asks the other hosts' ranks for their stacks, or None
+        self.hang_asked_at: float | None = None
+        self.hang_rank_order: list[str] = []
+        self.hang_reason: str | None = None
+        self.children: list[tuple[ProcessSpec, subprocess.Popen]] = []
+        self.pumps: list[threading.Thread] = []
+        self.stopped_by: str | None = None
+        self.stopped_at: float | None = None  # time.time() of the stop request
+        self.kill_at: float | None = None
+        self.killed_at_deadline = False  # we sent SIGKILL when the grace period ran out
+
+    def start(self, spec: ProcessSpec, env: dict[str, str], cwd: str) -> None:
+        try:
+            proc = subprocess.Popen(
+                list(spec.argv),
+                env=env,
+                cwd=spec.cwd or cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
+        except (OSError, ValueError) as error:
+            from entrypoint.launch_errors import describe_launch_error  # only when a start fails
+
+            argv = list(spec.argv)
+            raise LaunchError(describe_launch_error(argv, env, error, shebang=_names_its_interpreter(argv))) from None
+        self.children.append((spec, proc))
+        for pipe, sink in ((proc.stdout, sys.stdout.buffer), (proc.stderr, sys.stderr.buffer)):
+            t = threading.Thread(target=_pump, args=(pipe, sink, self.collector), daemon=True)
+            t.start()
+            self.pumps.append(t)
+
+    def _groups(self, stop_request: bool) -> list[int]:
+        """Process groups to signal. For a stop request, a launcher whose spec says so
+        (mpirun) is passed over for the ranks it started here; SIGKILL takes them all."""
+        table = processes.load_process_table() if any(s.signal_ranks for s, _ in self.children) else {}
+        groups: list[int] = []
+        for spec, proc in self.children:
+            ranks = processes.decide_rank_groups(table, [proc.pid]) if spec.signal_ranks else []
+            if stop_request and ranks:
+                groups += ranks
+            else:
+                groups += [proc.pid, *ranks]
+        return groups
+
+    def signal_all(self, sig: int, stop_request: bool = False) -> None:
+        processes.signal_groups(self._groups(stop_request), sig)
+
+    def _kill_within(self, delay_s: float) -> None:
+        kill_at = time.monotonic() + delay_s
+        self.kill_at = kill_at if self.kill_at is None else min(self.kill_at, kill_at)
+
+    def stop_after_failure(self, why: str) -> None:
+        """One process failed or a host was lost: end the others within FAILURE_STOP_S."""
+        if self.kill_at is None:
+            log(f"{why}; stopping the other processes")
+        self.signal_all(signal.SIGTERM)
+        self._kill_within(min(self.grace_period_s, FAILURE_STOP_S))
+
+    def ask_ranks_for_stacks(self, gap_s: float = 0.0) -> list[str]:
+        """SIGUSR1 to every Python rank below our children (each prints its stack); the
+        ranks' labels in the order they were asked."""
+        roots = [proc.pid for _, proc in self.children]
+        return processes.signal_ranks_below(roots, signal.SIGUSR1, gap_s)
+
+    def on_stack_request(self, _signum, _frame) -> None:
+        """SIGUSR1: every Python rank on this host prints its stack (rank/record_errors.py),
+        and under a multi-host mpirun every worker's too; the job goes on."""
+        asked = self.ask_ranks_for_stacks()
+        log(f"SIGUSR1: asking {len(asked)} rank process(es) on this host for their Python stacks"
+            + (" and the other hosts' entrypoints for theirs" if self.ask_other_hosts else ""))
+        if self.ask_other_hosts is not None:
+            threading.Thread(target=self.ask_other_hosts, daemon=True).start()  # ssh: not in a signal handler
+
+    def check_for_hang(self) -> None:
+        """No line from any child for hang_timeout_s: ask every rank for its stack; STACK_WAIT_S
+        later, stop the job naming where the ranks were (hangs.py)."""
+        from entrypoint import hangs  # only jobs that set BYOC_HANG_TIMEOUT_S
+
+        now = time.monotonic()
+        if self.hang_asked_at is None:
+            if now - self.collector.last_output < self.hang_timeout_s:
+                return
+            self.hang_asked_at = now
+            self.collector.start_capture()
+            log(f"no output from any process for {self.hang_timeout_s:g} s (BYOC_HANG_TIMEOUT_S): asking every "
+                f"rank for its Python stack")
+            if self.ask_other_hosts is not None:
+                threading.Thread(target=self.ask_other_hosts, daemon=True).start()
+            ranks = processes.load_rank_pids_below([proc.pid for _, proc in self.children])
+            gap = min(hangs.STACK_REQUEST_GAP_S, 2.0 / max(1, len(ranks)))
+            self.hang_rank_order = self.ask_ranks_for_stacks(gap)
+        elif now - self.hang_asked_at >= hangs.STACK_WAIT_S and self.hang_reason is None:
+            places = hangs.parse_stack_dumps(self.collector.captured(), self.hang_rank_order)
+            self.hang_reason = hangs.build_hang_reason(self.hang_timeout_s, self.host, places)
+            self.stop_after_failure(self.hang_reason.rstrip("."))
+
+    def on_signal(self, signum, _frame) -> None:
+        name = signal.Signals(signum).name
+        if self.stopped_by is None:
+            self.stopped_by = name
+            self.stopped_at = time.time()
+            log(f"received {name}: forwarding it to the job, SIGKILL in {self.grace_period_s:g} s")
+        self.signal_all(signum, stop_request=True)
+        self._kill_within(self.grace_period_s)
+
+    def wait(self) -> int:
+        """Wait for every child; the exit code of the first that failed, else 0."""
+        first_failure: int | None = None
+        running = list(self.children)
+        while running:
+            for item in list(running):
+                spec, proc = item
+                code = proc.poll()
+                if code is None:
+                    continue
+                running.remove(item)
+                code = 128 - code if code < 0 else code
+                if code != 0 and first_failure is None:
+                    first_failure = code
+                    if running:
+                        self.stop_after_failure(f"{spec.name} exited with code {code}")
+            if self.hang_timeout_s and running and self.stopped_by is None and self.hang_reason is None \
+                    and (self.kill_at is None or self.hang_asked_at is not None):
+                self.check_for_hang()
+            if self.kill_at is not None and time.monotonic() >= self.kill_at and running:
+                log("time is up: sending SIGKILL")
+                self.signal_all(signal.SIGKILL)
+                self.killed_at_deadline = True
+                self.kill_at = float("inf")
+            if running:
+                # As PID 1 of a container we inherit orphans (a rank whose launcher died):
+                # reap them so none stays a zombie.
+                processes.reap_orphans({proc.pid for _, proc in running})
+                time.sleep(POLL_S)
+        # Orphans (data-loader workers, a forked server, ranks in groups of their own) die too.
+        self.signal_all(signal.SIGKILL)
+        processes.reap_orphans(set())
+        for t in self.pumps:
+            t.join(timeout=5)
+        return first_failure or 0
+
+
+class RunResult(NamedTuple):
+    exit_code: int
+    stopped_by: str | None = None
+    stopped_at: float | None = None
+    launch_error: str | None = None  # one line, when a process could not be started
+    killed_at_deadline: bool = False  # SIGKILLed by us when the grace period ran out
+    oom_kills: int | None = None  # the kernel's OOM kills in our memory cgroup during the run
+    hang: str | None = None  # why the job was stopped as hung (hangs.py)
+
+
+class StartupStopped(BaseException):  # not caught by the `except Exception` of a start-up step
+    """SIGTERM or SIGINT before the training processes started (see on_startup_signal)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+# Set once the training processes (or, on an MPI worker, the wait for the leader) begin: from
+# then on the run's own handlers decide what a stop means.
+_training_started = False
+
+
+def on_startup_signal(signum, _frame) -> None:
+    """The handler for the whole start-up (installed first thing by cli.main): as PID 1 a
+    process gets no default action for SIGTERM, so without a handler a stop during start-up
+    (reading /opt/ml, waiting for DNS, fetching code, installing requirements) was dropped
+    and the container ran on until SIGKILL. Raises StartupStopped, which cli.main reports.
+    Once training has begun, a stop that reaches this handler (between the run's own
+    handlers) is only logged: the job is finishing and its outcome is being written."""
+    if _training_started:
+        log(f"received {signal.Signals(signum).name} while finishing; finishing")
+        return
+    raise StartupStopped(signum)
+
+
+def on_stack_request_without_ranks(_signum, _frame) -> None:
+    """SIGUSR1 outside a run (start-up, waits): no rank to ask; it must not end the process."""
+    log("SIGUSR1: no training process is running on this host yet (or any more)")
+
+
+def mark_training_started() -> None:
+    global _training_started
+    _training_started = True
+
+
+class LaunchError(Exception):
+    """A process could not be started (the message is one line naming the cause)."""
+
+
+def _names_its_interpreter(argv: list[str]) -> bool:
+    """argv is [interpreter, program, ...] taken from the program's own #! line."""
+    if len(argv) < 2:
+        return False
+    try:
+        with open(argv[1], "rb") as f:
+            first_line = f.readline(4096)
+    except OSError:
+        return False
+    return first_line.startswith(b"#!") and os.fsencode(argv[0]) in first_line
+
+
+def run_processes(
+    processes_: tuple[ProcessSpec, ...],
+    env: dict[str, str],
+    cwd: str,
+    grace_period_s: float,
+    collector: OutputCollector,
+    on_started=None,
+    hang_timeout_s: float = 0.0,
+    host: str = "this host",
+    ask_other_hosts=None,
+) -> RunResult:
+    supervisor = Supervisor(grace_period_s, collector, hang_timeout_s, host, ask_other_hosts)
+    oom_before = load_oom_kill_count()
+    previous = {s: signal.signal(s, supervisor.on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    previous[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, supervisor.on_stack_request)
+    try:
+        try:
+            for spec in processes_:
+                supervisor.start(spec, {**env, **dict(spec.env)}, cwd)
+        except LaunchError as error:
+            supervisor.signal_all(signal.SIGKILL)  # what did start cannot run without the rest
+            for _, proc in supervisor.children:
+                proc.wait()
+            return RunResult(EXIT_BAD_JOB, launch_error=str(error))
+        if on_started is not None:
+            on_started(supervisor)
+        code = supervisor.wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    oom_after = load_oom_kill_count() if code else None  # only a failure needs telling apart
+    oom_kills = oom_after - oom_before if oom_after is not None and oom_before is not None else None
+    if supervisor.hang_reason is not None:
+        from entrypoint.hangs import HANG_EXIT_CODE
+
+        code = HANG_EXIT_CODE
+    return RunResult(code, supervisor.stopped_by, supervisor.stopped_at,
+                     killed_at_deadline=supervisor.killed_at_deadline, oom_kills=oom_kills, hang=supervisor.hang_reason)
+
+
+class StopRequest:
+    """Set by the signal handler; waits check it so SIGTERM never waits out a timeout."""
+
+    __slots__ = ("signal_name",)
+
+    def __init__(self) -> None:
+        self.signal_name: str | None = None
+
+
+@contextlib.contextmanager
+def stop_signals_set(stop: StopRequest):
+    """While waiting (not running children), SIGTERM/SIGINT only mark the wait as stopped."""
+
+    def on_signal(signum, _frame):
+        stop.signal_name = signal.Signals(signum).name
+        log(f"received {stop.signal_name}")
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield stop
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
