@@ -34,7 +34,7 @@ import tempfile
 
 import numpy as np
 
-from train.main_job import DigitsSplit, build_job_files, load_digits_split, write_job
+from jobs.main_job import DigitsSplit, build_job_files, load_digits_split, write_job
 from train.records import Table
 
 PYTHON = sys.executable

@@ -8,7 +8,7 @@ import os
 import signal
 import sys
 
-from entrypoint import execute, runtime_dirs, ssh, supervise
+from entrypoint import execute, runtime_dirs, supervise
 from entrypoint.config import JobConfig, find_missing_channel_dirs, load_job
 from entrypoint.distribution import parse_distribution, parse_launch_settings
 from entrypoint.errors import EXIT_BAD_JOB, JobDefinitionError
@@ -33,22 +33,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def build_runtime(environ: dict[str, str], job_id: str) -> Runtime:
-    # Per-job files that are not secret (SSH configuration, the outcome) go to this job's own
-    # folder under the runtime folder; the private key and the host's environment to this
-    # job's folder in memory-backed storage (ssh.decide_key_folder): /run is a tmpfs on some
-    # platforms, not under Docker. Both are made exclusively (runtime_dirs.py).
-    if os.access("/run", os.W_OK):
-        base = "/run/byoc"
-    else:
-        import tempfile  # rarely needed; it costs a few ms of every start-up
-
-        base = os.path.join(tempfile.gettempdir(), f"byoc-{os.getuid()}")
-    runtime_dir = os.path.join(environ.get("BYOC_RUNTIME_DIR") or base, f"job-{job_id}")
-    ssh_folder = os.path.join(runtime_dir, "ssh")
-    key_dir, key_note = ssh.decide_key_folder(ssh_folder, ssh.load_mounts(), job_id)
-    private_dir = os.path.dirname(key_dir) if key_dir != ssh_folder else ""
-    return Runtime(python=sys.executable, runtime_dir=runtime_dir, key_dir=key_dir, key_note=key_note,
-                   private_dir=private_dir)
+    return Runtime(python=sys.executable, files=runtime_dirs.load_runtime_files(environ, job_id))
 
 
 def decide_job_id_of(job: JobConfig) -> str:
@@ -157,7 +142,7 @@ def run(args, environ: dict[str, str], paths) -> int:
     code = run_preflight(job, facts, plan, paths)
     if code:
         return code
-    folders = [f for f in (runtime.runtime_dir, runtime.private_dir) if f]
+    folders = runtime.files.folders
     try:
         for folder in folders:
             runtime_dirs.start_job_folder(folder)

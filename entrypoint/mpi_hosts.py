@@ -37,8 +37,6 @@ SESSION_CLOSE_WAIT_S = 5.0
 # 255 workers should not start 255 at once. Open MPI's own orted launch has its own limit
 # (plm_rsh_num_concurrent, 128 by default).
 MAX_PARALLEL_SESSIONS = 64
-OUTCOME_FILE = "job-exit-code"
-REPORT_FILE = "job-failure"
 MAX_REPORT_BYTES = 256 * 1024
 
 
@@ -47,18 +45,6 @@ class WorkerOutcome:
     exit_code: int
     reason: str | None = None  # why, when it is not the leader's outcome
     leader_report: str | None = None  # the leader's output/failure, when the job failed
-
-
-def files_for(plan: LaunchPlan) -> ssh.SshFiles:
-    return ssh.SshFiles(os.path.join(plan.runtime_dir, "ssh"), plan.key_dir)
-
-
-def outcome_path(plan: LaunchPlan) -> str:
-    return os.path.join(plan.runtime_dir, OUTCOME_FILE)
-
-
-def report_path(plan: LaunchPlan) -> str:
-    return os.path.join(plan.runtime_dir, REPORT_FILE)
 
 
 def start_sshd(files: ssh.SshFiles) -> subprocess.Popen:
@@ -90,16 +76,12 @@ def build_host_env(environ: dict[str, str], plan_env: dict[str, str]) -> dict[st
 def write_host_env(plan: LaunchPlan) -> None:
     """build_host_env for this host, where record_errors.py lays it over the forwarded values
     (mode 0600: it may hold the job's credentials, as the container's environment does)."""
-    path = host_env_path(plan)
+    path = plan.files.host_env
     os.makedirs(os.path.dirname(path), exist_ok=True)
     fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         json.dump(build_host_env(dict(os.environ), plan.env_dict), f)
     os.replace(path + ".tmp", path)
-
-
-def host_env_path(plan: LaunchPlan) -> str:
-    return files_for(plan).host_env
 
 
 def ssh_argv(files: ssh.SshFiles, host: str, remote_command: str) -> list[str]:
@@ -112,7 +94,7 @@ def ssh_argv(files: ssh.SshFiles, host: str, remote_command: str) -> list[str]:
 def start_leader(plan: LaunchPlan, stop: StopRequest, log) -> tuple[subprocess.Popen, str | None]:
     """Start sshd (workers fetch our key from it) and wait until every worker accepts us.
     Returns sshd and, on failure, a one-line reason."""
-    files = files_for(plan)
+    files = plan.files.ssh
     ssh.write_host_key_and_configs(files, plan.settings.ssh_port)
     write_host_env(plan)
     sshd = start_sshd(files)
@@ -142,7 +124,7 @@ def finish_leader(plan: LaunchPlan, sshd: subprocess.Popen | None, exit_code: in
     """The job has ended: tell every worker its outcome, stop our sshd, remove the job's key."""
     tell_workers(plan, exit_code, report, log)
     processes.stop_process(sshd)
-    ssh.remove_private_key(files_for(plan))
+    ssh.remove_private_key(plan.files.ssh)
 
 
 def probe_workers(files: ssh.SshFiles, hosts: list[str], port: int) -> set[str]:
@@ -174,7 +156,7 @@ def build_tell_command(plan: LaunchPlan, exit_code: int) -> str:
     """The remote command that stores the outcome on a worker: the report (stdin, possibly
     empty) first, then the exit code, whose file's appearance is what the worker waits for.
     Only our integer and constant paths appear in it."""
-    code_file, report_file = shlex.quote(outcome_path(plan)), shlex.quote(report_path(plan))
+    code_file, report_file = shlex.quote(plan.files.outcome), shlex.quote(plan.files.leader_report)
     return (
         f"cat > {report_file}.tmp && mv {report_file}.tmp {report_file} && "
         f"printf %s {int(exit_code)} > {code_file}.tmp && mv {code_file}.tmp {code_file}"
@@ -184,7 +166,7 @@ def build_tell_command(plan: LaunchPlan, exit_code: int) -> str:
 def tell_workers(plan: LaunchPlan, exit_code: int, report: str | None, log) -> None:
     """Write the job's outcome on every worker, in parallel (MAX_PARALLEL_SESSIONS at a
     time); a dead worker is skipped."""
-    files = files_for(plan)
+    files = plan.files.ssh
     command = build_tell_command(plan, exit_code)
     payload = (report or "").encode("utf-8", "replace")[:MAX_REPORT_BYTES] if exit_code != 0 else b""
 
@@ -203,8 +185,8 @@ def ask_workers_for_stacks(plan: LaunchPlan, log) -> None:
     """SIGUSR1 to every worker's entrypoint (its PID is in its job folder's owner file, the
     same path on every host), which passes it to its ranks; their stacks reach the leader's
     log through mpirun. Only our constant path appears in the command."""
-    files = files_for(plan)
-    owner = shlex.quote(os.path.join(plan.runtime_dir, "owner"))
+    files = plan.files.ssh
+    owner = shlex.quote(plan.files.owner)
     command = f"kill -USR1 \"$(cut -d' ' -f1 {owner})\""
 
     def ask(host: str) -> None:
@@ -263,9 +245,9 @@ def build_worker_failure_reason(plan: LaunchPlan, outcome: WorkerOutcome) -> str
 
 def run_worker(plan: LaunchPlan, stop: StopRequest, log) -> WorkerOutcome:
     """Authorize the leader, serve SSH until the leader reports the outcome."""
-    files = files_for(plan)
+    files = plan.files.ssh
     settings = plan.settings
-    for path in (outcome_path(plan), report_path(plan)):
+    for path in (plan.files.outcome, plan.files.leader_report):
         try:
             os.remove(path)
         except FileNotFoundError:
@@ -317,7 +299,7 @@ def forward_stop_to_ranks(signal_name: str, log) -> None:
 
 def load_leader_report(plan: LaunchPlan) -> str | None:
     try:
-        with open(report_path(plan), encoding="utf-8", errors="replace") as f:
+        with open(plan.files.leader_report, encoding="utf-8", errors="replace") as f:
             return f.read() or None
     except OSError:
         return None
@@ -325,7 +307,7 @@ def load_leader_report(plan: LaunchPlan) -> str | None:
 
 def _wait_for_outcome(plan: LaunchPlan, stop: StopRequest, log) -> WorkerOutcome:
     settings = plan.settings
-    path = outcome_path(plan)
+    path = plan.files.outcome
     last_contact = time.monotonic()
     next_check = 0.0
     stop_deadline = None

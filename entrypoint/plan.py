@@ -10,12 +10,13 @@ import os
 from enum import StrEnum
 from typing import NamedTuple
 
-from entrypoint import ssh, topology
+from entrypoint import topology
 from entrypoint.config import JobConfig
 from entrypoint.distribution import MPI_BASED, Distribution, LaunchSettings
 from entrypoint.errors import JobDefinitionError
 from entrypoint.gpu_env import build_gpu_env
 from entrypoint.probe import MachineFacts
+from entrypoint.runtime_dirs import RuntimeFiles
 from entrypoint.program import (
     CodeFacts,
     CodeSource,
@@ -37,17 +38,11 @@ FORWARDED_PREFIXES = ("NCCL_", "FI_", "TORCH_", "CUDA_", "OMP_", "MKL_", "HF_", 
 
 
 class Runtime(NamedTuple):
-    """Facts about this image, not the job: where python is, where per-job files go."""
+    """Facts about this image and host, not the job's definition: where python is, where the
+    job's runtime files go (runtime_dirs.RuntimeFiles)."""
 
     python: str
-    runtime_dir: str = "/tmp/byoc"
-    key_dir: str = ""  # the job's private SSH key (ssh.decide_key_folder); "": runtime_dir/ssh
-    key_note: str | None = None  # why the key has to be on disk, when it has to
-    private_dir: str = ""  # the job's memory-backed folder holding key_dir (runtime_dirs.py); "": none
-
-    @property
-    def ssh_config(self) -> str:
-        return os.path.join(self.runtime_dir, "ssh", "config")
+    files: RuntimeFiles
 
 
 class Role(StrEnum):
@@ -90,8 +85,7 @@ class LaunchPlan(NamedTuple):
     processes: tuple[ProcessSpec, ...]
     env: tuple[tuple[str, str], ...]
     settings: LaunchSettings
-    runtime_dir: str = "/run/byoc"
-    key_dir: str = ""  # see Runtime.key_dir
+    files: RuntimeFiles  # the job's runtime folders and the files in them
     notes: tuple[str, ...] = ()
 
     @property
@@ -119,18 +113,6 @@ def build_report_key(job: JobConfig, hosts: tuple[str, ...]) -> str:
     return hashlib.sha256(b"byoc-job-report-key-v1\0" + material.encode("utf-8")).hexdigest()
 
 
-def decide_processes_per_host(dist: Distribution, facts: MachineFacts) -> tuple[int, str | None]:
-    if dist.processes_per_host is not None:
-        return dist.processes_per_host, None
-    if facts.gpu_count:
-        return facts.gpu_count, None
-    if facts.neuron_core_count:
-        return facts.neuron_core_count, None
-    if dist.launcher in ("pytorchddp", "smdataparallel"):
-        return 1, f"{dist.launcher} normally runs one process per GPU; no GPU here, so 1 process per host"
-    return 1, None
-
-
 def build_hostname_env(job: JobConfig, facts: MachineFacts) -> dict[str, str]:
     """Ranks must see gethostname() == current_host (MPI and NCCL group ranks by host name;
     a container's own name is random). The shim reads /opt/ml/input/config/resourceconfig.json,
@@ -146,7 +128,7 @@ def build_hostname_env(job: JobConfig, facts: MachineFacts) -> dict[str, str]:
     return {"LD_PRELOAD": f"{facts.gethostname_shim}:{preload}" if preload else facts.gethostname_shim}
 
 
-def build_rendezvous_env(job: JobConfig, interface: str, leader: str, settings: LaunchSettings) -> dict[str, str]:
+def build_rendezvous_env(job: JobConfig, topo: topology.Topology, settings: LaunchSettings) -> dict[str, str]:
     """What the PyTorch DLC's toolkit exports for EVERY job, launcher or not
     (sagemaker_pytorch_container.training: MASTER_ADDR = the first distribution host, else the
     first host; MASTER_PORT = 7777; NCCL_SOCKET_IFNAME = the interface). A script without a
@@ -154,19 +136,17 @@ def build_rendezvous_env(job: JobConfig, interface: str, leader: str, settings: 
     world_size=<hosts>) relies on it. The DLC sets no RANK or WORLD_SIZE there; neither do we.
     A value the user set in the job's environment wins."""
     env = {
-        "NCCL_SOCKET_IFNAME": interface,
-        "MASTER_ADDR": leader,
+        "NCCL_SOCKET_IFNAME": topo.interface,
+        "MASTER_ADDR": topo.leader,
         "MASTER_PORT": str(settings.master_port),
     }
     return {k: v for k, v in env.items() if k not in job.environ}
 
 
-def build_launcher_env(
-    job: JobConfig, facts: MachineFacts, interface: str, leader: str, hosts: tuple[str, ...], settings: LaunchSettings
-) -> dict[str, str]:
+def build_launcher_env(job: JobConfig, facts: MachineFacts, topo: topology.Topology, settings: LaunchSettings) -> dict[str, str]:
     """Variables the collective libraries need. A value the user set in the job's environment
     wins: these are defaults, never overrides."""
-    env = build_rendezvous_env(job, interface, leader, settings)
+    env = build_rendezvous_env(job, topo, settings)
     if facts.efa:
         env["FI_PROVIDER"] = "efa"
         env["RDMAV_FORK_SAFE"] = "1"
@@ -177,17 +157,15 @@ def build_launcher_env(
             env["FI_EFA_USE_DEVICE_RDMA"] = "1"
     if facts.neuron_core_count:
         env["PJRT_DEVICE"] = "NEURON"
-        env["CCOM_SOCKET_IFNAME"] = interface
-        if len(hosts) > 1:
-            env["NEURON_RT_ROOT_COMM_ID"] = f"{leader}:{NEURON_ROOT_COMM_PORT}"
+        env["CCOM_SOCKET_IFNAME"] = topo.interface
+        if len(topo.distribution_hosts) > 1:
+            env["NEURON_RT_ROOT_COMM_ID"] = f"{topo.leader}:{NEURON_ROOT_COMM_PORT}"
     return {k: v for k, v in env.items() if k not in job.environ}
 
 
 def build_mpirun_argv(
-    hosts: tuple[str, ...],
-    processes_per_host: int,
+    topo: topology.Topology,
     num_processes: int,
-    interface: str,
     forwarded: tuple[str, ...],
     custom_options: tuple[str, ...],
     program_argv: tuple[str, ...],
@@ -195,13 +173,14 @@ def build_mpirun_argv(
     efa: bool,
 ) -> tuple[str, ...]:
     """The toolkit's proven mpirun flags; environment forwarded by name only."""
+    interface = topo.interface
     argv = [
         "mpirun",
-        "--host", ",".join(f"{h}:{processes_per_host}" for h in hosts),
+        "--host", ",".join(f"{h}:{topo.processes_per_host}" for h in topo.distribution_hosts),
         "-np", str(num_processes),
         "--allow-run-as-root",
         "--tag-output",
-        "-mca", "plm_rsh_agent", f"ssh -F {runtime.ssh_config}",
+        "-mca", "plm_rsh_agent", f"ssh -F {runtime.files.ssh_config}",
         "-mca", "btl_tcp_if_include", interface,
         "-mca", "oob_tcp_if_include", interface,
         "-mca", "plm_rsh_no_tree_spawn", "1",
@@ -230,10 +209,7 @@ def build_mpirun_argv(
 
 def build_torchrun_argv(
     python: str,
-    hosts: tuple[str, ...],
-    node_rank: int,
-    processes_per_host: int,
-    leader: str,
+    topo: topology.Topology,
     settings: LaunchSettings,
     program_argv: tuple[str, ...],
 ) -> tuple[str, ...]:
@@ -242,6 +218,7 @@ def build_torchrun_argv(
     One host: --standalone (a free local port, so two single-host jobs on one machine never
     collide). program_argv's python runs under torchrun's own interpreter."""
     argv = [python, "-m", "torch.distributed.run"]
+    hosts, leader = topo.distribution_hosts, topo.leader
     if len(hosts) == 1:
         argv += ["--standalone", "--nnodes", "1"]
     elif settings.max_restarts:
@@ -259,11 +236,11 @@ def build_torchrun_argv(
     else:
         argv += [
             "--nnodes", str(len(hosts)),
-            "--node_rank", str(node_rank),
+            "--node_rank", str(topo.node_rank),
             "--master_addr", leader,
             "--master_port", str(settings.master_port),
         ]
-    argv += ["--nproc_per_node", str(processes_per_host), "--max_restarts", str(settings.max_restarts)]
+    argv += ["--nproc_per_node", str(topo.processes_per_host), "--max_restarts", str(settings.max_restarts)]
     if program_argv[:1] == (python,):
         argv += list(program_argv[1:])  # torchrun starts the python itself
     else:
@@ -275,14 +252,13 @@ def build_torchrun_argv(
 
 def build_parameter_server_processes(
     python: str,
-    hosts: tuple[str, ...],
-    host_index: int,
-    workers_per_host: int,
+    topo: topology.Topology,
     program_argv: tuple[str, ...],
 ) -> tuple[ProcessSpec, ...]:
     """One PS shard per host (torch.distributed.rpc ranks 0..H-1) plus the worker processes
     (ranks H..). Rendezvous: MASTER_ADDR/MASTER_PORT from the plan's env."""
-    n_hosts = len(hosts)
+    host_index, workers_per_host = topo.node_rank, topo.processes_per_host
+    n_hosts = len(topo.distribution_hosts)
     n_workers = n_hosts * workers_per_host
     common = (
         ("WORLD_SIZE", str(n_hosts + n_workers)),
@@ -333,20 +309,21 @@ def decide(
 ) -> LaunchPlan:
     notes = list(dist.notes)
     resource = job.resource
-    interface, why = topology.choose_interface(resource.network_interface_name, facts.interfaces)
-    if why:
-        notes.append(why)
+    topo = topology.decide_topology(job, facts, dist)
+    interface = topo.interface
+    if topo.interface_note:
+        notes.append(topo.interface_note)
     code_dir = job.paths.code_dir
     entry = decide_entry_point(program, code_dir, code_facts)
     user_args = build_user_args(job.hyperparameters.user)
     program_argv = build_program_argv(entry, runtime.python, code_facts, user_args, RECORD_ERRORS)
     install = build_install_steps(runtime.python, code_dir, code_facts)
     gpu_env, gpu_notes = build_gpu_env(job.environ, facts, interface)
-    env = {**build_sm_env(job, facts, interface), **gpu_env}
+    env = {**build_sm_env(job, facts, topo), **gpu_env}
     notes.extend(gpu_notes)
 
-    dist_hosts = tuple(topology.distribution_hosts(job))
-    leader = topology.leader_host(job)
+    dist_hosts = topo.distribution_hosts
+    leader = topo.leader
     launcher = dist.launcher
     if launcher == "smdataparallel" and not facts.smddprun:
         notes.append(
@@ -356,9 +333,9 @@ def decide(
         launcher_kind = "torch_distributed"
     else:
         launcher_kind = launcher
-    pph, pph_note = decide_processes_per_host(dist, facts)
-    if pph_note:
-        notes.append(pph_note)
+    pph = topo.processes_per_host
+    if topo.processes_per_host_note:
+        notes.append(topo.processes_per_host_note)
     if settings.max_restarts and launcher_kind == "torch_distributed" and len(dist_hosts) > 1:
         notes.append(f"BYOC_MAX_RESTARTS={settings.max_restarts} with torchrun on {len(dist_hosts)} hosts is best effort: "
                      f"torch's elastic agent can hand a restarted rank a peer address from the failed attempt "
@@ -384,27 +361,25 @@ def decide(
             processes=processes,
             env=tuple(sorted({**env, **extra_env}.items())),
             settings=settings,
-            runtime_dir=runtime.runtime_dir,
-            key_dir=runtime.key_dir,
+            files=runtime.files,
             notes=tuple(notes),
         )
 
-    rendezvous_env = build_rendezvous_env(job, interface, leader, settings)
+    rendezvous_env = build_rendezvous_env(job, topo, settings)
     if launcher == "process":
         return plan(Role.SINGLE, (ProcessSpec("script", program_argv),), rendezvous_env, hosts=(resource.current_host,))
-    if resource.current_host not in dist_hosts:
+    if not topo.in_distribution:
         notes.append(
             f"{resource.current_host} is in instance group \"{resource.current_group_name}\", "
-            f"outside the distribution's groups ({', '.join(topology.distribution_instance_groups(job))}); "
+            f"outside the distribution's groups ({', '.join(topo.distribution_groups)}); "
             f"running the script once here, as the toolkit does"
         )
         return plan(Role.OUTSIDE_DISTRIBUTION, (ProcessSpec("script", program_argv),), rendezvous_env, hosts=dist_hosts)
 
-    launcher_env = {**build_launcher_env(job, facts, interface, leader, dist_hosts, settings), **build_hostname_env(job, facts)}
-    node_rank = dist_hosts.index(resource.current_host)
+    launcher_env = {**build_launcher_env(job, facts, topo, settings), **build_hostname_env(job, facts)}
 
     if launcher_kind in MPI_BASED:
-        total = len(dist_hosts) * pph
+        total = topo.world_size
         np_ = total
         if dist.num_processes is not None:
             if dist.num_processes > total:
@@ -414,19 +389,16 @@ def decide(
                     f"Lower it or raise sagemaker_mpi_num_of_processes_per_host."
                 )
             np_ = dist.num_processes
-        if len(dist_hosts) > 1 and runtime.key_note:
-            notes.append(runtime.key_note)
+        if len(dist_hosts) > 1 and runtime.files.key_note:
+            notes.append(runtime.files.key_note)
         # Each host's ranks take that host's own SM_* values (entrypoint/mpi_hosts.py).
-        launcher_env["BYOC_HOST_ENV_FILE"] = ssh.decide_host_env_file(os.path.join(runtime.runtime_dir, "ssh"),
-                                                                      runtime.key_dir)
-        if resource.current_host != leader:
+        launcher_env["BYOC_HOST_ENV_FILE"] = runtime.files.host_env
+        if not topo.is_leader:
             return plan(Role.MPI_WORKER, (), launcher_env)
         if launcher_kind == "smdataparallel":
             program_argv = ("smddprun", *program_argv)
         forwarded = forwarded_names({**env, **launcher_env}, dict(job.environ))
-        argv = build_mpirun_argv(
-            dist_hosts, pph, np_, interface, forwarded, dist.custom_mpi_options, program_argv, runtime, efa=facts.efa,
-        )
+        argv = build_mpirun_argv(topo, np_, forwarded, dist.custom_mpi_options, program_argv, runtime, efa=facts.efa)
         return plan(Role.MPI_LEADER, (ProcessSpec("mpirun", argv, signal_ranks=True),), launcher_env)
 
     if len(dist_hosts) > 1 and "BYOC_JOB_PORTS" not in job.environ:
@@ -437,12 +409,11 @@ def decide(
         launcher_env[REPORT_KEY_ENV] = build_report_key(job, dist_hosts)
 
     if launcher_kind == "torch_distributed":
-        argv = build_torchrun_argv(runtime.python, dist_hosts, node_rank, leader=leader,
-                                   processes_per_host=pph, settings=settings, program_argv=program_argv)
+        argv = build_torchrun_argv(runtime.python, topo, settings=settings, program_argv=program_argv)
         return plan(Role.TORCHRUN, (ProcessSpec("torchrun", argv),), launcher_env)
 
     if launcher_kind == "parameter_server":
-        processes = build_parameter_server_processes(runtime.python, dist_hosts, node_rank, pph, program_argv)
+        processes = build_parameter_server_processes(runtime.python, topo, program_argv)
         return plan(Role.PARAMETER_SERVER, processes, launcher_env)
 
     raise AssertionError(f"unhandled launcher {launcher_kind}")  # parse_distribution lists them all

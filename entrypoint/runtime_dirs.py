@@ -24,7 +24,76 @@ import socket
 import stat
 from typing import NamedTuple
 
+from entrypoint import ssh
+
 OWNER_FILE = "owner"
+RUNTIME_BASE = "/run/byoc"  # BYOC_RUNTIME_DIR replaces it
+OUTCOME_FILE = "job-exit-code"  # a worker's: the job's exit code, written by the leader
+LEADER_REPORT_FILE = "job-failure"  # a worker's: the leader's output/failure, when the job failed
+
+
+class RuntimeFiles(NamedTuple):
+    """The job's runtime folders and every file the entrypoint keeps in them, in one place."""
+
+    folder: str  # <BYOC_RUNTIME_DIR or /run/byoc>/job-<id>: nothing secret
+    key_folder: str = ""  # the job's private SSH key (ssh.decide_key_folder); "": folder/ssh
+    private_folder: str = ""  # the memory-backed job folder that holds key_folder; "": none
+    key_note: str | None = None  # why the key has to be on disk, when it has to
+
+    @property
+    def folders(self) -> list[str]:
+        """What start_job_folder makes and remove_job_folder removes."""
+        return [f for f in (self.folder, self.private_folder) if f]
+
+    @property
+    def ssh(self) -> ssh.SshFiles:
+        return ssh.SshFiles(os.path.join(self.folder, "ssh"), self.key_folder)
+
+    @property
+    def ssh_config(self) -> str:
+        return self.ssh.client_config
+
+    @property
+    def host_env(self) -> str:
+        """The host's environment for the ranks mpirun starts on it: the same path on every host."""
+        return self.ssh.host_env
+
+    @property
+    def owner(self) -> str:
+        return os.path.join(self.folder, OWNER_FILE)
+
+    @property
+    def outcome(self) -> str:
+        return os.path.join(self.folder, OUTCOME_FILE)
+
+    @property
+    def leader_report(self) -> str:
+        return os.path.join(self.folder, LEADER_REPORT_FILE)
+
+
+def decide_runtime_files(base: str, job_id: str, mounts: list[tuple[str, str]]) -> RuntimeFiles:
+    """The job's folders under base (pure): per-job files that are not secret (SSH
+    configuration, the outcome) in base/job-<id>; the private key and the host's environment
+    in this job's folder in memory-backed storage when there is one (ssh.decide_key_folder)."""
+    folder = os.path.join(base, f"job-{job_id}")
+    ssh_folder = os.path.join(folder, "ssh")
+    key_folder, key_note = ssh.decide_key_folder(ssh_folder, mounts, job_id)
+    private_folder = os.path.dirname(key_folder) if key_folder != ssh_folder else ""
+    return RuntimeFiles(folder, key_folder, private_folder, key_note)
+
+
+def load_runtime_files(environ: dict[str, str], job_id: str) -> RuntimeFiles:
+    """BYOC_RUNTIME_DIR, else /run/byoc where /run is writable, else a folder of this user's
+    under the temporary folder; and which mounts are memory-backed."""
+    base = environ.get("BYOC_RUNTIME_DIR") or ""
+    if not base:
+        if os.access(os.path.dirname(RUNTIME_BASE), os.W_OK):
+            base = RUNTIME_BASE
+        else:
+            import tempfile  # rarely needed; it costs a few ms of every start-up
+
+            base = os.path.join(tempfile.gettempdir(), f"byoc-{os.getuid()}")
+    return decide_runtime_files(base, job_id, ssh.load_mounts())
 
 
 class RuntimeDirError(Exception):

@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 from entrypoint.config import JobConfig, canonical_json, thaw
 from entrypoint.probe import MachineFacts
-from entrypoint import topology
+from entrypoint.topology import Topology
 
 # logging.INFO: the toolkit's default SM_LOG_LEVEL; logging itself is not imported for one number.
 LOG_LEVEL_INFO = 20
@@ -55,27 +55,27 @@ def module_name_of(program: str | None) -> str:
     return name[:-3] if name.endswith(".py") else name
 
 
-def build_training_env(job: JobConfig, facts: MachineFacts, interface: str) -> dict[str, Any]:
-    """The toolkit's `dict(Environment())`: every public property, by name."""
+def build_training_env(job: JobConfig, facts: MachineFacts, topo: Topology) -> dict[str, Any]:
+    """The toolkit's `dict(Environment())`: every public property, by name. The hosts, groups
+    and leader are the job's one topology (topology.decide_topology)."""
     environ = job.environ
     paths = job.paths
     hps = job.hyperparameters
     sagemaker = hps.sagemaker
     resource = job.resource
-    dist_hosts = topology.distribution_hosts(job)
     mp_parameters = environ.get("SM_HP_MP_PARAMETERS")
     groups = resource.raw.get("instance_groups") or []
     return {
         "additional_framework_parameters": dict(hps.framework),
         "channel_input_dirs": {c: paths.channel_dir(c) for c in job.input_data.names},
-        "current_host": resource.current_host,
+        "current_host": topo.current_host,
         "current_instance_group": resource.current_group_name,
-        "current_instance_group_hosts": topology.current_group_hosts(job),
+        "current_instance_group_hosts": list(topo.current_group_hosts),
         "current_instance_type": resource.current_instance_type,
-        "distribution_hosts": dist_hosts,
-        "distribution_instance_groups": topology.distribution_instance_groups(job),
+        "distribution_hosts": list(topo.distribution_hosts),
+        "distribution_instance_groups": list(topo.distribution_groups),
         "framework_module": environ.get("SAGEMAKER_TRAINING_MODULE"),
-        "hosts": list(resource.hosts),
+        "hosts": list(topo.hosts),
         "hyperparameters": dict(hps.user),
         "input_config_dir": paths.input_config_dir,
         "input_data_config": dict(job.input_data.raw),
@@ -83,18 +83,18 @@ def build_training_env(job: JobConfig, facts: MachineFacts, interface: str) -> d
         "instance_groups": [g["instance_group_name"] for g in groups],
         "instance_groups_dict": {g["instance_group_name"]: g for g in groups},
         "is_hetero": len(groups) > 1,
-        "is_master": resource.current_host == topology.leader_host(job),
+        "is_master": topo.is_leader,
         # The toolkit computes `mp and mp != "{}"`: None when unset, "" when empty.
         "is_modelparallel_enabled": mp_parameters and mp_parameters != "{}",
         "is_smddpmprun_installed": facts.smddpmprun,
         "is_smddprun_installed": facts.smddprun,
         "job_name": environ.get("TRAINING_JOB_NAME"),
         "log_level": sagemaker.get("sagemaker_container_log_level", LOG_LEVEL_INFO),
-        "master_hostname": topology.leader_host(job),
+        "master_hostname": topo.leader,
         "model_dir": paths.model_dir,
         "module_dir": str(sagemaker.get("sagemaker_submit_directory", paths.code_dir)),
         "module_name": module_name_of(job.program),
-        "network_interface_name": interface,
+        "network_interface_name": topo.interface,
         "num_cpus": facts.cpu_count,
         "num_gpus": facts.gpu_count,
         "num_neurons": facts.neuron_core_count,
@@ -107,12 +107,12 @@ def build_training_env(job: JobConfig, facts: MachineFacts, interface: str) -> d
     }
 
 
-def build_sm_env(job: JobConfig, facts: MachineFacts, interface: str) -> dict[str, str]:
-    training_env = build_training_env(job, facts, interface)
+def build_sm_env(job: JobConfig, facts: MachineFacts, topo: Topology) -> dict[str, str]:
+    training_env = build_training_env(job, facts, topo)
     user_args = list(build_user_args(job.hyperparameters.user))
     env: dict[str, Any] = {
         "hosts": training_env["hosts"],
-        "network_interface_name": interface,
+        "network_interface_name": topo.interface,
         "hps": training_env["hyperparameters"],
         "user_entry_point": training_env["user_entry_point"],
         "framework_params": training_env["additional_framework_parameters"],

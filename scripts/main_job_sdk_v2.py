@@ -5,7 +5,7 @@
         --instance-count 2 --distribution '{"torch_distributed": {"enabled": true}}' \
         --hyperparameters '{"epochs": 20}' --container-root DIR --result result.json
 
-Run by `python -m train.run_main_job` (scripts/run-main-job.sh) with the SDK v2 virtual
+Run by `python -m jobs.run_main_job` (scripts/run-main-job.sh) with the SDK v2 virtual
 environment's python (the project is not installed there: standard library + sagemaker
 only). The SDK streams every host's output while fit() runs; result.json gets model_data
 (where model.tar.gz landed), the job name, the wall seconds of fit() and the exception if any.

@@ -11,4 +11,4 @@ set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo_root"
 bash scripts/bootstrap.sh
-exec .venv/bin/python -m train.run_main_job "$@"
+exec .venv/bin/python -m jobs.run_main_job "$@"

@@ -1,8 +1,9 @@
 """A parameter server on torch.distributed.rpc: the objects that live on the PS processes,
 and the launch contract they share with the entrypoint.
 
-Topology (what the entrypoint's parameter-server launch sets; see train/ps_local.py for the
-same thing on one machine): ranks 0..H-1 are PS shards (`ps{i}`, one per host, each running
+Topology (what the entrypoint's parameter-server launch sets, built in one place,
+entrypoint.plan.build_parameter_server_processes, which jobs/ps_local.py reuses on one machine;
+parse_ps_topology reads it back): ranks 0..H-1 are PS shards (`ps{i}`, one per host, each running
 `python -m train.ps_server`), ranks H.. are workers (`worker{k}`) running the training script.
 Every process has MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK, LOCAL_RANK, BYOC_PS_ROLE,
 BYOC_PS_SERVERS, BYOC_NUM_WORKERS (and workers BYOC_WORKER_RANK).

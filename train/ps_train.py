@@ -2,8 +2,8 @@
 shards and pulls the updated parameters every step. Synchronous by default
 (--ps_mode async for asynchronous updates). Worker 0 creates the shards and saves the model.
 
-Launched by the entrypoint's parameter-server mode, or locally by train.ps_local:
-    python -m train.ps_local --hosts 2 --workers-per-host 1 -- python -m train.ps_train --epochs 5
+Launched by the entrypoint's parameter-server mode, or locally by jobs.ps_local:
+    python -m jobs.ps_local --hosts 2 --workers-per-host 1 -- python -m train.ps_train --epochs 5
 """
 
 from __future__ import annotations

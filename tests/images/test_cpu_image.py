@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from support.jobtree import write_tree
 from tests.images.image_harness import build_run_argv, probe_image_config, run_docker
 
 pytestmark = pytest.mark.slow
@@ -88,7 +89,7 @@ for d in code model checkpoints input/config input/data output/data; do test -d 
 horovodrun --check-build | grep -F '[X] PyTorch'
 # Development-only code does not ship; nothing the build added for this machine does.
 ! python3 -c 'import localcluster' 2>/dev/null
-! python3 -c 'import train.run_main_job' 2>/dev/null
+! python3 -c 'import jobs' 2>/dev/null
 ! test -e /opt/byoc-build-local
 echo FILESYSTEM-OK
 """
@@ -121,31 +122,13 @@ def test_bash_env_prepares_sshd_for_drivers_that_bypass_the_entrypoint(cpu_image
     assert fingerprints[0] != fingerprints[1]
 
 
-def _write_job_tree(root: Path, hyperparameters: dict, files: dict[str, str], channels: dict) -> Path:
-    """One host's /opt/ml as SageMaker writes it (hyperparameters JSON-encoded like the SDK)."""
-    for sub in ("input/config", "code", "model", "output"):
-        (root / sub).mkdir(parents=True, exist_ok=True)
-    config = root / "input/config"
-    config.joinpath("resourceconfig.json").write_text(json.dumps(
-        {"current_host": "algo-1", "hosts": ["algo-1"], "network_interface_name": "eth0"}))
-    config.joinpath("hyperparameters.json").write_text(json.dumps({k: json.dumps(v) for k, v in hyperparameters.items()}))
-    config.joinpath("inputdataconfig.json").write_text(json.dumps(
-        {name: {"TrainingInputMode": "File", "S3DistributionType": "FullyReplicated"} for name in channels}))
-    for name, content in channels.items():
-        (root / "input/data" / name).mkdir(parents=True, exist_ok=True)
-        for file_name, data in content.items():
-            (root / "input/data" / name / file_name).write_bytes(data)
-    for name, text in files.items():
-        (root / "code" / name).write_text(text)
-    return root
-
-
 @pytest.mark.parametrize("how", ["entrypoint", "bash-c"], ids=["docker-run-image-train", "sdk-v3-bash-c-train"])
 def test_single_host_train(cpu_image, tmp_path, how):
     """`docker run <image> train` with an /opt/ml tree, and the same through `bash -c train`
     (a platform that bypasses the ENTRYPOINT)."""
-    root = _write_job_tree(tmp_path / "ml", {"sagemaker_program": "job.py", "epochs": 1, "max_steps": 2, "log_every": 1},
-                           {"job.py": RECORDING_JOB}, _channels())
+    root = write_tree(tmp_path / "ml", program="job.py", script=RECORDING_JOB,
+                      hyperparameters={"epochs": 1, "max_steps": 2, "log_every": 1},
+                      resource_extra={"network_interface_name": "eth0"}, channel_files=_channels())
     mounts = [(root, "/opt/ml")]
     if how == "entrypoint":
         argv = build_run_argv(cpu_image.tag, mounts=mounts, hostname="algo-1", command=["train"])

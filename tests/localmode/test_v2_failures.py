@@ -214,7 +214,7 @@ def container_log(env, name) -> str:
 def test_docker_stop_checkpoints_and_exits_within_the_stop_timeout(tmp_path, byoc_image):
     import json
 
-    from train.main_job import ENTRY_SCRIPT, build_job_files, build_resource_config, write_job
+    from jobs.main_job import ENTRY_SCRIPT, build_job_files, build_resource_config, write_job
 
     env = harness.load_docker_env()
     root = tmp_path / "ml"

@@ -137,5 +137,5 @@ def test_a_silent_rank_on_a_worker_is_named_by_the_leader_with_its_stack():
         assert result.results["algo-2"].returncode != 0
         head = failure(cluster, "algo-1").split("\n")[0]
         assert head.startswith("Hang: no output from any process on algo-1 for 3 s"), head
-        assert "rank 1 in stuck_on_the_worker (/opt/ml/code/mpi_job.py:" in head, head
+        assert "rank 1 in stuck_on_the_worker (/opt/ml/code/faults.py:" in head, head
         assert "rank 0 in <module> (/opt/ml/code/mpi_job.py:" in head, head

@@ -50,7 +50,7 @@ def test_main_job_as_users_run_it_sdk_v2_local_mode(tmp_path):
 @pytest.mark.parametrize("backend", ["ddp", "ps"])
 def test_main_job_trains_digits_on_two_emulated_hosts(tmp_path, backend):
     done = subprocess.run(
-        [sys.executable, "-m", "train.run_main_job", "--emulated", "--backend", backend, "--work", str(tmp_path / "job")],
+        [sys.executable, "-m", "jobs.run_main_job", "--emulated", "--backend", backend, "--work", str(tmp_path / "job")],
         capture_output=True, text=True, timeout=900,
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]

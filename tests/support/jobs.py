@@ -15,9 +15,10 @@ from entrypoint.paths import MlPaths
 from entrypoint.plan import Runtime, decide
 from entrypoint.probe import MachineFacts
 from entrypoint.program import CodeFacts, CodeSource
+from entrypoint.runtime_dirs import RuntimeFiles
 
 PY = "/usr/bin/python3"
-RUNTIME = Runtime(python=PY, runtime_dir="/tmp/byoc")
+RUNTIME = Runtime(python=PY, files=RuntimeFiles("/tmp/byoc"))
 PATHS = MlPaths("/opt/ml")
 CPU = MachineFacts(cpu_count=8, gpu_count=0, neuron_core_count=0, efa=False, interfaces=("eth0", "lo"))
 GPU8_EFA = MachineFacts(cpu_count=96, gpu_count=8, neuron_core_count=0, efa=True, interfaces=("eth0", "lo"))

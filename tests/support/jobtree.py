@@ -23,8 +23,13 @@ def write_tree(
     script: str | None = None,
     program: str = "train.py",
     encode_hyperparameters: bool = True,
+    channel_files: dict[str, dict[str, bytes]] | None = None,
 ) -> Path:
-    """Write an /opt/ml tree. Hyperparameters are JSON-encoded per value like SDK >= 2.110."""
+    """Write an /opt/ml tree. Hyperparameters are JSON-encoded per value like SDK >= 2.110.
+    channel_files: {channel: {file name: bytes}}, File-mode channels with their data (added
+    to `channels` when not there)."""
+    channels = {**{name: {"TrainingInputMode": "File", "S3DistributionType": "FullyReplicated"}
+                   for name in (channel_files or {})}, **(channels or {})}
     for sub in ("input/config", "code", "model", "output"):
         (root / sub).mkdir(parents=True, exist_ok=True)
     resource = {"current_host": current_host, "hosts": list(hosts), **(resource_extra or {})}
@@ -33,13 +38,15 @@ def write_tree(
     if encode_hyperparameters:
         hps = {k: json.dumps(v) for k, v in hps.items()}
     (root / "input/config/hyperparameters.json").write_text(json.dumps(hps))
-    channels = channels if channels is not None else {}
     (root / "input/config/inputdataconfig.json").write_text(
         json.dumps({name: spec for name, spec in channels.items()})
     )
     for name, spec in channels.items():
         if spec.get("TrainingInputMode", "File") != "Pipe":
             (root / "input/data" / name).mkdir(parents=True, exist_ok=True)
+    for name, files in (channel_files or {}).items():
+        for file_name, data in files.items():
+            (root / "input/data" / name / file_name).write_bytes(data)
     if script is not None:
         (root / "code" / program).parent.mkdir(parents=True, exist_ok=True)
         (root / "code" / program).write_text(script)

@@ -29,7 +29,7 @@ def build_user_args(hyperparameters: dict[str, str]) -> list[str]:
 
 @pytest.mark.slow
 def test_digits_job_with_torchrun_two_ranks(tmp_path):
-    subprocess.run([PYTHON, "-m", "train.main_job", "--root", str(tmp_path), "--backend", "ddp",
+    subprocess.run([PYTHON, "-m", "jobs.main_job", "--root", str(tmp_path), "--backend", "ddp",
                     "--processes-per-host", "2"], check=True, capture_output=True)
     hyperparameters = json.loads((tmp_path / "input/config/hyperparameters.json").read_text())
     entry = tmp_path / "code" / json.loads(hyperparameters["sagemaker_program"])

@@ -11,11 +11,11 @@ import torch
 from train.checkpoints import build_checkpoint_path, load_checkpoint, save_checkpoint
 from train.devices import decide_cpu_threads, decide_precision
 from train.loop import build_parameter_digest
-from train.main_job import build_hyperparameters, build_job_files, load_digits_split
+from jobs.main_job import build_hyperparameters, build_job_files, load_digits_split
 from train.models import build_mlp, load_model, save_model
 from train.mpi_train import build_bucket_plan
 from train.ps import ParameterShard, build_shard_plan, parse_ps_topology
-from train.ps_local import build_ps_processes
+from jobs.ps_local import build_ps_processes
 
 
 def test_bucket_plan_walks_backwards_and_cuts_at_the_size():
@@ -148,7 +148,7 @@ def test_scripts_import_without_optional_frameworks():
 
 
 def test_local_ps_outcome_reports_the_first_failure():
-    from train.ps_local import Outcome
+    from jobs.ps_local import Outcome
 
     assert Outcome((0, 0, 0), None).exit_code == 0
     assert Outcome((-15, -15, 1, -15), 2).exit_code == 1

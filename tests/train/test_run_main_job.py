@@ -2,8 +2,8 @@
 
 import json
 
-from train.main_job import DEFAULT_HYPERPARAMETERS, ENTRY_SCRIPT
-from train.run_main_job import SDK_V2_SCRIPT, build_sdk_argv, decide_model_member, decide_sdk_distribution, parse_exports
+from jobs.main_job import DEFAULT_HYPERPARAMETERS, ENTRY_SCRIPT
+from jobs.run_main_job import SDK_V2_SCRIPT, build_sdk_argv, decide_model_member, decide_sdk_distribution, parse_exports
 
 
 def test_distribution_per_backend_is_what_a_user_writes():
@@ -29,7 +29,7 @@ def test_model_member_and_docker_exports():
 
 
 def test_result_line_under_mpirun_tag_output_in_a_tty():
-    from train.run_main_job import RESULT
+    from jobs.run_main_job import RESULT
 
     line = "x-algo-1-ab | [1,0]<stdout>:[result] validation_accuracy=0.9944 model=/opt/ml/model/model.pt[1,0]<stdout>:"
     found = RESULT.search(line)
@@ -39,7 +39,7 @@ def test_result_line_under_mpirun_tag_output_in_a_tty():
 def test_work_dir_moves_out_of_folders_sdk_local_mode_refuses():
     """A checkout under /root (root's home) is refused by SDK v2 local mode ("does not
     support mounting from restricted system paths"): the main job works elsewhere then."""
-    from train.run_main_job import FALLBACK_WORK, decide_work_dir
+    from jobs.run_main_job import FALLBACK_WORK, decide_work_dir
 
     assert decide_work_dir(None, "/work/main", "/root") == "/work/main/.work/main-job"
     assert decide_work_dir(None, "/root/project", "/root") == FALLBACK_WORK
@@ -51,7 +51,7 @@ def test_work_dir_moves_out_of_folders_sdk_local_mode_refuses():
 def test_a_refused_work_dir_is_an_error_that_says_why():
     import pytest
 
-    from train.run_main_job import decide_work_dir
+    from jobs.run_main_job import decide_work_dir
 
     with pytest.raises(SystemExit, match=r"--work /root/job: SageMaker SDK local mode refuses code and data under /root"):
         decide_work_dir("/root/job", "/work", "/root")
@@ -62,7 +62,7 @@ def test_restricted_paths_are_the_installed_sdks():
     import os
     import subprocess
 
-    from train.run_main_job import SDK_V2_PYTHON, build_sdk_restricted_paths
+    from jobs.run_main_job import SDK_V2_PYTHON, build_sdk_restricted_paths
 
     probe = "import json, sagemaker.utils as u; print(json.dumps(u._SENSITIVE_SYSTEM_PATHS))"
     done = subprocess.run([str(SDK_V2_PYTHON), "-c", probe], capture_output=True, text=True, timeout=120,

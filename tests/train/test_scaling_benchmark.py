@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from train.main_job import load_digits_split
+from jobs.main_job import load_digits_split
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "training_scaling.py"
 

@@ -92,7 +92,7 @@ def horovodrun_argv(nproc: int, module: str, args: list[str]) -> list[str]:
 
 
 def ps_argv(hosts: int, workers_per_host: int, args: list[str]) -> list[str]:
-    return [PYTHON, "-m", "train.ps_local", "--hosts", str(hosts), "--workers-per-host", str(workers_per_host),
+    return [PYTHON, "-m", "jobs.ps_local", "--hosts", str(hosts), "--workers-per-host", str(workers_per_host),
             "--", PYTHON, "-m", "train.ps_train", *args]
 
 

@@ -1,7 +1,7 @@
 """The README's main job: the default model (an MLP on scikit-learn's 8x8 digits, shipped
 with scikit-learn) trained on 2 SageMaker hosts through the image's entrypoint.
 
-    python -m train.run_main_job [--backend ddp|horovod|mpi4py|ps] [--hosts 2] [--processes-per-host 1] [--emulated]
+    python -m jobs.run_main_job [--backend ddp|horovod|mpi4py|ps] [--hosts 2] [--processes-per-host 1] [--emulated]
 
 By default the way users run it: the CPU image is built from this tree (or reused from
 Docker's cache: scripts/build-local-image.sh) and the SageMaker Python SDK v2's PyTorch
@@ -29,7 +29,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-from train.main_job import DEFAULT_HYPERPARAMETERS, ENTRY_SCRIPT, build_entry_script, build_npz_shards, load_digits_split
+from jobs.main_job import DEFAULT_HYPERPARAMETERS, ENTRY_SCRIPT, build_entry_script, build_npz_shards, load_digits_split
 
 DISTRIBUTION = {"ddp": "torch_distributed", "horovod": "mpi", "mpi4py": "mpi", "ps": "parameter_server"}
 # Under mpirun --tag-output in a local-mode container (a TTY), the next line's "[1,0]<stdout>:"
@@ -251,7 +251,7 @@ def main_emulated(args) -> int:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m train.run_main_job", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m jobs.run_main_job", description=__doc__.split("\n\n")[0])
     parser.add_argument("--backend", choices=sorted(DISTRIBUTION), default="ddp")
     parser.add_argument("--hosts", type=int, default=2)
     parser.add_argument("--processes-per-host", type=int, default=1)

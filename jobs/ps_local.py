@@ -1,8 +1,9 @@
-"""Start a whole parameter-server job on this machine, with exactly the environment the
-entrypoint gives each process (see train/ps.py): H shard processes (`python -m
-train.ps_server`, "one per host") and H x P worker processes running the given command.
+"""Start a whole parameter-server job on this machine, with exactly the processes and
+environment the entrypoint gives each host (built by the entrypoint's own plan; the contract
+is in train/ps.py): H shard processes (`python -m train.ps_server`, "one per host") and
+H x P worker processes running the given command.
 
-    python -m train.ps_local --hosts 2 --workers-per-host 1 -- python -m train.ps_train --epochs 5
+    python -m jobs.ps_local --hosts 2 --workers-per-host 1 -- python -m train.ps_train --epochs 5
 
 Used by the tests; useful to try a PS job without a cluster.
 """
@@ -18,6 +19,9 @@ import time
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+from entrypoint.plan import build_parameter_server_processes
+from entrypoint.topology import Topology
+
 
 @dataclass(frozen=True)
 class ProcessSpec:
@@ -28,24 +32,23 @@ class ProcessSpec:
 
 def build_ps_processes(num_hosts: int, workers_per_host: int, worker_argv: Sequence[str],
                        master_addr: str, master_port: int, python: str = sys.executable) -> tuple[ProcessSpec, ...]:
+    """Every host's processes as the entrypoint's parameter-server launch decides them
+    (entrypoint.plan.build_parameter_server_processes: the contract is written there only),
+    with the rendezvous the plan's environment adds; the shards first, then the workers."""
     if num_hosts < 1 or workers_per_host < 1:
         raise ValueError("need at least one host and one worker per host")
     if not worker_argv:
         raise ValueError("no worker command")
-    num_workers = num_hosts * workers_per_host
-    common = {"MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port),
-              "WORLD_SIZE": str(num_hosts + num_workers),
-              "BYOC_PS_SERVERS": ",".join(f"ps{i}" for i in range(num_hosts)),
-              "BYOC_NUM_WORKERS": str(num_workers)}
-    specs = [ProcessSpec(f"ps{i}", (python, "-m", "train.ps_server"),
-                         tuple(sorted({**common, "RANK": str(i), "LOCAL_RANK": "0",
-                                       "BYOC_PS_ROLE": "server"}.items())))
-             for i in range(num_hosts)]
-    for k in range(num_workers):
-        env = {**common, "RANK": str(num_hosts + k), "LOCAL_RANK": str(k % workers_per_host),
-               "BYOC_PS_ROLE": "worker", "BYOC_WORKER_RANK": str(k)}
-        specs.append(ProcessSpec(f"worker{k}", tuple(worker_argv), tuple(sorted(env.items()))))
-    return tuple(specs)
+    hosts = tuple(f"host{i}" for i in range(num_hosts))
+    rendezvous = {"MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port)}
+    servers, workers = [], []
+    for host in hosts:
+        topo = Topology(hosts=hosts, current_host=host, distribution_hosts=hosts, distribution_groups=(),
+                        current_group_hosts=(), leader=hosts[0], interface="lo", processes_per_host=workers_per_host)
+        server, *host_workers = build_parameter_server_processes(python, topo, tuple(worker_argv))
+        for spec, into in ((server, servers), *((w, workers) for w in host_workers)):
+            into.append(ProcessSpec(spec.name, spec.argv, tuple(sorted({**dict(spec.env), **rendezvous}.items()))))
+    return (*servers, *workers)
 
 
 def probe_free_port() -> int:
@@ -107,17 +110,17 @@ def stop_processes(processes: Sequence[subprocess.Popen], grace_s: float) -> Non
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--" not in argv:
-        print("usage: python -m train.ps_local [--hosts H] [--workers-per-host P] -- <worker command>", file=sys.stderr)
+        print("usage: python -m jobs.ps_local [--hosts H] [--workers-per-host P] -- <worker command>", file=sys.stderr)
         return 2
     split = argv.index("--")
-    parser = argparse.ArgumentParser(prog="python -m train.ps_local")
+    parser = argparse.ArgumentParser(prog="python -m jobs.ps_local")
     parser.add_argument("--hosts", type=int, default=2)
     parser.add_argument("--workers-per-host", type=int, default=1)
     args = parser.parse_args(argv[:split])
     specs = build_ps_processes(args.hosts, args.workers_per_host, argv[split + 1:], "127.0.0.1", probe_free_port())
     outcome = wait_processes(start_processes(specs, os.environ))
     if outcome.first_failure is not None:
-        print(f"train.ps_local: {specs[outcome.first_failure].name} failed with exit code"
+        print(f"jobs.ps_local: {specs[outcome.first_failure].name} failed with exit code"
               f" {outcome.codes[outcome.first_failure]}; stopped the others", file=sys.stderr)
     return outcome.exit_code
 

@@ -6,7 +6,7 @@ download), exported as .npz shards in a `train` and a `validation` channel.
 under a root such as /opt/ml or an emulated host's folder. Per-host files
 (resourceconfig.json) come from `build_resource_config`.
 
-    python -m train.main_job --root /tmp/job --backend ddp [--hosts algo-1,algo-2 --processes-per-host 2]
+    python -m jobs.main_job --root /tmp/job --backend ddp [--hosts algo-1,algo-2 --processes-per-host 2]
 
 The job's script ends by printing `[result] validation_accuracy=<acc> model=<path>`.
 """
@@ -120,7 +120,7 @@ def write_job(root: str, files: dict[str, bytes]) -> None:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m train.main_job", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m jobs.main_job", description=__doc__.split("\n\n")[0])
     parser.add_argument("--root", required=True, help="the SageMaker root to write (like /opt/ml)")
     parser.add_argument("--backend", choices=sorted(BACKENDS), default="ddp")
     parser.add_argument("--hosts", default="algo-1", help="comma-separated host names (resourceconfig.json)")

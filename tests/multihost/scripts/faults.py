@@ -1,0 +1,51 @@
+"""The faults the multi-host test jobs inject (`--fail`), shared by mpi_job.py and torch_job.py:
+the same options and the same faults whatever carries the collectives."""
+import os
+import signal
+import sys
+import time
+
+FAULTS = ("none", "leader", "worker", "worker-once", "hang-worker")
+
+
+def add_fault_options(parser) -> None:
+    parser.add_argument("--fail", default="none", choices=FAULTS)
+    parser.add_argument("--hold", type=float, default=0.0)  # seconds to stay in the job
+    parser.add_argument("--save-s", type=float, default=0.0)  # seconds the SIGTERM handler takes
+
+
+def write_marker(model: str, name: str, host: str) -> None:
+    with open(os.path.join(model, name), "w") as f:
+        f.write(host)
+
+
+def checkpoint_on_sigterm(args, model: str, rank: int, host: str) -> None:
+    """SIGTERM takes --save-s (as writing a checkpoint would), leaves sigterm-<rank>, exits 143."""
+    def on_sigterm(*_):
+        time.sleep(args.save_s)
+        write_marker(model, f"sigterm-{rank}", host)
+        sys.exit(143)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+
+
+def stuck_on_the_worker():
+    time.sleep(600)  # as if blocked in I/O: silent, never reaching the barrier
+
+
+def inject_fault(args, model: str, rank: int, size: int, host: str) -> None:
+    """After the first collective: leaves started-<rank>, then the fault --fail asks for, then
+    stays --hold seconds."""
+    write_marker(model, f"started-{rank}", host)
+    last = rank == size - 1
+    if args.fail == "worker" and last or args.fail == "leader" and rank == 0:
+        raise RuntimeError(f"injected failure on {host}")
+    if args.fail == "hang-worker" and last:
+        stuck_on_the_worker()
+    once_marker = os.path.join(model, "failed-once")
+    if args.fail == "worker-once" and last and not os.path.exists(once_marker):
+        open(once_marker, "w").close()  # the restarted job runs through
+        raise RuntimeError(f"injected failure on {host}")
+    deadline = time.time() + args.hold
+    while time.time() < deadline:
+        time.sleep(0.05)
