@@ -9,12 +9,10 @@ kernel's OOM killer or a crashed library would end a rank."""
 from __future__ import annotations
 
 import re
-import select
 import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
@@ -24,6 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))
 
 from support.jobtree import PYTHON, entrypoint_env, write_tree  # noqa: E402
+from support.output import read_lines_until  # noqa: E402
 
 from tests.train.train_helpers import load_saved_state, needs_mpirun, write_job  # noqa: E402
 
@@ -75,20 +74,6 @@ def find_rank(entrypoint_pid: int, rank: int) -> psutil.Process:
     raise AssertionError(f"no rank {rank} under {entrypoint_pid}")
 
 
-def read_until(proc: subprocess.Popen, needle: str, timeout_s: float = 120) -> str:
-    seen, deadline = [], time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([proc.stdout], [], [], 0.5)
-        if ready:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            seen.append(line)
-            if needle in line:
-                return "".join(seen)
-    raise AssertionError(f"never saw {needle!r}:\n{''.join(seen[-40:])}")
-
-
 @pytest.mark.parametrize("launch", [pytest.param("mpirun", marks=needs_mpirun), "torchrun"])
 def test_a_rank_killed_once_restarts_in_place_and_ends_like_an_uninterrupted_run(tmp_path, launch):
     straight_root = write_restart_job(tmp_path / "straight", launch)
@@ -100,7 +85,7 @@ def test_a_rank_killed_once_restarts_in_place_and_ends_like_an_uninterrupted_run
     proc = subprocess.Popen([PYTHON, "-m", "entrypoint", "train"], env=environment(root, 1), cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     try:
-        before = read_until(proc, f"[checkpoint] saved step {2 * CHECKPOINT_EVERY}")
+        before = "".join(read_lines_until(proc, f"[checkpoint] saved step {2 * CHECKPOINT_EVERY}", timeout_s=120))
         victim = find_rank(proc.pid, LAUNCHES[launch][3])
         killed_at = max(int(s) for s in re.findall(r"step[= ](\d+)", before))
         victim.send_signal(signal.SIGKILL)

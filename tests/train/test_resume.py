@@ -3,15 +3,14 @@ weights bit-identical to an uninterrupted run (2 DDP ranks under torchrun)."""
 
 from __future__ import annotations
 
-import select
 import signal
 import subprocess
-import time
 
 import psutil
 import pytest
 import torch
 
+from support.output import read_lines_until
 from tests.train.train_helpers import (job_env, load_saved_state, mpirun_argv, needs_horovod, needs_mpirun, ps_argv, run,
                                       torchrun_argv, write_job)
 
@@ -24,20 +23,6 @@ pytestmark = pytest.mark.slow
 def start(root, extra=()):
     return subprocess.Popen(torchrun_argv(2, "train.ddp_train", ARGS + list(extra)), env=job_env(root),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-
-
-def wait_for_line(process, needle: str, timeout_s: float = 60) -> list[str]:
-    seen, deadline = [], time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([process.stdout], [], [], 0.5)
-        if ready:
-            line = process.stdout.readline()
-            if not line:
-                break
-            seen.append(line)
-            if needle in line:
-                return seen
-    raise AssertionError(f"never saw {needle!r}:\n{''.join(seen[-40:])}")
 
 
 def assert_bit_identical(a: dict, b: dict) -> None:
@@ -57,7 +42,7 @@ def uninterrupted(tmp_path_factory):
 def test_sigterm_checkpoints_and_the_next_start_resumes_bit_identical(tmp_path, uninterrupted):
     root = write_job(tmp_path)
     first = start(root, ["--checkpoint_every", "0"])  # the only checkpoint is the SIGTERM one
-    wait_for_line(first, "step 20/300")
+    read_lines_until(first, "step 20/300")
     first.send_signal(signal.SIGTERM)  # to torchrun, which passes it to its ranks
     output, _ = first.communicate(timeout=60)
     assert "[stopped] SIGTERM" in output, output
@@ -74,7 +59,7 @@ def test_sigterm_checkpoints_and_the_next_start_resumes_bit_identical(tmp_path, 
 def test_killed_after_a_periodic_checkpoint_resumes_bit_identical(tmp_path, uninterrupted):
     root = write_job(tmp_path)
     first = start(root, ["--checkpoint_every", "30"])
-    wait_for_line(first, "[checkpoint] saved step 60")
+    read_lines_until(first, "[checkpoint] saved step 60")
     # torchrun and every rank at once (ranks run in their own process groups): no chance to
     # save anything more, the periodic checkpoint must do.
     ranks = psutil.Process(first.pid).children(recursive=True)
