@@ -13,14 +13,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import re
 import subprocess
-import time
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from support.docker import decide_image_tag, load_docker_env, run_build_image
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_TAG = "byoc-training:cpu-local"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,30 +29,16 @@ class BuildResult:
     size_bytes: int
 
 
-def parse_engine_env(printed: str) -> dict[str, str]:
-    """`export DOCKER_HOST=…` lines (what docker-engine.sh start prints) → a mapping."""
-    return dict(re.findall(r"^export (DOCKER_HOST)=(\S+)$", printed, flags=re.M))
-
-
 def ensure_engine() -> None:
     """A Docker engine answers for this process and its children (DOCKER_HOST set)."""
-    done = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "docker-engine.sh"), "start"],
-                          capture_output=True, text=True, timeout=600)
-    if done.returncode != 0:
-        raise RuntimeError(f"no Docker engine: {done.stderr[-2000:]}")
-    os.environ.update(parse_engine_env(done.stdout))
+    os.environ.update(load_docker_env())
 
 
 def ensure_cpu_image(tag: str | None = None, timeout_s: float = 2400) -> BuildResult:
     """Build (or, with Docker's cache, re-confirm) the CPU image of this tree."""
     ensure_engine()
-    tag = tag or os.environ.get("BYOC_IMAGE_TAG") or DEFAULT_TAG
-    started = time.monotonic()
-    done = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "build-local-image.sh"), "--tag", tag],
-                          capture_output=True, text=True, timeout=timeout_s)
-    if done.returncode != 0:
-        raise RuntimeError(f"building the CPU image failed:\n{done.stderr[-6000:]}")
-    seconds = time.monotonic() - started
+    tag = tag or decide_image_tag(os.environ)
+    seconds = run_build_image(tag, os.environ, timeout_s)
     return BuildResult(tag=tag, seconds=seconds, size_bytes=int(probe_image_config(tag)["Size"]))
 
 

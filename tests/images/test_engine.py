@@ -7,7 +7,8 @@ import subprocess
 
 import pytest
 
-from tests.images.image_harness import REPO_ROOT, parse_engine_env
+from support.docker import parse_engine_exports as parse_engine_env
+from tests.images.image_harness import REPO_ROOT
 
 ENGINE = REPO_ROOT / "scripts" / "docker-engine.sh"
 

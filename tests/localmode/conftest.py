@@ -7,7 +7,8 @@ import shutil
 
 import pytest
 
-from localmode.harness import SDK_V2_PYTHON, build_image, decide_image_tag, probe_sdk_v2_python
+from localmode.harness import SDK_V2_PYTHON, build_image, probe_sdk_v2_python
+from support.docker import decide_image_tag
 
 
 @pytest.fixture(scope="session")

@@ -34,30 +34,16 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from entrypoint.archive import extract_tar
+from support.docker import decide_image_tag, load_docker_env, run_build_image
 
 REPO = Path(__file__).resolve().parents[2]
 DRIVER = Path(__file__).resolve().with_name("v2_driver.py")
 SDK_V2_PYTHON = REPO / ".venv-sdk-v2" / "bin" / "python"
-DEFAULT_IMAGE_TAG = "byoc-training:cpu-local"
 SDK_NETWORK = "sagemaker-local"  # the one network every SDK v2 local-mode job shares
 COMPOSE_FILE = "docker-compose.yaml"
 
 
 # ---------------------------------------------------------------- decide (pure)
-
-
-def decide_image_tag(environ: Mapping[str, str]) -> str:
-    return environ.get("BYOC_IMAGE_TAG") or DEFAULT_IMAGE_TAG
-
-
-def parse_docker_engine_exports(text: str) -> dict[str, str]:
-    """`scripts/docker-engine.sh start` prints `export NAME=value` lines."""
-    env = {}
-    for line in text.splitlines():
-        match = re.fullmatch(r"\s*export\s+([A-Z_][A-Z0-9_]*)=(.*)", line)
-        if match:
-            env[match.group(1)] = match.group(2).strip().strip("'\"")
-    return env
 
 
 @dataclass(frozen=True)
@@ -216,15 +202,6 @@ def probe_sdk_v2_python() -> Path | None:
     return chosen if chosen.is_file() else None
 
 
-def load_docker_env() -> dict[str, str]:
-    """The environment that reaches this machine's Docker engine (starting it if needed)."""
-    done = subprocess.run(["bash", str(REPO / "scripts" / "docker-engine.sh"), "start"],
-                          capture_output=True, text=True, timeout=300)
-    if done.returncode != 0:
-        raise RuntimeError(f"scripts/docker-engine.sh start failed:\n{done.stderr[-2000:]}")
-    return {**os.environ, **parse_docker_engine_exports(done.stdout)}
-
-
 def load_container_exits(compose_file: Path, env: Mapping[str, str]) -> tuple[ContainerExit, ...]:
     ids = subprocess.run(["docker-compose", "-f", str(compose_file), "ps", "-q"],
                          capture_output=True, text=True, env=dict(env), timeout=60).stdout.split()
@@ -270,14 +247,9 @@ def write_extracted(archive: Path | None, into: Path) -> Path | None:
 def build_image(tag: str | None = None, env: Mapping[str, str] | None = None) -> str:
     """Build (or, with Docker's layer cache, reuse) the CPU image of this tree; returns its tag."""
     tag = tag or decide_image_tag(os.environ)
-    run_env = {**(env or os.environ), "BYOC_IMAGE_TAG": tag}
-    start = time.monotonic()
-    done = subprocess.run(["bash", str(REPO / "scripts" / "build-local-image.sh"), "--tag", tag],
-                          cwd=REPO, env=run_env, capture_output=True, text=True, timeout=3600)
-    if done.returncode != 0:
-        raise RuntimeError(f"scripts/build-local-image.sh failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
-    print(f"\nimage {tag}: ready in {time.monotonic() - start:.0f} s", file=sys.stderr)
-    return done.stdout.strip().splitlines()[-1]
+    seconds = run_build_image(tag, env)
+    print(f"\nimage {tag}: ready in {seconds:.0f} s", file=sys.stderr)
+    return tag
 
 
 def run_compose_down(job_root: Path | None, env: Mapping[str, str]) -> None:

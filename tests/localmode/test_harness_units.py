@@ -13,9 +13,9 @@ from localmode.harness import (
     build_driver_argv,
     build_v2_spec,
     decide_artifact_path,
-    decide_image_tag,
-    parse_docker_engine_exports,
 )
+from support.docker import decide_image_tag
+from support.docker import parse_engine_exports as parse_docker_engine_exports
 
 
 def test_image_tag_from_environment_or_default():

@@ -9,9 +9,9 @@ from localmode.v3_harness import (
     build_resource_config,
     build_v3_spec,
     decide_sdk_v3_python,
-    parse_docker_engine_exports,
     parse_inspect_exits,
 )
+from support.docker import parse_engine_exports as parse_docker_engine_exports
 
 
 def test_spec_is_what_the_driver_reads():

@@ -13,7 +13,8 @@ import time
 
 import pytest
 
-from localmode.v3_harness import decide_image_tag, run_build_image, start_v3_hosts, stop_v3_hosts
+from localmode.v3_harness import run_build_image, start_v3_hosts, stop_v3_hosts
+from support.docker import decide_image_tag
 
 pytestmark = pytest.mark.slow
 

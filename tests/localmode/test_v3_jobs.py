@@ -15,7 +15,8 @@ import shutil
 
 import pytest
 
-from localmode.v3_harness import V3JobResult, decide_image_tag, probe_sdk_v3_python, run_build_image, run_v3_job
+from localmode.v3_harness import V3JobResult, probe_sdk_v3_python, run_build_image, run_v3_job
+from support.docker import decide_image_tag
 
 pytestmark = pytest.mark.slow
 

@@ -33,11 +33,9 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from entrypoint.archive import extract_tar
-from localmode.harness import (  # noqa: F401 - one way to name the image and reach the engine, v2 and v3
-    COMPOSE_FILE,
-    decide_image_tag,
-    parse_docker_engine_exports,
-)
+from localmode.harness import COMPOSE_FILE
+from support.docker import load_docker_env
+from support.docker import run_build_image as build_local_image
 
 REPO = Path(__file__).resolve().parents[2]
 DRIVER = Path(__file__).resolve().with_name("v3_driver.py")
@@ -162,23 +160,9 @@ def probe_sdk_v3_python() -> Path | None:
     return python if python.is_file() else None
 
 
-def load_docker_env() -> dict[str, str]:
-    """The environment with DOCKER_HOST for the engine scripts/docker-engine.sh runs (or starts)."""
-    done = subprocess.run(
-        ["bash", str(REPO / "scripts" / "docker-engine.sh"), "start"],
-        capture_output=True, text=True, check=True,
-    )
-    return {**os.environ, **parse_docker_engine_exports(done.stdout)}
-
-
 def run_build_image(tag: str) -> str:
     """scripts/build-local-image.sh for this tree (Docker's layer cache: seconds when unchanged)."""
-    done = subprocess.run(
-        ["bash", str(REPO / "scripts" / "build-local-image.sh"), "--tag", tag],
-        env=load_docker_env(), capture_output=True, text=True,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"scripts/build-local-image.sh --tag {tag} failed:\n{done.stderr[-4000:]}")
+    build_local_image(tag)
     return tag
 
 
