@@ -32,7 +32,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def build_runtime(environ: dict[str, str], job_id: str) -> Runtime:
+def load_runtime(environ: dict[str, str], job_id: str) -> Runtime:
     return Runtime(python=sys.executable, files=runtime_dirs.load_runtime_files(environ, job_id))
 
 
@@ -41,8 +41,9 @@ def decide_job_id_of(job: JobConfig) -> str:
                                       json.dumps(dict(job.hyperparameters.values), sort_keys=True, default=str))
 
 
-def decide_plan(job: JobConfig, facts: MachineFacts, runtime: Runtime) -> LaunchPlan:
-    """Everything between reading and running; the only I/O is the read-only look at the code."""
+def load_plan(job: JobConfig, facts: MachineFacts, runtime: Runtime) -> LaunchPlan:
+    """Everything between reading and running: the pure decisions, and a read-only look at the
+    code folder (is it empty, what entry point and requirements it holds)."""
     dist = parse_distribution(job)
     settings = parse_launch_settings(job.environ)
     program = check_program_name(job.program)
@@ -117,9 +118,9 @@ def run(args, environ: dict[str, str], paths) -> int:
         clear_previous_outcome(paths)
     try:
         job = load_job(paths, environ)
-        runtime = build_runtime(environ, decide_job_id_of(job))
+        runtime = load_runtime(environ, decide_job_id_of(job))
         facts = probe_machine()
-        plan = decide_plan(job, facts, runtime)
+        plan = load_plan(job, facts, runtime)
     except JobDefinitionError as exc:
         return report_bad_job(paths, str(exc), environ, args.dry_run)
 
@@ -136,7 +137,7 @@ def run(args, environ: dict[str, str], paths) -> int:
         except Exception as exc:  # noqa: BLE001 - reported in output/failure, not as a traceback
             return report_bad_job(paths, f"could not fetch sagemaker_submit_directory {plan.code.uri}: {exc}", environ, False)
         try:
-            plan = decide_plan(job, facts, runtime)  # now the code folder tells the entry point's kind
+            plan = load_plan(job, facts, runtime)  # now the code folder tells the entry point's kind
         except JobDefinitionError as exc:
             return report_bad_job(paths, str(exc), environ, False)
     code = run_preflight(job, facts, plan, paths)

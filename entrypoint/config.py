@@ -82,10 +82,6 @@ class ResourceConfig(NamedTuple):
     network_interface_name: str
     raw: Mapping[str, Any]  # the file as read, for SM_RESOURCE_CONFIG and friends
 
-    @property
-    def host_index(self) -> int:
-        return self.hosts.index(self.current_host)
-
 
 class Hyperparameters(NamedTuple):
     """Every hyperparameter JSON-decoded (the raw string kept when it is not JSON)."""

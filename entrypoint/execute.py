@@ -25,7 +25,7 @@ from entrypoint.outcome import (
     write_outcome,
 )
 from entrypoint.paths import MlPaths
-from entrypoint.plan import DISTRIBUTED_ROLES, LaunchPlan, ProcessSpec, Role
+from entrypoint.plan import LaunchPlan, ProcessSpec, Role
 from entrypoint.restarts import RunEnding, build_restart_line, decide_restart
 from entrypoint.supervise import OutputCollector, RunResult, mark_training_started, run_processes
 
@@ -43,6 +43,7 @@ def describe(plan: LaunchPlan) -> str:
 
 
 def run_plan(plan: LaunchPlan, paths: MlPaths, environ: dict[str, str]) -> int:
+    """Run the plan on this host and write its outcome here; returns the job's exit code."""
     env = {**environ, **plan.env_dict}
     collector = OutputCollector(secret_values(env))
 
@@ -62,9 +63,13 @@ def run_plan(plan: LaunchPlan, paths: MlPaths, environ: dict[str, str]) -> int:
         from entrypoint import mpi_hosts  # multi-host paths only: a 1-host job never imports it
 
         mark_training_started()
-        return mpi_hosts.run_worker_host(plan, paths, env)
+        code, text = mpi_hosts.run_worker_host(plan, env)
+        if code != 0:
+            return write_failure(paths, code, text)
+        write_outcome(paths, 0, None)
+        return 0
 
-    if plan.role in DISTRIBUTED_ROLES and len(plan.hosts) > 1:
+    if plan.multi_host:
         unresolved = wait_for_hosts(plan.hosts, plan.settings.host_resolution_timeout_s)
         if unresolved:
             collector.tail.append(
@@ -75,34 +80,32 @@ def run_plan(plan: LaunchPlan, paths: MlPaths, environ: dict[str, str]) -> int:
 
     what = describe(plan)
     started = time.monotonic()
-    text = None
     try:
         with host_services(plan, collector) as services:
             log(f"{plan.current_host}: running {what} ({plan.role})")
             mark_training_started()
             run, earlier = run_with_restarts(plan, env, collector, services, paths, what)
-            services.exit_code = run.exit_code
             if run.launch_error:
                 text = f"{what}: {run.launch_error}"
-                services.failure_report = text
             elif run.exit_code != 0:
                 text = build_job_failure_text(report(what, run.exit_code, run, services.lost), run.hang, earlier)
-                # Workers are told what this host reports: the script's own failure file if
-                # it wrote one (write_outcome keeps it), else ours.
-                services.failure_report = load_failure_file(paths) or text
-            else:
-                # Before this host's job port closes (and, on the MPI leader, before the
-                # workers are told): a worker may exit as soon as that happens, and local mode
-                # then stops this container.
-                write_outcome(paths, 0, None)
-                log(f"{plan.current_host}: {what} succeeded in {time.monotonic() - started:.1f} s")
-                wait_for_leader_to_finish(plan)
+            # The outcome is written here before the workers are told it and before this
+            # host's job port closes: a worker may exit as soon as either happens, and SDK v2
+            # local mode then stops this container.
+            if run.exit_code != 0:
+                write_failure(paths, run.exit_code, text)
+                # Workers are told what this host reports: the script's own failure file if it
+                # wrote one (write_outcome keeps it), else ours.
+                services.tell_workers(run.exit_code, load_failure_file(paths) or text)
+                return run.exit_code
+            write_outcome(paths, 0, None)
+            log(f"{plan.current_host}: {what} succeeded in {time.monotonic() - started:.1f} s")
+            services.tell_workers(0, None)
+            wait_for_leader_to_finish(plan)
+            return 0
     except StartProblem as problem:
         collector.tail.append(str(problem))
         return write_failure(paths, 1, report(f"{what}: starting the workers", 1, RunResult(1, problem.stopped_by)))
-    if run.exit_code != 0:
-        return write_failure(paths, run.exit_code, text)
-    return 0
 
 
 def run_with_restarts(plan: LaunchPlan, env: dict[str, str], collector: OutputCollector, services: HostServices,

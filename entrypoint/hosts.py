@@ -11,7 +11,7 @@ import time
 
 from entrypoint.liveness import JobPort, PeerWatch, wait_until_port_closes
 from entrypoint.log import log
-from entrypoint.plan import DISTRIBUTED_ROLES, REPORT_KEY_ENV, LaunchPlan, Role
+from entrypoint.plan import REPORT_KEY_ENV, LaunchPlan, Role
 from entrypoint.supervise import OutputCollector, StopRequest, Supervisor, stop_signals_set
 
 
@@ -60,8 +60,7 @@ class HostServices:
     def __init__(self, plan: LaunchPlan, collector: OutputCollector) -> None:
         self.plan = plan
         self.collector = collector
-        self.exit_code = 1
-        self.failure_report: str | None = None  # what the leader tells MPI workers when the job failed
+        self.told_workers = False
         self.lost: str | None = None
         self.job_port: JobPort | None = None
         self.sshd: object = None
@@ -74,7 +73,7 @@ class HostServices:
         SSH) to have its ranks print their stacks, which reach the leader's log through mpirun;
         None elsewhere (torchrun and PS hosts each watch their own ranks)."""
         plan = self.plan
-        if plan.role != Role.MPI_LEADER or len(plan.hosts) < 2:
+        if plan.role != Role.MPI_LEADER or not plan.multi_host:
             return None
         from entrypoint import mpi_hosts
 
@@ -92,9 +91,8 @@ class HostServices:
         restarts of a job (restarts.py), stopping whichever run is current."""
         self.supervisor = supervisor
         plan = self.plan
-        if plan.role not in DISTRIBUTED_ROLES or len(plan.hosts) < 2 or self.watch is not None:
+        if not plan.multi_host or self.watch is not None:
             return
-        peers = [h for h in plan.hosts if h != plan.current_host] if plan.current_host == plan.leader else [plan.leader]
         port = plan.settings.ssh_port if plan.role == Role.MPI_LEADER else plan.settings.job_port
 
         def on_lost(host: str, reason: str) -> None:
@@ -102,25 +100,39 @@ class HostServices:
             self.supervisor.stop_after_failure(f"{reason}: the job cannot go on")
 
         self.watch = PeerWatch(
-            peers, port, plan.settings.host_lost_timeout_s, plan.settings.peer_wait_timeout_s, on_lost,
+            list(plan.peers), port, plan.settings.host_lost_timeout_s, plan.settings.peer_wait_timeout_s, on_lost,
             seen_at_start=plan.role == Role.MPI_LEADER,  # start_leader has just reached every worker
         )
 
 
+    def tell_workers(self, exit_code: int, report: str | None) -> None:
+        """The job's outcome, once: an MPI leader writes it on every worker (mpi_hosts.py),
+        which then exits with it. Other roles' hosts each see the job end for themselves."""
+        if self.told_workers or self.plan.role != Role.MPI_LEADER or not self.plan.multi_host:
+            return
+        from entrypoint import mpi_hosts
+
+        self.told_workers = True
+        mpi_hosts.tell_workers(self.plan, exit_code, report, log)
+
+
 @contextlib.contextmanager
 def host_services(plan: LaunchPlan, collector: OutputCollector):
+    """Start what a multi-host launch needs beside its processes, yield it, and stop it; the
+    caller hands the job's outcome to services.tell_workers. A launch that ends without one
+    (a start problem, an error of ours) tells MPI workers exit code 1."""
     services = HostServices(plan, collector)
-    multi_host = plan.role in DISTRIBUTED_ROLES and len(plan.hosts) > 1
-    if plan.role == Role.MPI_LEADER and multi_host:
+    mpi_leader = plan.role == Role.MPI_LEADER and plan.multi_host
+    if mpi_leader:
         from entrypoint import mpi_hosts  # multi-host paths only: a 1-host job never imports it
     try:
-        if plan.role == Role.MPI_LEADER and multi_host:
+        if mpi_leader:
             stop = StopRequest()
             with stop_signals_set(stop):
                 services.sshd, problem = mpi_hosts.start_leader(plan, stop, log)
             if problem:
                 raise StartProblem(problem, stop.signal_name)
-        elif multi_host:
+        elif plan.multi_host:
             # Every host's port also takes root-cause reports from ranks on every host, so
             # each host's output/failure can lead with the job's first failure (SDK v2 local
             # mode keeps only the last host's).
@@ -134,8 +146,9 @@ def host_services(plan: LaunchPlan, collector: OutputCollector):
     finally:
         if services.watch is not None:
             services.watch.close()
-        if plan.role == Role.MPI_LEADER and multi_host:
-            mpi_hosts.finish_leader(plan, services.sshd, services.exit_code, services.failure_report, log)
+        if mpi_leader:
+            services.tell_workers(1, None)  # only when the caller did not
+            mpi_hosts.stop_leader(plan, services.sshd)
         if services.job_port is not None:
             services.job_port.close()
 
@@ -149,7 +162,7 @@ def wait_for_leader_to_finish(plan: LaunchPlan) -> None:
     the leader while rank 0 still saves the model (and compose reports the job a success from
     the worker's exit code). The leader closes its job port once its outcome is written.
     Bounded by BYOC_PEER_WAIT_TIMEOUT_S; SIGTERM ends the wait."""
-    if plan.role not in (Role.TORCHRUN, Role.PARAMETER_SERVER) or len(plan.hosts) < 2 or plan.current_host == plan.leader:
+    if plan.role not in (Role.TORCHRUN, Role.PARAMETER_SERVER) or not plan.multi_host or plan.is_leader:
         return
     stop = StopRequest()
     with stop_signals_set(stop):

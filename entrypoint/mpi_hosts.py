@@ -23,8 +23,6 @@ from dataclasses import dataclass
 from entrypoint import processes, ssh
 from entrypoint.failure import build_job_outcome_report
 from entrypoint.log import log as log_line
-from entrypoint.outcome import write_outcome
-from entrypoint.paths import MlPaths
 from entrypoint.plan import LaunchPlan
 from entrypoint.supervise import StopRequest, stop_signals_set
 
@@ -98,7 +96,7 @@ def start_leader(plan: LaunchPlan, stop: StopRequest, log) -> tuple[subprocess.P
     ssh.write_host_key_and_configs(files, plan.settings.ssh_port)
     write_host_env(plan)
     sshd = start_sshd(files)
-    workers = [h for h in plan.hosts if h != plan.current_host]
+    workers = list(plan.peers)
     started = time.monotonic()
     deadline = started + plan.settings.peer_wait_timeout_s
     pending = list(workers)
@@ -120,9 +118,8 @@ def start_leader(plan: LaunchPlan, stop: StopRequest, log) -> tuple[subprocess.P
     return sshd, None
 
 
-def finish_leader(plan: LaunchPlan, sshd: subprocess.Popen | None, exit_code: int, report: str | None, log) -> None:
-    """The job has ended: tell every worker its outcome, stop our sshd, remove the job's key."""
-    tell_workers(plan, exit_code, report, log)
+def stop_leader(plan: LaunchPlan, sshd: subprocess.Popen | None) -> None:
+    """The workers know the outcome: stop our sshd, remove the job's key."""
     processes.stop_process(sshd)
     ssh.remove_private_key(plan.files.ssh)
 
@@ -178,7 +175,7 @@ def tell_workers(plan: LaunchPlan, exit_code: int, report: str | None, log) -> N
         except subprocess.TimeoutExpired:
             log(f"could not tell {host} the outcome: timed out")
 
-    run_per_host(tell, [h for h in plan.hosts if h != plan.current_host])
+    run_per_host(tell, list(plan.peers))
 
 
 def ask_workers_for_stacks(plan: LaunchPlan, log) -> None:
@@ -197,15 +194,16 @@ def ask_workers_for_stacks(plan: LaunchPlan, log) -> None:
         except subprocess.TimeoutExpired:
             log(f"could not ask {host} for its ranks' stacks: timed out")
 
-    run_per_host(ask, [h for h in plan.hosts if h != plan.current_host])
+    run_per_host(ask, list(plan.peers))
 
 
 # --- worker ------------------------------------------------------------------------------------
 
 
-def run_worker_host(plan: LaunchPlan, paths: MlPaths, env: dict[str, str]) -> int:
+def run_worker_host(plan: LaunchPlan, env: dict[str, str]) -> tuple[int, str | None]:
     """This host's whole part in an MPI job led by another host: serve SSH to the leader
-    until it reports the outcome, write that outcome here, and exit with the job's code."""
+    until it reports the outcome. Returns the job's exit code and, when it failed, the text of
+    this host's output/failure (the caller writes it)."""
     log_line(f"{plan.current_host}: MPI worker for the leader {plan.leader}")
     stop = StopRequest()
 
@@ -221,13 +219,9 @@ def run_worker_host(plan: LaunchPlan, paths: MlPaths, env: dict[str, str]) -> in
     finally:
         signal.signal(signal.SIGUSR1, previous)
     if outcome.exit_code == 0:
-        write_outcome(paths, 0, None)
         log_line(f"{plan.current_host}: the leader reports success")
-        return 0
-    text = build_job_outcome_report(build_worker_failure_reason(plan, outcome), env)
-    write_outcome(paths, outcome.exit_code, text)
-    log_line(f"{plan.current_host}: FAILED: {text.splitlines()[0]}")
-    return outcome.exit_code
+        return 0, None
+    return outcome.exit_code, build_job_outcome_report(build_worker_failure_reason(plan, outcome), env)
 
 
 def build_worker_failure_reason(plan: LaunchPlan, outcome: WorkerOutcome) -> str:
@@ -275,7 +269,7 @@ def run_worker(plan: LaunchPlan, stop: StopRequest, log) -> WorkerOutcome:
         processes.become_subreaper()
         sshd = start_sshd(files)
         log(f"serving SSH to the leader {plan.leader} ({', '.join(addresses)})")
-        outcome = _wait_for_outcome(plan, stop, log)
+        outcome = _wait_for_outcome(plan, stop, log, sshd.pid)
         if outcome.reason is None:
             # The outcome file appears while the leader's session that wrote it is still
             # closing; stopping sshd then cuts that session and the leader logs a false
@@ -305,7 +299,7 @@ def load_leader_report(plan: LaunchPlan) -> str | None:
         return None
 
 
-def _wait_for_outcome(plan: LaunchPlan, stop: StopRequest, log) -> WorkerOutcome:
+def _wait_for_outcome(plan: LaunchPlan, stop: StopRequest, log, sshd_pid: int) -> WorkerOutcome:
     settings = plan.settings
     path = plan.files.outcome
     last_contact = time.monotonic()
@@ -333,4 +327,7 @@ def _wait_for_outcome(plan: LaunchPlan, stop: StopRequest, log) -> WorkerOutcome
                     f"{settings.host_lost_timeout_s:g} s (BYOC_HOST_LOST_TIMEOUT_S)"
                 ))
             next_check = time.monotonic() + 1.0
+        # As subreaper (and PID 1 in a container) we inherit orted, the ranks and the leader's
+        # ended SSH sessions: collect them while the job runs, or they stay defunct until it ends.
+        processes.reap_orphans({sshd_pid})
         time.sleep(POLL_S)

@@ -92,6 +92,24 @@ class LaunchPlan(NamedTuple):
     def env_dict(self) -> dict[str, str]:
         return dict(self.env)
 
+    # Read off the plan's own fields (decided once by topology.decide_topology), so no room
+    # works them out again.
+    @property
+    def is_leader(self) -> bool:
+        return self.current_host == self.leader
+
+    @property
+    def multi_host(self) -> bool:
+        """A launch whose processes take part in one job across several hosts."""
+        return self.role in DISTRIBUTED_ROLES and len(self.hosts) > 1
+
+    @property
+    def peers(self) -> tuple[str, ...]:
+        """The hosts this one talks to: the leader's workers, or a worker's leader."""
+        if self.is_leader:
+            return tuple(h for h in self.hosts if h != self.current_host)
+        return (self.leader,)
+
 
 REPORT_KEY_ENV = "BYOC_JOB_REPORT_KEY"  # rank/record_errors.py signs its reports with it
 

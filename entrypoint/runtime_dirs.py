@@ -28,6 +28,7 @@ from entrypoint import ssh
 
 OWNER_FILE = "owner"
 RUNTIME_BASE = "/run/byoc"  # BYOC_RUNTIME_DIR replaces it
+PRIVATE_BASE = "/dev/shm"  # memory-backed in every container: the job's private folder goes here
 OUTCOME_FILE = "job-exit-code"  # a worker's: the job's exit code, written by the leader
 LEADER_REPORT_FILE = "job-failure"  # a worker's: the leader's output/failure, when the job failed
 
@@ -77,7 +78,7 @@ def decide_runtime_files(base: str, job_id: str, mounts: list[tuple[str, str]]) 
     in this job's folder in memory-backed storage when there is one (ssh.decide_key_folder)."""
     folder = os.path.join(base, f"job-{job_id}")
     ssh_folder = os.path.join(folder, "ssh")
-    key_folder, key_note = ssh.decide_key_folder(ssh_folder, mounts, job_id)
+    key_folder, key_note = ssh.decide_key_folder(ssh_folder, mounts, os.path.join(PRIVATE_BASE, f"byoc-job-{job_id}"))
     private_folder = os.path.dirname(key_folder) if key_folder != ssh_folder else ""
     return RuntimeFiles(folder, key_folder, private_folder, key_note)
 

@@ -26,7 +26,6 @@ SSHD = "/usr/sbin/sshd"
 
 
 MEMORY_FILESYSTEMS = ("tmpfs", "ramfs")
-SHM_DIR = "/dev/shm"
 
 
 class SshFiles(NamedTuple):
@@ -162,7 +161,7 @@ def decide_host_env_file(ssh_folder: str, key_folder: str) -> str:
     return os.path.join(os.path.dirname(key_folder), "byoc-host-env.json")
 
 
-def decide_key_folder(ssh_folder: str, mounts: list[tuple[str, str]], token: str) -> tuple[str, str | None]:
+def decide_key_folder(ssh_folder: str, mounts: list[tuple[str, str]], private_folder: str) -> tuple[str, str | None]:
     """Where the job's private key lives, and a note when it has to be on disk.
 
     The key is removed when the job ends on every path the entrypoint survives; a container
@@ -173,13 +172,13 @@ def decide_key_folder(ssh_folder: str, mounts: list[tuple[str, str]], token: str
     mounting our own tmpfs needs CAP_SYS_ADMIN, which a plain `docker run` does not grant."""
     if filesystem_of(ssh_folder, mounts) in MEMORY_FILESYSTEMS:
         return ssh_folder, None
-    if filesystem_of(SHM_DIR, mounts) in MEMORY_FILESYSTEMS:
-        # token: the job's id. /dev/shm is the machine's own outside a container: each job
-        # has its own folder there (runtime_dirs.py makes it, exclusively, mode 0700), and
+    if filesystem_of(private_folder, mounts) in MEMORY_FILESYSTEMS:
+        # private_folder: the job's own folder in /dev/shm (runtime_dirs.py names it and makes
+        # it, exclusively, mode 0700; /dev/shm is the machine's own outside a container), and
         # the host's environment beside the key (decide_host_env_file) is the job's own too.
-        return os.path.join(SHM_DIR, f"byoc-job-{token}", "ssh"), None
+        return os.path.join(private_folder, "ssh"), None
     return ssh_folder, (
-        f"no memory-backed folder for the job's SSH key ({ssh_folder} is on disk and {SHM_DIR} is "
+        f"no memory-backed folder for the job's SSH key ({ssh_folder} is on disk and {os.path.dirname(private_folder)} is "
         f"not a tmpfs): the key is removed when the job ends, but a container killed with SIGKILL "
         f"would leave it on disk"
     )

@@ -1,6 +1,6 @@
 """Start a whole parameter-server job on this machine, with exactly the processes and
-environment the entrypoint gives each host (built by the entrypoint's own plan; the contract
-is in train/ps.py): H shard processes (`python -m train.ps_server`, "one per host") and
+environment the entrypoint gives each host (entrypoint.plan.build_parameter_server_processes
+writes the contract; train/ps.py reads it): H shard processes (`python -m train.ps_server`, "one per host") and
 H x P worker processes running the given command.
 
     python -m jobs.ps_local --hosts 2 --workers-per-host 1 -- python -m train.ps_train --epochs 5
@@ -19,15 +19,8 @@ import time
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from entrypoint.plan import build_parameter_server_processes
+from entrypoint.plan import ProcessSpec, build_parameter_server_processes
 from entrypoint.topology import Topology
-
-
-@dataclass(frozen=True)
-class ProcessSpec:
-    name: str  # rpc name: ps{i} or worker{k}
-    argv: tuple[str, ...]
-    env: tuple[tuple[str, str], ...]  # added to the parent's environment
 
 
 def build_ps_processes(num_hosts: int, workers_per_host: int, worker_argv: Sequence[str],

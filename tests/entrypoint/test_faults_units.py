@@ -204,17 +204,17 @@ def test_mount_points_with_escaped_spaces():
 def test_under_docker_the_key_goes_to_dev_shm_not_to_run():
     mounts = ssh.parse_mounts(DOCKER_MOUNTS)
     assert ssh.filesystem_of("/run/byoc/ssh", mounts) == "overlay"
-    assert ssh.decide_key_folder("/run/byoc/ssh", mounts, "ab12") == ("/dev/shm/byoc-job-ab12/ssh", None)
+    assert ssh.decide_key_folder("/run/byoc/ssh", mounts, "/dev/shm/byoc-job-ab12") == ("/dev/shm/byoc-job-ab12/ssh", None)
 
 
 def test_a_tmpfs_runtime_folder_keeps_the_key_beside_the_configuration():
     mounts = ssh.parse_mounts(DOCKER_MOUNTS + "tmpfs /run tmpfs rw 0 0\n")
-    assert ssh.decide_key_folder("/run/byoc/ssh", mounts, "ab12") == ("/run/byoc/ssh", None)
+    assert ssh.decide_key_folder("/run/byoc/ssh", mounts, "/dev/shm/byoc-job-ab12") == ("/run/byoc/ssh", None)
 
 
 def test_without_memory_backed_storage_the_plan_says_so():
     mounts = [("/", "ext4")]
-    folder, note = ssh.decide_key_folder("/run/byoc/ssh", mounts, "ab12")
+    folder, note = ssh.decide_key_folder("/run/byoc/ssh", mounts, "/dev/shm/byoc-job-ab12")
     assert folder == "/run/byoc/ssh" and "SIGKILL would leave it on disk" in note
 
 

@@ -117,13 +117,13 @@ def test_the_report_key_is_the_same_on_every_host_and_differs_between_jobs(tmp_p
         root = write_tree(tmp_path / f"{host}{len(env)}{sorted(env.items())!s:.40}".replace("/", "_"),
                           script="pass\n", hosts=("algo-1", "algo-2"), current_host=host,
                           hyperparameters={"sagemaker_torch_distributed_enabled": True, "lr": 0.1})
-        from entrypoint.cli import build_runtime, decide_plan
+        from entrypoint.cli import load_runtime, load_plan
         from entrypoint.config import load_job
         from entrypoint.paths import build_paths
         from entrypoint.probe import probe_machine
 
         environ = {"SAGEMAKER_BASE_DIR": str(root), "TRAINING_JOB_NAME": "job-a", **env}
-        plan = decide_plan(load_job(build_paths(environ), environ), probe_machine(), build_runtime(environ, "0" * 16))
+        plan = load_plan(load_job(build_paths(environ), environ), probe_machine(), load_runtime(environ, "0" * 16))
         dry = run_entrypoint(root, "--dry-run", **{"TRAINING_JOB_NAME": "job-a", **env})
         assert plan.env_dict["BYOC_JOB_REPORT_KEY"] not in dry.stdout and "BYOC_JOB_REPORT_KEY" in dry.stdout
         return plan.env_dict["BYOC_JOB_REPORT_KEY"]
