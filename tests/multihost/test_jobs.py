@@ -30,6 +30,22 @@ def test_mpirun_over_ssh_two_hosts_ranks_see_their_own_host():
         assert_nothing_left(cluster)
 
 
+def test_mpi_worker_collects_orphans_while_the_job_runs_and_a_success_logs_no_error():
+    """On an MPI worker host the entrypoint is the ranks' subreaper (orted leaves its SSH
+    session): an orphan that exits is collected during the run, not left defunct until the
+    job ends. And a successful job's leader logs no error about telling the workers."""
+    base = job("mpi_job.py", "mpi", **{"orphan-check": 1})
+    with EmulatedCluster(["algo-1", "algo-2"], base) as cluster:
+        result = cluster.run_all(ENTRYPOINT, env=FAST, timeout=120)
+        assert result.ok, {h: r.output[-3000:] for h, r in result.results.items()}
+        states = {}
+        for rank in (0, 1):
+            with open(os.path.join(cluster.model_dir, f"orphan-{rank}")) as f:
+                states[rank] = f.read()
+        assert states == {0: "gone", 1: "gone"}
+        assert "could not tell" not in result.results["algo-1"].output
+
+
 def test_torchrun_two_hosts_gloo_allreduce():
     with EmulatedCluster(["algo-1", "algo-2"], job("torch_job.py", "torch_distributed")) as cluster:
         result = cluster.run_all(ENTRYPOINT, env=FAST, timeout=180)

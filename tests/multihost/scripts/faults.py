@@ -12,6 +12,31 @@ def add_fault_options(parser) -> None:
     parser.add_argument("--fail", default="none", choices=FAULTS)
     parser.add_argument("--hold", type=float, default=0.0)  # seconds to stay in the job
     parser.add_argument("--save-s", type=float, default=0.0)  # seconds the SIGTERM handler takes
+    parser.add_argument("--orphan-check", type=int, default=0)  # 1: leave_an_orphan_and_look_for_it
+
+
+def leave_an_orphan_and_look_for_it(model: str, rank: int) -> None:
+    """Start a process that outlives its parent and exits at once: it is re-parented to the
+    nearest subreaper (the host's entrypoint), which must collect it while the job runs.
+    Writes orphan-<rank> with the orphan's state 1 s later ("gone" once collected, "Z" if it
+    stays defunct)."""
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:
+        orphan = os.fork()
+        if orphan == 0:
+            os._exit(0)
+        os.write(write, str(orphan).encode())
+        os._exit(0)
+    os.waitpid(child, 0)
+    orphan = int(os.read(read, 32))
+    time.sleep(1.0)
+    try:
+        with open(f"/proc/{orphan}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        state = "gone"
+    write_marker(model, f"orphan-{rank}", state)
 
 
 def write_marker(model: str, name: str, host: str) -> None:
@@ -37,6 +62,8 @@ def inject_fault(args, model: str, rank: int, size: int, host: str) -> None:
     """After the first collective: leaves started-<rank>, then the fault --fail asks for, then
     stays --hold seconds."""
     write_marker(model, f"started-{rank}", host)
+    if args.orphan_check:
+        leave_an_orphan_and_look_for_it(model, rank)
     last = rank == size - 1
     if args.fail == "worker" and last or args.fail == "leader" and rank == 0:
         raise RuntimeError(f"injected failure on {host}")
