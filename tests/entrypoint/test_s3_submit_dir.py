@@ -4,11 +4,11 @@ fetched for real over HTTP from a local S3 (moto's server), with the toolkit's S
 from __future__ import annotations
 
 import io
-import socket
 import tarfile
 
 import pytest
 
+from support.ports import free_port
 from support.jobtree import failure_text, run_entrypoint, write_tree
 
 moto_server = pytest.importorskip("moto.server", reason="moto[server] is a test extra: pip install -e '.[test]'")
@@ -40,9 +40,7 @@ def build_sourcedir() -> bytes:
 
 @pytest.fixture(scope="module")
 def s3_endpoint():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port)
     server.start()
     endpoint = f"http://127.0.0.1:{port}"

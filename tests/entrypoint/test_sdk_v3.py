@@ -15,6 +15,7 @@ import pytest
 from entrypoint import sdk_v3_mpirun as shim
 from entrypoint import sdk_v3_ssh as v3ssh
 from entrypoint.config import parse_resource_config
+from support.ports import free_port
 
 # The argv SDK v3 3.27.0's mpi_utils.get_mpirun_command builds for 2 hosts, 2 processes each,
 # in local mode (resourceconfig.json says "ethwe"), up to the program.
@@ -144,12 +145,6 @@ needs_sshd = pytest.mark.skipif(
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _start_sshd(tmp_path, name: str, host_key: str, authorized_keys: str, port: int) -> subprocess.Popen:
     config = tmp_path / f"{name}_sshd_config"
     config.write_text(
@@ -196,7 +191,7 @@ def test_trust_exchange_authorizes_the_peers_host_key_from_its_address_only(tmp_
     127.0.0.1, and not from 127.0.0.2 with the same key, nor with a key of its own."""
     peer_key = tmp_path / "peer_host_key"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(peer_key)], check=True)
-    peer_port, here_port = _free_port(), _free_port()
+    peer_port, here_port = free_port(), free_port()
     here = _paths(tmp_path)
     os.makedirs(here.ssh_dir, mode=0o700)
     procs = [_start_sshd(tmp_path, "peer", str(peer_key), "/dev/null", peer_port)]
@@ -224,6 +219,6 @@ def test_trust_exchange_authorizes_the_peers_host_key_from_its_address_only(tmp_
 def test_a_peer_that_never_serves_ssh_is_reported_after_the_deadline(tmp_path):
     here = _paths(tmp_path)
     started = time.monotonic()
-    assert v3ssh.run_trust_exchange(here, ["localhost"], 1, lambda line: None, port=_free_port()) == ["localhost"]
+    assert v3ssh.run_trust_exchange(here, ["localhost"], 1, lambda line: None, port=free_port()) == ["localhost"]
     assert time.monotonic() - started < 10
     assert not os.path.exists(here.authorized_keys)

@@ -6,7 +6,6 @@ manifest, no manifest list or OCI index (so no attestation index)."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from support.ports import free_port
 from tests.images.image_harness import REPO_ROOT, build_run_argv, run_docker
 
 pytestmark = pytest.mark.slow
@@ -23,16 +23,10 @@ sys.path.insert(0, str(REPO_ROOT / "docker"))
 check_manifest = __import__("check-manifest")  # docker/check-manifest.py: a script, not a package
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def registry(tmp_path):
     """A registry v2 server on 127.0.0.1, its storage under tmp_path, stopped afterwards."""
-    port = _free_port()
+    port = free_port()
     config = tmp_path / "registry.yml"
     config.write_text(
         "version: 0.1\n"

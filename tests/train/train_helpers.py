@@ -7,13 +7,14 @@ import io
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from support.ports import free_port  # noqa: F401 - the train tests take it from here
 
 PYTHON = sys.executable
 MPIRUN = shutil.which("mpirun")
@@ -67,12 +68,6 @@ def job_env(root: Path) -> dict[str, str]:
                                 "TORCHELASTIC", "HOROVOD_", "BYOC_"))}
     env.update({"SAGEMAKER_BASE_DIR": str(root), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
     return env
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def torchrun_argv(nproc: int, module: str, args: list[str]) -> list[str]:
