@@ -105,7 +105,10 @@ class LaunchPlan(NamedTuple):
 
     @property
     def peers(self) -> tuple[str, ...]:
-        """The hosts this one talks to: the leader's workers, or a worker's leader."""
+        """The hosts this one talks to: the leader's workers, or a worker's leader; none for a
+        launch on one host."""
+        if len(self.hosts) < 2:
+            return ()
         if self.is_leader:
             return tuple(h for h in self.hosts if h != self.current_host)
         return (self.leader,)

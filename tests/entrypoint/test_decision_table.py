@@ -90,3 +90,18 @@ def test_decision_table(name, device, n_hosts, position):
         assert len(plan.processes) == 1 + device_pph
     assert ("FI_PROVIDER" in env) == facts.efa
     assert ("PJRT_DEVICE" in env) == bool(facts.neuron_core_count)
+
+
+@pytest.mark.parametrize("hps,hosts,current,expected", [
+    # (is_leader, multi_host, peers): read off the plan, never worked out again by the rooms
+    ({"sagemaker_mpi_enabled": True}, ("algo-1", "algo-2", "algo-3"), "algo-1", (True, True, ("algo-2", "algo-3"))),
+    ({"sagemaker_mpi_enabled": True}, ("algo-1", "algo-2", "algo-3"), "algo-3", (False, False, ("algo-1",))),  # mpi-worker
+    ({"sagemaker_torch_distributed_enabled": True}, ("algo-1", "algo-2"), "algo-2", (False, True, ("algo-1",))),
+    ({"sagemaker_torch_distributed_enabled": True}, ("algo-1",), "algo-1", (True, False, ())),
+    ({}, ("algo-1", "algo-2"), "algo-2", (False, False, ())),  # no launcher: one process on each host, alone
+    ({"sagemaker_parameter_server_enabled": True}, ("algo-2", "algo-10", "algo-1"), "algo-10",
+     (False, True, ("algo-2",))),  # SageMaker's order decides the leader
+])
+def test_the_plan_says_who_leads_and_who_its_peers_are(hps, hosts, current, expected):
+    plan = plan_for(make_job(hosts=hosts, current=current, hps=hps))
+    assert (plan.is_leader, plan.multi_host, plan.peers) == expected
