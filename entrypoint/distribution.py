@@ -4,10 +4,12 @@ launch settings (BYOC_* environment variables), parsed and checked (pure)."""
 from __future__ import annotations
 
 import difflib
+import json
+import re
 import shlex
 from typing import Any, Mapping, NamedTuple
 
-from entrypoint.config import JobConfig, canonical_json
+from entrypoint.config import GROUP_NAME, HYPERPARAMETERS, JobConfig, canonical_json
 from entrypoint.errors import JobDefinitionError
 
 # launcher name -> the key that enables it
@@ -111,18 +113,132 @@ def _as_positive_int(key: str, value: Any) -> int:
     return number
 
 
-def _as_options(key: str, value: Any) -> tuple[str, ...]:
+# mpirun's options (Open MPI 4.1, `mpirun --help all`) and how many values each takes. mpirun
+# accepts each with one dash or two; anything else starting with "-" it refuses as unknown,
+# and the first word that is not an option or an option's value is the program it runs.
+_MPIRUN_FLAGS = (
+    "allow-run-as-root bind-to-core bind-to-socket bycore bynode byslot continuous d debug "
+    "debug-daemons debug-daemons-file debug-devel disable-recovery display-allocation "
+    "display-devel-allocation display-devel-map display-diffable-map display-map display-topo "
+    "do-not-launch do-not-resolve dvm enable-instant-on-support enable-recovery fwd-mpirun-port "
+    "get-stack-traces index-argv-by-rank leave-session-attached merge-stderr-to-stdout nolocal "
+    "nooversubscribe noprefix novm output-proctable oversubscribe pernode preload-binary q quiet "
+    "report-bindings report-child-jobs-separately report-state-on-timeout s "
+    "set-cwd-to-session-dir show-progress tag-output timestamp-output tv use-hwthread-cpus "
+    "use-regexp v verbose V version xml"
+)
+_MPIRUN_ONE_VALUE = (
+    "am app bind-to c cartofile cf cpu-list cpu-set cpus-per-proc cpus-per-rank debugger "
+    "default-hostfile h help H hnp host hostfile launch-agent machinefile map-by max-restarts "
+    "max-vm-size n N np npernode npersocket ompi-server output-filename path personality ppr "
+    "prefix preload-files rank-by rankfile report-events report-pid report-uri rf stdin timeout "
+    "tune wd wdir x xml-file xterm"
+)
+MPIRUN_OPTION_VALUES = {
+    **{name: 0 for name in _MPIRUN_FLAGS.split()},
+    **{name: 1 for name in _MPIRUN_ONE_VALUE.split()},
+    "mca": 2,
+    "gmca": 2,
+}
+# Options whose say belongs to the launch plan: the hosts and process counts come from
+# resourceconfig.json and the sagemaker_mpi_* keys, the other hosts are reached over our SSH
+# configuration, and mpirun must run the training program.
+_OWNED = {
+    "the hosts are the job's own (resourceconfig.json)": "H host hostfile machinefile default-hostfile rankfile rf",
+    "the number of processes is decided from sagemaker_mpi_num_processes and "
+    "sagemaker_mpi_num_of_processes_per_host": "c n np N npernode pernode npersocket ppr max-vm-size",
+    "how mpirun reaches the other hosts is the launcher's": "launch-agent prefix noprefix hnp dvm",
+    "an appfile replaces the training program and every other option": "app",
+    "mpirun would then not run the training program": "h help V version do-not-launch",
+}
+MPIRUN_OWNED_OPTIONS = {name: why for why, names in _OWNED.items() for name in names.split()}
+MPIRUN_OWNED_MCA = {
+    **{name: "the launcher reaches the other hosts with its own SSH configuration"
+       for name in ("plm", "plm_rsh_agent", "orte_rsh_agent", "pls_rsh_agent", "plm_rsh_args",
+                    "plm_rsh_no_tree_spawn", "orte_launch_agent", "orte_default_hostfile")},
+    "orte_abort_on_non_zero_status": "a failed rank must end the job (the failure report relies on it)",
+}
+CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # Unicode's category Cc
+MCA_NAME = re.compile(r"[A-Za-z0-9_]+")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Open MPI hands the MCA parameters of mpirun's command line to the other hosts' daemons
+# through ssh, each value in double quotes on the remote shell's command line, where these
+# characters would be interpreted ("$(...)" runs a command there).
+MCA_SHELL_CHARACTERS = frozenset('"$`\\')
+
+
+def _shown(token: str) -> str:
+    return json.dumps(token[:60]) + ("…" if len(token) > 60 else "")
+
+
+def parse_mpi_option_tokens(key: str, tokens: tuple[str, ...]) -> tuple[str, ...]:
+    """tokens when mpirun would read every one of them as an option or an option's value,
+    none of them a control character, an option the plan owns or one that would take the
+    training program as its value; otherwise a JobDefinitionError naming the file and key."""
+    where = f"The hyperparameter {key} in {HYPERPARAMETERS}"
+
+    def refuse(problem: str) -> JobDefinitionError:
+        return JobDefinitionError(f"{where} {problem}. These options go to mpirun ahead of the training "
+                                  f"program, so they are refused.")
+
+    for token in tokens:
+        bad = CONTROL_CHARACTER.search(token)
+        if bad is not None:
+            raise refuse(f"has {_shown(token)}, which holds the control character U+{ord(bad.group()):04X}")
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        name = token[2:] if token.startswith("--") else token[1:] if token.startswith("-") else None
+        if not name:
+            raise refuse(f"has {_shown(token)}, which is not an option and the value of no option before it: "
+                         f"mpirun would run it as the program")
+        if name not in MPIRUN_OPTION_VALUES:
+            hint = (f"; to set the environment variable {name}, write -x {name}=VALUE"
+                    if ENV_NAME.fullmatch(name) and name.isupper() else "")
+            raise refuse(f"has {_shown(token)}, which is not an option of mpirun (Open MPI 4.1; an option's "
+                         f"value goes in the next word, not after \"=\"){hint}")
+        if name in MPIRUN_OWNED_OPTIONS:
+            raise refuse(f"sets {token}, which the launcher decides: {MPIRUN_OWNED_OPTIONS[name]}")
+        count = MPIRUN_OPTION_VALUES[name]
+        values = tokens[i + 1:i + 1 + count]
+        if len(values) < count:
+            raise refuse(f"ends with {' '.join(tokens[i:])}, but {token} takes {count} value"
+                         f"{'s' if count > 1 else ''}: mpirun would take the training program as "
+                         f"{'its' if count == 1 else 'the missing'} value")
+        if name in ("mca", "gmca"):
+            param, value = values
+            if not MCA_NAME.fullmatch(param):
+                raise refuse(f"has {token} {_shown(param)}, which is not an MCA parameter name "
+                             f"(letters, digits and '_')")
+            if param in MPIRUN_OWNED_MCA:
+                raise refuse(f"sets the MCA parameter {param}, which the launcher decides: {MPIRUN_OWNED_MCA[param]}")
+            if MCA_SHELL_CHARACTERS & set(value):
+                raise refuse(f"gives the MCA parameter {param} the value {_shown(value)}, which holds one of "
+                             f"the characters \" $ ` \\: Open MPI passes it to the other hosts through a remote "
+                             f"shell, which would interpret them")
+        if name == "x" and not ENV_NAME.fullmatch(values[0].split("=", 1)[0]):
+            raise refuse(f"has -x {_shown(values[0])}, which does not start with an environment variable "
+                         f"name (-x NAME or -x NAME=VALUE)")
+        i += 1 + count
+    return tokens
+
+
+def parse_mpi_options(key: str, value: Any) -> tuple[str, ...]:
+    """A custom mpirun options hyperparameter (one string, split as a shell would) as argv
+    words, checked by parse_mpi_option_tokens."""
     if not isinstance(value, str):
         raise JobDefinitionError(
-            f"The hyperparameter {key} must be a string of mpirun options, but it is "
+            f"The hyperparameter {key} in {HYPERPARAMETERS} must be a string of mpirun options, but it is "
             f"{canonical_json(value)}."
         )
     try:
-        return tuple(shlex.split(value))
+        tokens = tuple(shlex.split(value))
     except ValueError as exc:
         raise JobDefinitionError(
-            f"The hyperparameter {key} cannot be split into mpirun options ({exc}): {value!r}."
+            f"The hyperparameter {key} in {HYPERPARAMETERS} cannot be split into mpirun options as a shell "
+            f"would ({exc}: an unbalanced quote or a trailing backslash): {_shown(value)}."
         ) from None
+    return parse_mpi_option_tokens(key, tokens)
 
 
 def parse_distribution(job: JobConfig) -> Distribution:
@@ -171,9 +287,9 @@ def parse_distribution(job: JobConfig) -> Distribution:
 
     options: tuple[str, ...] = ()
     if MPI_OPTIONS in framework:
-        options += _as_options(MPI_OPTIONS, framework[MPI_OPTIONS])
+        options += parse_mpi_options(MPI_OPTIONS, framework[MPI_OPTIONS])
     if SMDDP_OPTIONS in framework:
-        options += _as_options(SMDDP_OPTIONS, framework[SMDDP_OPTIONS])
+        options += parse_mpi_options(SMDDP_OPTIONS, framework[SMDDP_OPTIONS])
 
     groups = None
     if GROUPS in framework:
@@ -182,6 +298,12 @@ def parse_distribution(job: JobConfig) -> Distribution:
             raise JobDefinitionError(
                 f"The hyperparameter {GROUPS} must be a list of instance group names, but it "
                 f"is {canonical_json(value)}."
+            )
+        misread = [g for g in value if not GROUP_NAME.fullmatch(g)]
+        if misread:
+            raise JobDefinitionError(
+                f"The hyperparameter {GROUPS} in {HYPERPARAMETERS} names {_shown(misread[0])}, which is not "
+                f"an instance group name (letters, digits, '.', '_' and '-', not starting with '-')."
             )
         known = [g.name for g in job.resource.instance_groups]
         unknown = [g for g in value if known and g not in known]

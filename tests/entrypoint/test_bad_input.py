@@ -16,7 +16,15 @@ from entrypoint.config import (
     parse_json_document,
     parse_resource_config,
 )
-from entrypoint.distribution import parse_distribution, parse_launch_settings
+from entrypoint.distribution import (
+    MPIRUN_OPTION_VALUES,
+    MPIRUN_OWNED_MCA,
+    MPIRUN_OWNED_OPTIONS,
+    parse_distribution,
+    parse_launch_settings,
+    parse_mpi_option_tokens,
+    parse_mpi_options,
+)
 from entrypoint.errors import EXIT_BAD_JOB, JobDefinitionError
 from entrypoint.paths import MlPaths
 from support.jobs import make_job
@@ -47,6 +55,14 @@ BAD_TREES = {
     "interface-with-a-space": (lambda r: corrupt(r, "resourceconfig.json", json.dumps(
         {"current_host": "algo-1", "hosts": ["algo-1"], "network_interface_name": "eth0 --foo"})),
         '"network_interface_name" in resourceconfig.json has "eth0 --foo", which is not a network interface name'),
+    "mpi-option-that-takes-the-program": (lambda r: corrupt(r, "hyperparameters.json", json.dumps(
+        {"sagemaker_program": '"train.py"', "sagemaker_mpi_enabled": "true",
+         "sagemaker_mpi_custom_mpi_options": json.dumps("-verbose -x")})),
+        "The hyperparameter sagemaker_mpi_custom_mpi_options in hyperparameters.json ends with -x, but -x takes 1 value"),
+    "mpi-option-the-plan-owns": (lambda r: corrupt(r, "hyperparameters.json", json.dumps(
+        {"sagemaker_program": '"train.py"', "sagemaker_mpi_enabled": "true",
+         "sagemaker_mpi_custom_mpi_options": json.dumps("--mca plm_rsh_agent 'sh -c touch /tmp/pwned'")})),
+        "The hyperparameter sagemaker_mpi_custom_mpi_options in hyperparameters.json sets the MCA parameter plm_rsh_agent"),
 }
 
 
@@ -204,6 +220,178 @@ def test_no_host_or_interface_that_an_argv_could_misread_gets_through(bad):
 def test_real_host_and_interface_names_pass(host, interface):
     resource = parse_resource_config({"current_host": host, "hosts": [host], "network_interface_name": interface})
     assert resource.hosts == (host,) and resource.network_interface_name == interface
+
+
+# --- custom mpirun options (sagemaker_mpi_custom_mpi_options and smdistributed's) ---------------
+# They ARE options, so a leading "-" is expected; what must not get through: a control
+# character, a word mpirun would run as the program, an option that takes the training program
+# as its value, an option (or MCA parameter) the plan owns, a shell-active MCA value.
+
+MPI_KEY = "sagemaker_mpi_custom_mpi_options"
+PROGRAM = ("/usr/bin/python3", "/opt/ml/code/train.py", "--epochs", "2")
+
+
+def mpirun_reads_as_program(argv: tuple[str, ...]) -> int:
+    """Where mpirun (Open MPI 4.1) finds the program in argv: the first word that is neither
+    an option nor an option's value (a model of opal_cmd_line over mpirun's option table)."""
+    i = 0
+    while i < len(argv) and argv[i].startswith("-"):
+        i += 1 + MPIRUN_OPTION_VALUES.get(argv[i].lstrip("-"), 0)
+    return i
+
+
+def refused(tokens) -> str:
+    with pytest.raises(JobDefinitionError) as err:
+        parse_mpi_option_tokens(MPI_KEY, tuple(tokens))
+    message = str(err.value)
+    assert f"The hyperparameter {MPI_KEY} in hyperparameters.json " in message and "\n" not in message
+    return message
+
+
+FREE_OPTIONS = sorted(n for n in MPIRUN_OPTION_VALUES if n not in MPIRUN_OWNED_OPTIONS and n not in ("x", "mca", "gmca"))
+SAFE_WORD = st.text(st.characters(whitelist_categories=("L", "N"), whitelist_characters="._:,^/=-+"), min_size=1, max_size=12)
+ENV_WORD = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,10}", fullmatch=True)
+MCA_PARAM = st.from_regex(r"[a-z][a-z0-9_]{0,20}", fullmatch=True).filter(lambda p: p not in MPIRUN_OWNED_MCA)
+
+
+@st.composite
+def good_option(draw) -> list[str]:
+    dashes = draw(st.sampled_from(["-", "--"]))
+    kind = draw(st.sampled_from(["free", "x", "mca"]))
+    if kind == "x":
+        name = draw(ENV_WORD)
+        return ["-x", draw(st.sampled_from([name, f"{name}={draw(SAFE_WORD)}"]))]
+    if kind == "mca":
+        return [dashes + draw(st.sampled_from(["mca", "gmca"])), draw(MCA_PARAM), draw(SAFE_WORD)]
+    name = draw(st.sampled_from(FREE_OPTIONS))
+    return [dashes + name] + [draw(SAFE_WORD) for _ in range(MPIRUN_OPTION_VALUES[name])]
+
+
+GOOD_OPTIONS = st.lists(good_option(), max_size=5).map(lambda groups: [t for g in groups for t in g])
+
+
+@pytest.mark.parametrize("options", [
+    "", "-verbose -x NCCL_DEBUG=VERSION", "-x NCCL_DEBUG=INFO --mca btl_tcp_if_exclude lo",
+    "--mca btl_vader_single_copy_mechanism none", "-x FI_EFA_USE_DEVICE_RDMA=1 -x NCCL_PROTO=simple",
+    "--bind-to core --map-by socket --report-bindings", "-mca btl_tcp_if_include eth0 -mca pml ob1",
+    "-x 'GREETING=hello world' --mca orte_base_help_aggregate 0 --timestamp-output", "--mca btl ^openib,ofi",
+])  # fmt: skip
+def test_real_custom_mpi_options_pass_as_written(options):
+    import shlex
+
+    assert parse_mpi_options(MPI_KEY, options) == tuple(shlex.split(options))
+
+
+@settings(max_examples=300, deadline=None)
+@given(GOOD_OPTIONS)
+def test_well_formed_options_pass_and_mpirun_still_runs_the_training_program(tokens):
+    assert parse_mpi_option_tokens(MPI_KEY, tuple(tokens)) == tuple(tokens)
+    assert mpirun_reads_as_program((*tokens, *PROGRAM)) == len(tokens)
+
+
+@settings(max_examples=300, deadline=None)
+@given(GOOD_OPTIONS, st.sampled_from(sorted(n for n, count in MPIRUN_OPTION_VALUES.items() if count)), st.data())
+def test_an_option_left_without_its_values_is_refused_not_fed_the_program(tokens, name, data):
+    given_values = data.draw(st.lists(SAFE_WORD, max_size=MPIRUN_OPTION_VALUES[name] - 1))
+    message = refused([*tokens, "--" + name, *given_values])
+    if name not in MPIRUN_OWNED_OPTIONS:
+        assert f"but --{name} takes {MPIRUN_OPTION_VALUES[name]} value" in message
+        assert "mpirun would take the training program as" in message
+
+
+@settings(max_examples=300, deadline=None)
+@given(GOOD_OPTIONS, st.sampled_from(sorted(MPIRUN_OWNED_OPTIONS)), st.sampled_from(["-", "--"]), GOOD_OPTIONS)
+def test_an_option_the_plan_owns_is_refused_wherever_it_is(before, name, dashes, after):
+    values = ["4"] * MPIRUN_OPTION_VALUES[name]
+    assert f"sets {dashes}{name}, which the launcher decides" in refused([*before, dashes + name, *values, *after])
+
+
+@settings(max_examples=200, deadline=None)
+@given(GOOD_OPTIONS, st.sampled_from(sorted(MPIRUN_OWNED_MCA)), st.sampled_from(["-mca", "--mca", "--gmca"]))
+def test_an_mca_parameter_the_plan_owns_is_refused(tokens, param, option):
+    assert f"sets the MCA parameter {param}, which the launcher decides" in refused([*tokens, option, param, "x"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(GOOD_OPTIONS, st.data())
+def test_a_control_character_anywhere_is_refused(tokens, data):
+    tokens = tokens or ["-x", "A"]
+    where = data.draw(st.integers(0, len(tokens) - 1))
+    control = data.draw(st.sampled_from([chr(c) for c in (*range(0x20), 0x7F, 0x85, 0x9B)]))
+    at = data.draw(st.integers(0, len(tokens[where])))
+    tokens[where] = tokens[where][:at] + control + tokens[where][at:]
+    assert f"which holds the control character U+{ord(control):04X}" in refused(tokens)
+
+
+@settings(max_examples=300, deadline=None)
+@given(GOOD_OPTIONS, SAFE_WORD.filter(lambda w: not w.startswith("-")) | st.just(""), GOOD_OPTIONS)
+def test_a_word_mpirun_would_run_as_the_program_is_refused(before, word, after):
+    assert "mpirun would run it as the program" in refused([*before, word, *after])
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.sampled_from(["-x", "--mca", "-np", "--host", "-verbose", "--app", "lo", "A=1", "", "-", "--",
+                                 "btl", "plm_rsh_agent", "$(id)", "a\nb", "--bogus", "--np=2"]) | st.text(max_size=6),
+                max_size=8))
+def test_whatever_gets_through_leaves_mpirun_running_the_training_program(tokens):
+    try:
+        parse_mpi_option_tokens(MPI_KEY, tuple(tokens))
+    except JobDefinitionError as exc:
+        assert f"The hyperparameter {MPI_KEY} in hyperparameters.json " in str(exc)
+        return
+    argv = (*tokens, *PROGRAM)
+    assert mpirun_reads_as_program(argv) == len(tokens)
+    assert not any(t.lstrip("-") in MPIRUN_OWNED_OPTIONS for t in tokens if t.startswith("-"))
+
+
+@pytest.mark.parametrize("options, expected", [
+    ("-x 'unclosed", "cannot be split into mpirun options as a shell would (No closing quotation"),
+    ("-x A=1 \\", "cannot be split into mpirun options as a shell would (No escaped character"),
+    ("--mca btl_tcp_if_include '$(touch /tmp/pwned)'", 'value "$(touch /tmp/pwned)", which holds one of the characters'),
+    ("--mca 'bad name' x", 'has --mca "bad name", which is not an MCA parameter name'),
+    ("-x -np", 'has -x "-np", which does not start with an environment variable name'),
+    ("--NCCL_DEBUG INFO", 'has "--NCCL_DEBUG", which is not an option of mpirun (Open MPI 4.1; an option\'s value goes '
+                          'in the next word, not after "="); to set the environment variable NCCL_DEBUG, write -x NCCL_DEBUG=VALUE'),
+    ("--np=2", 'has "--np=2", which is not an option of mpirun'),
+])  # fmt: skip
+def test_mpi_option_strings_refused_with_the_reason(options, expected):
+    with pytest.raises(JobDefinitionError) as err:
+        parse_mpi_options(MPI_KEY, options)
+    assert f"The hyperparameter {MPI_KEY} in hyperparameters.json " in str(err.value)
+    assert expected in str(err.value)
+
+
+def test_smdistributed_options_are_checked_too_and_reach_no_argv_unchecked():
+    hps = {"sagemaker_distributed_dataparallel_enabled": True,
+           "sagemaker_distributed_dataparallel_custom_mpi_options": "-x NCCL_DEBUG=INFO --hostfile /tmp/h"}
+    with pytest.raises(JobDefinitionError) as err:
+        parse_distribution(make_job(hps=hps))
+    assert "sagemaker_distributed_dataparallel_custom_mpi_options in hyperparameters.json sets --hostfile" in str(err.value)
+    hps["sagemaker_distributed_dataparallel_custom_mpi_options"] = "-x NCCL_DEBUG=INFO"
+    assert parse_distribution(make_job(hps=hps)).custom_mpi_options == ("-x", "NCCL_DEBUG=INFO")
+
+
+def test_an_instance_group_name_that_an_argv_could_misread_is_refused_even_without_groups():
+    with pytest.raises(JobDefinitionError) as err:
+        parse_distribution(make_job(hps={"sagemaker_mpi_enabled": True, "sagemaker_distribution_instance_groups": ["-H evil"]}))
+    assert 'sagemaker_distribution_instance_groups in hyperparameters.json names "-H evil", which is not an instance group name' in str(err.value)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.dictionaries(st.text(min_size=1, max_size=8).filter(lambda k: not k.startswith("sagemaker")),
+                       st.text(max_size=8) | st.sampled_from(["--nnodes", "-m", "--standalone"]), max_size=4))
+def test_torchrun_reads_no_user_hyperparameter_as_its_own_option(user):
+    """torchrun's argv from the job: host names and the leader (checked in config), numbers,
+    then the script; user hyperparameters come only after the script, where torchrun hands
+    every word to the script (argparse REMAINDER)."""
+    from support.jobs import GPU4, plan_for
+
+    torch = {"sagemaker_torch_distributed_enabled": True}
+    hosts = ("algo-1", "algo-2")
+    base = plan_for(make_job(hosts=hosts, hps=torch), GPU4).processes[0].argv
+    argv = plan_for(make_job(hosts=hosts, hps={**torch, **user}), GPU4).processes[0].argv
+    script = base.index("/opt/ml/code/train.py")
+    assert argv[: script + 1] == base[: script + 1]
 
 
 # --- launch errors: the kernel refuses to start the program ------------------------------------
