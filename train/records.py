@@ -13,6 +13,9 @@ from __future__ import annotations
 import io
 import os
 import struct
+import tokenize
+import zipfile
+import zlib
 from dataclasses import dataclass
 from typing import BinaryIO, Iterator
 
@@ -22,6 +25,33 @@ NPY_MAGIC = b"\x93NUMPY"
 ZIP_MAGIC = b"PK\x03\x04"
 RECORDIO_MAGIC = 0xCED7230A
 SUFFIXES = (".npz", ".npy", ".csv")
+
+
+# What each kind of channel file must be, for the message when one cannot be read.
+FORMATS = {
+    ".npz": ".npz shard (a NumPy zip archive of arrays 'x' and 'y')",
+    ".npy": ".npy shard (a NumPy 2-D array: label, features...)",
+    ".csv": "CSV shard (UTF-8 text of numbers: label, features...)",
+}
+# What numpy, zipfile and zlib raise on a file that is cut short or damaged: none of them
+# names the file ("BadZipFile: File is not a zip file", "cannot reshape array of size ...").
+# A damaged .npy header can also fail numpy's header parser (tokenize), a damaged zip
+# directory the zip reader (struct, an unsupported method, an impossible offset).
+_DAMAGE = (zipfile.BadZipFile, zlib.error, EOFError, ValueError, KeyError, UnicodeDecodeError, SyntaxError,
+           tokenize.TokenError, struct.error, NotImplementedError, OverflowError, OSError)
+_NOT_DAMAGE = (FileNotFoundError, PermissionError, IsADirectoryError)  # these name the file already
+
+
+class DataFileError(ValueError):
+    """A channel file that cannot be read as what its name says it is; the message names it."""
+
+
+def build_data_file_error(source: str, suffix: str, err: BaseException) -> DataFileError:
+    detail = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    if "pickled" in detail:  # numpy's last guess, and its advice to unpickle it, would mislead
+        detail = "it starts with neither a zip nor an .npy header"
+    return DataFileError(f"{source}: truncated or corrupt, not a readable {FORMATS[suffix]} "
+                         f"({type(err).__name__}{': ' + detail if detail else ''})")
 
 
 @dataclass(frozen=True)
@@ -57,10 +87,18 @@ def concat_tables(tables: list[Table], source: str) -> Table:
 
 
 def parse_npz(data: BinaryIO | str, source: str) -> Table:
-    with np.load(data, allow_pickle=False) as archive:
-        if "x" not in archive or "y" not in archive:
-            raise ValueError(f"{source}: an .npz shard needs arrays 'x' and 'y', found {sorted(archive.files)}")
-        return build_table(archive["x"], archive["y"], source)
+    try:
+        with np.load(data, allow_pickle=False) as archive:
+            if not isinstance(archive, np.lib.npyio.NpzFile):
+                raise ValueError("it holds a single .npy array, not a zip archive of arrays")
+            if "x" not in archive or "y" not in archive:
+                raise DataFileError(f"{source}: an .npz shard needs arrays 'x' and 'y', found {sorted(archive.files)}")
+            x, y = archive["x"], archive["y"]
+    except (DataFileError, *_NOT_DAMAGE):
+        raise
+    except _DAMAGE as err:
+        raise build_data_file_error(source, ".npz", err) from err
+    return build_table(x, y, source)
 
 
 def parse_csv_text(text: str, source: str) -> Table:
@@ -75,12 +113,27 @@ def parse_csv_text(text: str, source: str) -> Table:
 
 
 def load_table_file(path: str) -> Table:
+    """One shard; a damaged one is a DataFileError naming it and the format it should have."""
     if path.endswith(".npz"):
         return parse_npz(path, path)
     if path.endswith(".npy"):
-        return parse_label_first(np.load(path, allow_pickle=False), path)
-    with open(path, encoding="utf-8") as f:
-        return parse_csv_text(f.read(), path)
+        try:
+            table = np.load(path, allow_pickle=False)
+            if not isinstance(table, np.ndarray):
+                table.close()
+                raise ValueError("it is a zip archive (.npz), not a single array")
+        except _NOT_DAMAGE:
+            raise
+        except _DAMAGE as err:
+            raise build_data_file_error(path, ".npy", err) from err
+        return parse_label_first(table, path)
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise build_data_file_error(path, ".csv", err) from err
+    return parse_csv_text(text, path)
 
 
 def find_table_files(folder: str) -> list[str]:
@@ -135,9 +188,17 @@ def parse_stream(stream: BinaryIO, source: str) -> Table:
     if head == NPY_MAGIC:
         tables = []
         while reader.peek(1):
-            tables.append(parse_label_first(np.lib.format.read_array(reader, allow_pickle=False), source))
+            try:
+                array = np.lib.format.read_array(reader, allow_pickle=False)
+            except _DAMAGE as err:
+                raise build_data_file_error(source, ".npy", err) from err
+            tables.append(parse_label_first(array, source))
         return concat_tables(tables, source)
-    return parse_csv_text(reader.read().decode("utf-8"), source)
+    try:
+        text = reader.read().decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise build_data_file_error(source, ".csv", err) from err
+    return parse_csv_text(text, source)
 
 
 def parse_object(payload: bytes, source: str) -> Table:
