@@ -13,6 +13,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from collections import deque
 
 from entrypoint.rank.record_errors import MARKER, SIGNED, sign_report
 from entrypoint.ssh import can_connect
@@ -26,6 +27,10 @@ MAX_REPORT_BYTES = 65536
 # A report signed before the port opened is a replay (the key is the same for every run of the
 # same job definition); this much clock difference between hosts is allowed.
 REPORT_CLOCK_SKEW_S = 60.0
+
+# A report made during the run and sent again (a replay) is known by its signature: this many
+# signatures are kept, the oldest forgotten first. A job's ranks send one report each to each port.
+SEEN_SIGNATURES_KEPT = 4096
 
 
 def parse_signed_report(line: str, key_hex: str, not_before: float) -> tuple[str | None, str | None]:
@@ -54,11 +59,34 @@ def parse_signed_report(line: str, key_hex: str, not_before: float) -> tuple[str
     return record, None
 
 
+class SeenSignatures:
+    """The signatures of the reports taken so far, at most `kept` of them (oldest forgotten
+    first); thread-safe: each connection is read in a thread of its own."""
+
+    def __init__(self, kept: int = SEEN_SIGNATURES_KEPT):
+        self._kept = kept
+        self._order: deque[str] = deque()
+        self._seen: set[str] = set()
+        self._lock = threading.Lock()
+
+    def add(self, signature: str) -> bool:
+        """True the first time `signature` is added; False when it was seen before."""
+        with self._lock:
+            if signature in self._seen:
+                return False
+            self._seen.add(signature)
+            self._order.append(signature)
+            if len(self._order) > self._kept:
+                self._seen.discard(self._order.popleft())
+            return True
+
+
 class JobPort:
     """The host's port for its peers. A connection that sends nothing is a liveness probe.
     A connection may also carry one root-cause line from a failing rank on any host
     (rank/record_errors.py sends it), handed to on_report when it is signed with the job's
-    report key (parse_signed_report); anything else is logged by on_refused and dropped."""
+    report key (parse_signed_report) and its signature was not seen before on this port (a
+    report sent again is a replay); anything else is logged by on_refused and dropped."""
 
     def __init__(self, port: int, on_report=None, report_key: str = "", on_refused=None):
         self._sock = socket.create_server(("", port))
@@ -66,6 +94,7 @@ class JobPort:
         self._report_key = report_key
         self._on_refused = on_refused or (lambda address, why: None)
         self._opened_at = time.time()
+        self._seen = SeenSignatures()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._thread.start()
@@ -98,6 +127,8 @@ class JobPort:
             if not line.strip():
                 continue
             record, why = parse_signed_report(line, self._report_key, self._opened_at)
+            if record is not None and not self._seen.add(line[len(SIGNED):].partition(" ")[0]):
+                record, why = None, "received before (a replay)"
             if record is None:
                 self._on_refused(address[0] if address else "?", why)
             else:

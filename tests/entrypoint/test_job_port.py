@@ -131,3 +131,54 @@ def test_the_report_key_is_the_same_on_every_host_and_differs_between_jobs(tmp_p
     assert key("algo-1") == key("algo-2")
     assert key("algo-1", BYOC_JOB_SECRET="s3cr3t") == key("algo-2", BYOC_JOB_SECRET="s3cr3t") != key("algo-1")
     assert key("algo-1", TRAINING_JOB_NAME="job-b") != key("algo-1")
+
+
+def test_a_signed_report_sent_again_during_the_run_is_taken_once():
+    """A replay made during the run (its time is after the port opened) is known by its
+    signature: the second copy is refused and logged with the reason."""
+    import json
+
+    from entrypoint.rank.record_errors import MARKER, sign_report
+
+    port = free_port()
+    heard, refused = [], []
+    job_port = JobPort(port, on_report=heard.append, report_key=KEY,
+                       on_refused=lambda address, why: refused.append((address, why)))
+    try:
+        record = MARKER + json.dumps({"host": "algo-2", "rank": "1", "type": "KeyError", "message": "'shard 7'",
+                                      "time": time.time()})
+        signed = f"BYOC-SIGNED {sign_report(KEY, record)} {record}\n"
+        send(port, signed)
+        deadline = time.monotonic() + 10
+        while not heard and time.monotonic() < deadline:
+            time.sleep(0.05)
+        send(port, signed)
+        other = record.replace("'shard 7'", "'shard 8'")  # another report of the run is still heard
+        send(port, f"BYOC-SIGNED {sign_report(KEY, other)} {other}\n")
+        while (len(heard) < 2 or not refused) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.2)  # nothing more arrives
+    finally:
+        job_port.close()
+    assert [parse_root_cause_line(line).message for line in heard] == ["'shard 7'", "'shard 8'"]
+    assert refused == [("127.0.0.1", "received before (a replay)")]
+
+
+def test_the_signatures_remembered_are_bounded():
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    from entrypoint.liveness import SeenSignatures
+
+    @given(st.lists(st.text(alphabet="0123456789abcdef", min_size=1, max_size=4), max_size=60),
+           st.integers(min_value=1, max_value=8))
+    def check(signatures, kept):
+        seen = SeenSignatures(kept)
+        recent: list[str] = []  # the model: the last `kept` distinct signatures taken
+        for signature in signatures:
+            assert seen.add(signature) == (signature not in recent)
+            if signature not in recent:
+                recent = (recent + [signature])[-kept:]
+            assert len(seen._seen) == len(seen._order) <= kept
+
+    check()
