@@ -4,10 +4,11 @@ compatibility, decided from probed facts; the probes against fake /proc and comp
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
-from entrypoint.gpu_env import build_gpu_env, decide_cuda_compat, parse_driver_version
+from entrypoint.gpu_env import build_gpu_env, build_nccl_hang_env, decide_cuda_compat, parse_driver_version
 from entrypoint.probe import (
     CUDA_COMPAT_DIR,
     parse_nvidia_proc_version,
@@ -16,6 +17,8 @@ from entrypoint.probe import (
 )
 from support.jobs import CPU, GPU4, GPU8_EFA, make_job, plan_for
 
+NCCL_HANG = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+             "TORCH_NCCL_DUMP_ON_TIMEOUT": "1", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/opt/ml/output/data/nccl_trace_rank_"}
 PROPRIETARY = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 01:15:15 UTC 2023\nGCC version:  gcc version 10.2.1\n"
 OPEN = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.95.05  Release Build  (dvs-builder@U16)  Tue Sep 23 2025\n"
 
@@ -66,13 +69,13 @@ def test_no_gpu_no_nccl_or_cuda_settings():
 
 def test_efa_leaves_the_plugin_to_load_and_says_so():
     env, notes = build_gpu_env({}, GPU8_EFA, "eth0")
-    assert env == {}
-    assert notes == ["NCCL network: EFA through the aws-ofi-nccl plugin (libfabric's efa provider): an EFA device is present"]
+    assert env == NCCL_HANG
+    assert notes[0] == "NCCL network: EFA through the aws-ofi-nccl plugin (libfabric's efa provider): an EFA device is present"
 
 
 def test_no_efa_turns_the_plugin_off():
     env, notes = build_gpu_env({}, GPU4, "ens5")
-    assert env == {"NCCL_NET_PLUGIN": "none"}
+    assert env == {"NCCL_NET_PLUGIN": "none", **NCCL_HANG}
     assert notes[0].startswith("NCCL network: TCP sockets on ens5")
 
 
@@ -82,6 +85,67 @@ def test_the_jobs_own_nccl_network_choice_wins(environ):
         env, notes = build_gpu_env(environ, facts, "eth0")
         assert "NCCL_NET_PLUGIN" not in env
         assert notes[0].startswith("NCCL network: as the job's environment sets it (")
+
+
+@pytest.mark.parametrize("facts", [GPU4, GPU8_EFA])
+def test_gpu_jobs_get_the_nccl_watchdog_and_flight_recorder_with_the_trace_in_the_jobs_output(facts):
+    env, notes = build_gpu_env({}, facts, "eth0")
+    assert {k: env[k] for k in NCCL_HANG} == NCCL_HANG
+    assert "NCCL hangs: a collective past the process group's timeout fails its rank, and the last collectives are " \
+           "written to /opt/ml/output/data/nccl_trace_rank_<rank>" in notes
+    # Outside /opt/ml (SAGEMAKER_BASE_DIR), the trace follows the job's output folder.
+    env, _ = build_gpu_env({"SAGEMAKER_BASE_DIR": "/tmp/ml"}, facts, "eth0")
+    assert env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == "/tmp/ml/output/data/nccl_trace_rank_"
+
+
+def test_no_gpu_no_nccl_hang_settings():
+    env, notes = build_gpu_env({}, CPU, "eth0")
+    assert not any(k.startswith("TORCH_") for k in env) and not any("NCCL hangs" in n for n in notes)
+    assert not any(k.startswith("TORCH_") for k in plan_for(make_job(), CPU).env_dict)
+
+
+@pytest.mark.parametrize("environ, kept", [
+    ({"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"}, "TORCH_NCCL_ASYNC_ERROR_HANDLING"),
+    ({"NCCL_ASYNC_ERROR_HANDLING": "0"}, "TORCH_NCCL_ASYNC_ERROR_HANDLING"),  # torch's older name, read after ours
+    ({"TORCH_NCCL_TRACE_BUFFER_SIZE": "0"}, "TORCH_NCCL_TRACE_BUFFER_SIZE"),
+    ({"TORCH_FR_BUFFER_SIZE": "100"}, "TORCH_NCCL_TRACE_BUFFER_SIZE"),
+    ({"TORCH_NCCL_DUMP_ON_TIMEOUT": "0"}, "TORCH_NCCL_DUMP_ON_TIMEOUT"),
+    ({"TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/mnt/traces/rank_"}, "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"),
+    ({"TORCH_FR_DUMP_TEMP_FILE": "/mnt/traces/rank_"}, "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"),
+])  # fmt: skip
+def test_the_jobs_own_nccl_hang_setting_wins_under_either_of_torchs_names(environ, kept):
+    env, _ = build_gpu_env(environ, GPU4, "eth0")
+    assert kept not in env
+    assert {k: v for k, v in NCCL_HANG.items() if k != kept} == {k: env[k] for k in NCCL_HANG if k != kept}
+    assert build_nccl_hang_env(environ) == {k: v for k, v in NCCL_HANG.items() if k != kept}
+
+
+def test_the_nccl_hang_settings_reach_every_rank_of_a_gpu_job():
+    plan = plan_for(make_job(hosts=("algo-1", "algo-2"), hps={"sagemaker_mpi_enabled": True}), GPU4)
+    argv = plan.processes[0].argv
+    assert set(NCCL_HANG) <= {argv[i + 1] for i, a in enumerate(argv) if a == "-x"}  # forwarded by mpirun
+    torchrun = plan_for(make_job(hosts=("algo-1", "algo-2"), hps={"sagemaker_torch_distributed_enabled": True}), GPU4)
+    assert {k: torchrun.env_dict[k] for k in NCCL_HANG} == NCCL_HANG  # torchrun's ranks inherit its env
+
+
+def test_the_nccl_hang_setting_names_are_torchs():
+    """The names as the installed torch reads them: its C++ headers (shipped in the wheel, CPU
+    or CUDA) for most, the library's strings for the trace file's."""
+    import importlib.util
+    import mmap
+
+    spec = importlib.util.find_spec("torch")
+    if spec is None or spec.origin is None:
+        pytest.skip("torch is not installed in this environment: nothing to check the names against")
+    root = Path(spec.origin).parent
+    include = root / "include/torch/csrc/distributed/c10d"
+    text = (include / "ProcessGroupNCCL.hpp").read_text() + (include / "FlightRecorder.hpp").read_text()
+    for name in ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_TRACE_BUFFER_SIZE",
+                 "TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT"):
+        assert f'"{name}"' in text, name
+    with open(root / "lib/libtorch_cpu.so", "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as library:
+        for name in (b"TORCH_NCCL_DEBUG_INFO_TEMP_FILE\0", b"TORCH_FR_DUMP_TEMP_FILE\0"):
+            assert library.find(name) >= 0, name
 
 
 def test_compat_goes_first_on_the_library_path_once():

@@ -34,6 +34,10 @@ def non_sm_env(plan):
 # What the PyTorch DLC exports for every job, with or without a launcher
 # (sagemaker_pytorch_container.training: _set_distributed_environment, _set_nccl_environment).
 RENDEZVOUS_ALGO_1 = {"MASTER_ADDR": "algo-1", "MASTER_PORT": "7777", "NCCL_SOCKET_IFNAME": "eth0"}
+# Every GPU job: torch's NCCL watchdog fails a rank stuck in a collective, the flight recorder's
+# trace goes to the job's output (entrypoint/gpu_env.py).
+NCCL_HANG = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+             "TORCH_NCCL_DUMP_ON_TIMEOUT": "1", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/opt/ml/output/data/nccl_trace_rank_"}
 
 
 def test_one_host_single_process():
@@ -80,7 +84,7 @@ def test_two_hosts_torchrun_same_command_node_rank_from_order(current, node_rank
     assert non_sm_env(plan) == {
         "FI_PROVIDER": "efa", "RDMAV_FORK_SAFE": "1", "FI_EFA_FORK_SAFE": "1",
         "MASTER_ADDR": "algo-1", "MASTER_PORT": "7777", "NCCL_SOCKET_IFNAME": "eth0",
-        "BYOC_JOB_PORTS": "algo-1:7778,algo-2:7778",
+        "BYOC_JOB_PORTS": "algo-1:7778,algo-2:7778", **NCCL_HANG,
     }
 
 
@@ -104,7 +108,7 @@ def test_two_hosts_without_efa_gets_no_fi_variables_and_no_ofi_plugin():
     never loaded, and the plan says so."""
     plan = plan_for(make_job(hosts=("algo-1", "algo-2"), hps=TORCH), GPU4)
     assert non_sm_env(plan) == {"MASTER_ADDR": "algo-1", "MASTER_PORT": "7777", "NCCL_SOCKET_IFNAME": "eth0",
-                                "BYOC_JOB_PORTS": "algo-1:7778,algo-2:7778", "NCCL_NET_PLUGIN": "none"}
+                                "BYOC_JOB_PORTS": "algo-1:7778,algo-2:7778", "NCCL_NET_PLUGIN": "none", **NCCL_HANG}
     assert any(n.startswith("NCCL network: TCP sockets on eth0") for n in plan.notes), plan.notes
 
 
