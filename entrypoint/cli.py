@@ -170,7 +170,7 @@ def run_preflight(job: JobConfig, facts: MachineFacts, plan: LaunchPlan, paths: 
 
     started = time.monotonic()
     # The folders whose loss costs the run: the model (written at the end) and checkpoints.
-    folders = [paths.model_dir] + ([job.checkpoint.local_path] if job.checkpoint else [])
+    folders = [paths.model_dir, paths.output_dir] + ([job.checkpoint.local_path] if job.checkpoint else [])
     found = preflight.decide_preflight(preflight.probe_preflight_facts(
         plan.current_host, job.resource.current_instance_type, folders, facts.gpu_count, facts.neuron_core_count,
         facts.efa, plan.processes_per_host))

@@ -6,8 +6,10 @@ the first checkpoint.
 ms in all); `decide_preflight` is pure. Checks:
   - /dev/shm: Docker's default is 64 MB; NCCL between a host's GPUs needs far more (fatal
     with more than one GPU process per host), and data loaders and gloo use it too (warning);
-  - free disk under /opt/ml/model and the checkpoint folder: a job that cannot write its
-    model loses the whole run at the end (fatal below FATAL_DISK_BYTES);
+  - free disk under /opt/ml/model, /opt/ml/output (output/failure, output/data, NCCL's dumps)
+    and the checkpoint folder: a job that cannot write its model loses the whole run at the
+    end, one that cannot write output/failure fails without a reason (fatal below
+    FATAL_DISK_BYTES);
   - accelerators: fewer GPUs or Neuron cores than the instance type has (a failed device)
     makes the collective init hang or fail; fatal, the fix is to rerun (a new instance);
   - `ulimit -l` with EFA: libfabric pins memory; a limit below unlimited fails at the first
@@ -26,17 +28,31 @@ SHM_ADVISED = 256 * MIB
 FATAL_DISK_BYTES = 64 * MIB
 LOW_DISK_BYTES = 1024 * MIB
 
-# GPUs and Neuron cores per SageMaker instance type (the ones this image targets). A type not
-# listed is not checked.
+# GPUs and Neuron cores per SageMaker instance type (the ones this image targets), from AWS's
+# published instance specifications (EC2 accelerated computing instances: the ml.* type has the
+# EC2 type's accelerators). A type not listed is not checked.
 GPUS = {
-    "ml.p4d.24xlarge": 8, "ml.p4de.24xlarge": 8, "ml.p5.48xlarge": 8, "ml.p5e.48xlarge": 8, "ml.p5en.48xlarge": 8,
-    "ml.p6-b200.48xlarge": 8, "ml.p3.2xlarge": 1, "ml.p3.8xlarge": 4, "ml.p3.16xlarge": 8, "ml.p3dn.24xlarge": 8,
-    "ml.g5.xlarge": 1, "ml.g5.2xlarge": 1, "ml.g5.4xlarge": 1, "ml.g5.8xlarge": 1, "ml.g5.16xlarge": 1,
+    "ml.p3.2xlarge": 1, "ml.p3.8xlarge": 4, "ml.p3.16xlarge": 8, "ml.p3dn.24xlarge": 8,  # V100
+    "ml.p4d.24xlarge": 8, "ml.p4de.24xlarge": 8,  # A100
+    "ml.p5.48xlarge": 8, "ml.p5e.48xlarge": 8, "ml.p5en.48xlarge": 8,  # H100, H200
+    "ml.p6-b200.48xlarge": 8,  # B200
+    "ml.g4dn.xlarge": 1, "ml.g4dn.2xlarge": 1, "ml.g4dn.4xlarge": 1, "ml.g4dn.8xlarge": 1,  # T4
+    "ml.g4dn.16xlarge": 1, "ml.g4dn.12xlarge": 4,
+    "ml.g5.xlarge": 1, "ml.g5.2xlarge": 1, "ml.g5.4xlarge": 1, "ml.g5.8xlarge": 1, "ml.g5.16xlarge": 1,  # A10G
     "ml.g5.12xlarge": 4, "ml.g5.24xlarge": 4, "ml.g5.48xlarge": 8,
-    "ml.g6.xlarge": 1, "ml.g6.2xlarge": 1, "ml.g6.12xlarge": 4, "ml.g6.24xlarge": 4, "ml.g6.48xlarge": 8,
-    "ml.g6e.xlarge": 1, "ml.g6e.12xlarge": 4, "ml.g6e.24xlarge": 4, "ml.g6e.48xlarge": 8,
+    "ml.g6.xlarge": 1, "ml.g6.2xlarge": 1, "ml.g6.4xlarge": 1, "ml.g6.8xlarge": 1, "ml.g6.16xlarge": 1,  # L4
+    "ml.g6.12xlarge": 4, "ml.g6.24xlarge": 4, "ml.g6.48xlarge": 8,
+    "ml.g6e.xlarge": 1, "ml.g6e.2xlarge": 1, "ml.g6e.4xlarge": 1, "ml.g6e.8xlarge": 1,  # L40S
+    "ml.g6e.16xlarge": 1, "ml.g6e.12xlarge": 4, "ml.g6e.24xlarge": 4, "ml.g6e.48xlarge": 8,
 }  # fmt: skip
-NEURON_CORES = {"ml.trn1.2xlarge": 2, "ml.trn1.32xlarge": 32, "ml.trn1n.32xlarge": 32}
+# NeuronCores as neuron-ls counts them (nc_count): 2 per Trainium or Inferentia2 chip; a
+# Trainium2 chip has 8 physical cores, shown as 4 logical ones in the default Logical NeuronCore
+# configuration (LNC=2) and 8 with LNC=1, so the smaller count is the one expected.
+NEURON_CORES = {
+    "ml.trn1.2xlarge": 2, "ml.trn1.32xlarge": 32, "ml.trn1n.32xlarge": 32,  # 1 or 16 Trainium chips
+    "ml.trn2.48xlarge": 64,  # 16 Trainium2 chips
+    "ml.inf2.xlarge": 2, "ml.inf2.8xlarge": 2, "ml.inf2.24xlarge": 12, "ml.inf2.48xlarge": 24,  # 1, 1, 6, 12 chips
+}  # fmt: skip
 
 
 class PreflightFacts(NamedTuple):
@@ -71,9 +87,9 @@ def decide_preflight(facts: PreflightFacts) -> list[Finding]:
                                         f"collectives may run out of shared memory; {fix}."))
     for folder, free in facts.free_bytes:
         if free < FATAL_DISK_BYTES:
-            found.append(Finding(True, f"{folder} on {host} has {free // MIB} MiB free: the model and checkpoints "
-                                       f"could not be written; free space there or use a larger volume "
-                                       f"(the estimator's volume_size)."))
+            found.append(Finding(True, f"{folder} on {host} has {free // MIB} MiB free: what the job writes there "
+                                       f"(the model, checkpoints, output/failure) could not be written; free space "
+                                       f"there or use a larger volume (the estimator's volume_size)."))
         elif free < LOW_DISK_BYTES:
             found.append(Finding(False, f"{folder} on {host} has only {free // MIB} MiB free."))
     expected_gpus = GPUS.get(facts.instance_type)

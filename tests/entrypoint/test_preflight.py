@@ -59,6 +59,42 @@ def test_a_missing_gpu_or_neuron_core_is_fatal():
     assert texts(HEALTHY._replace(instance_type="ml.unknown.size")) == []  # not in the table: not checked
 
 
+# From AWS's published specifications of the EC2 instance types (the ml.* type has the same
+# accelerators); the g4dn family and the g6/g6e mid sizes were missing from the table.
+@pytest.mark.parametrize("instance_type, gpus", [
+    ("ml.g4dn.xlarge", 1), ("ml.g4dn.2xlarge", 1), ("ml.g4dn.4xlarge", 1), ("ml.g4dn.8xlarge", 1),
+    ("ml.g4dn.16xlarge", 1), ("ml.g4dn.12xlarge", 4),
+    ("ml.g6.4xlarge", 1), ("ml.g6.8xlarge", 1), ("ml.g6.16xlarge", 1),
+    ("ml.g6e.2xlarge", 1), ("ml.g6e.4xlarge", 1), ("ml.g6e.8xlarge", 1), ("ml.g6e.16xlarge", 1),
+    ("ml.g6e.12xlarge", 4), ("ml.p5en.48xlarge", 8), ("ml.p3.8xlarge", 4),
+])  # fmt: skip
+def test_every_gpu_instance_type_is_checked_for_its_gpus(instance_type, gpus):
+    facts = HEALTHY._replace(instance_type=instance_type, gpu_count=gpus, processes_per_host=gpus, efa=False)
+    assert texts(facts) == []
+    [(fatal, text)] = texts(facts._replace(gpu_count=gpus - 1))
+    assert fatal and f"algo-1 ({instance_type}) shows {gpus - 1} of its {gpus} GPUs" in text
+
+
+@pytest.mark.parametrize("instance_type, cores", [
+    ("ml.trn1.2xlarge", 2), ("ml.trn1n.32xlarge", 32), ("ml.trn2.48xlarge", 64),  # trn2: logical cores, LNC=2
+    ("ml.inf2.xlarge", 2), ("ml.inf2.8xlarge", 2), ("ml.inf2.24xlarge", 12), ("ml.inf2.48xlarge", 24),
+])  # fmt: skip
+def test_every_neuron_instance_type_is_checked_for_its_cores(instance_type, cores):
+    facts = HEALTHY._replace(instance_type=instance_type, gpu_count=0, neuron_core_count=cores,
+                             processes_per_host=cores, efa=False)  # fmt: skip
+    assert texts(facts) == []
+    [(fatal, text)] = texts(facts._replace(neuron_core_count=cores - 1))
+    assert fatal and f"shows {cores - 1} of its {cores} Neuron cores" in text
+
+
+def test_the_instance_tables_hold_only_plausible_counts():
+    from entrypoint.preflight import GPUS, NEURON_CORES
+
+    assert all(name.startswith("ml.") and count in (1, 2, 4, 8) for name, count in GPUS.items())
+    assert all(name.startswith("ml.") and count % 2 == 0 for name, count in NEURON_CORES.items())
+    assert not set(GPUS) & set(NEURON_CORES)
+
+
 def test_efa_needs_unlimited_locked_memory():
     [(fatal, text)] = texts(HEALTHY._replace(memlock_soft=64 * 1024))
     assert fatal and text.startswith("ulimit -l on algo-1 is 64 KiB: EFA") and "--ulimit memlock=-1" in text
@@ -71,10 +107,14 @@ def test_the_probe_reads_this_machine(tmp_path):
     assert facts.shm_bytes is None or facts.shm_bytes > 0
 
 
-def test_a_fatal_finding_stops_the_job_before_the_script(tmp_path):
+def skip_without_mount_namespaces(what: str) -> None:
     if os.geteuid() != 0 or shutil.which("unshare") is None or subprocess.run(
             ["unshare", "--mount", "true"], capture_output=True).returncode != 0:
-        pytest.skip("needs root and unshare(1) allowed: /opt/ml/model is a full 1 MiB tmpfs in a mount namespace")
+        pytest.skip(f"needs root and unshare(1) allowed: {what} is a full 1 MiB tmpfs in a mount namespace")
+
+
+def test_a_fatal_finding_stops_the_job_before_the_script(tmp_path):
+    skip_without_mount_namespaces("/opt/ml/model")
     root = write_tree(tmp_path, script="print('must not run')\n")
     model = root / "model"
     done = subprocess.run(
@@ -86,4 +126,21 @@ def test_a_fatal_finding_stops_the_job_before_the_script(tmp_path):
     assert "must not run" not in done.stdout
     report = failure_text(root)
     assert report.startswith(f"Pre-flight check failed, the training never started: {model} on algo-1 has 1 MiB free")
+    assert "pre-flight: 1 fatal" in done.stderr
+
+
+def test_a_full_output_folder_stops_the_job_before_the_script(tmp_path):
+    """/opt/ml/output holds output/failure, output/data and NCCL's dumps: a job that cannot write
+    there would fail without a reason. The model folder has room; only the output folder is full."""
+    skip_without_mount_namespaces("/opt/ml/output")
+    root = write_tree(tmp_path, script="print('must not run')\n")
+    output = root / "output"
+    done = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
+         'mount -t tmpfs -o size=1m tmpfs "$OUTPUT" && exec "$0" -m entrypoint train', PYTHON],
+        env={**entrypoint_env(root), "OUTPUT": str(output)}, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == EXIT_BAD_JOB, done.stderr[-2000:]
+    assert "must not run" not in done.stdout
+    assert f"pre-flight FAILED: {output} on algo-1 has 1 MiB free" in done.stderr
     assert "pre-flight: 1 fatal" in done.stderr
