@@ -3,17 +3,20 @@
 SageMaker shows the first 1,024 characters as FailureReason, so the first paragraph must
 stand alone: what failed, where (host, rank), the exception and the exit code. Values of
 environment variables whose names look like secrets are masked everywhere in the report, in
-every form they take in text, and in each output line before it is cut to length.
+every form they take in text, also broken over lines, and in each output line before it is cut
+to length (SecretLines: together with the lines before it in its stream).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import signal
 from typing import Iterable, Mapping, NamedTuple
 
-from entrypoint.rank.record_errors import MARKER, MASK, build_secret_forms, is_secret_name
+from entrypoint.rank.record_errors import (MARKER, build_masked, build_secret_forms, build_secret_pattern,
+                                           build_secret_values, find_secret_spans)
 
 EXCEPTION_LINE = re.compile(r"^(?:\[[^\]]*\]<std(?:out|err)>:)?\s*([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Fault|Warning)\b[^\n]*)$")
 
@@ -108,22 +111,80 @@ def guess_lost_host(lines: list[str]) -> str | None:
 
 
 def secret_values(environ: Mapping[str, str]) -> list[str]:
-    values = {v for k, v in environ.items() if is_secret_name(k) and len(v) >= 6}
-    return sorted(values, key=len, reverse=True)  # longest first: no partial masking
+    """The values masked in every report (record_errors.build_secret_values: the ranks' rule)."""
+    return build_secret_values(environ)
+
+
+@functools.lru_cache(maxsize=16)
+def _secret_pattern(secrets: tuple[str, ...]):
+    """(the pattern, the longest form's length), built once per set of secrets."""
+    forms = build_secret_forms(secrets)
+    return build_secret_pattern(secrets), max(map(len, forms), default=0)
 
 
 def redact(text: str, secrets: list[str]) -> str:
     """Mask every form of every secret (build_secret_forms), also where the text breaks it
-    over lines (a wrapped print, a value split across two output lines)."""
-    if not secrets:
-        return text
-    for form in build_secret_forms(secrets):
-        text = text.replace(form, MASK)
-        if len(form) >= 12 and "\n" in text:
-            # Line breaks between any of its characters (a wrapped print).
-            spread = "\n?".join(re.escape(c) for c in form)
-            text = re.sub(spread, MASK, text)
-    return text
+    over lines, each break followed by any indentation (a wrapped print, a value split across
+    two output lines): each occurrence, breaks and all, becomes one MASK."""
+    pattern = _secret_pattern(tuple(secrets))[0] if secrets else None
+    return build_masked(text, find_secret_spans(pattern, text)) if pattern is not None else text
+
+
+# How far back in a stream a secret broken over lines is looked for, beyond the longest form's
+# length: room for the line breaks inside it and the indentation after them.
+SPLIT_REACH_CHARS = 256
+
+
+class SecretLines:
+    """The secrets in one stream of output lines (one child's stdout or stderr), masked line by
+    line before anything cuts a line to length. Pure: no I/O.
+
+    Each line is masked together with the end of the stream's lines before it, so a value broken
+    over lines is masked in every line that holds a part of it: the new line comes back masked,
+    and so does each earlier line whose end it completed (a line shown only in part, or one
+    already gone from a bounded tail, leaves nothing of it behind). A value is found when all of
+    it lies within the longest form's length and SPLIT_REACH_CHARS of the stream."""
+
+    def __init__(self, secrets: list[str] | tuple[str, ...]) -> None:
+        self.pattern, longest = _secret_pattern(tuple(secrets)) if secrets else (None, 0)
+        self.reach = longest + SPLIT_REACH_CHARS
+        self.recent: list[tuple[str, list[tuple[int, int]], object]] = []  # (text, masked spans, key), oldest first
+
+    def add(self, text: str, key: object = None) -> tuple[str, list[tuple[object, str]]]:
+        """text masked, and (key, masked text) for each earlier line of the stream that this one
+        changed (key: what the caller passed with that line)."""
+        if self.pattern is None:
+            return text, []
+        skip = max(0, len(self.recent[0][0]) - self.reach) if self.recent else 0  # the first line: its end only
+        pieces = [t for t, _, _ in self.recent] + [text]
+        pieces[0] = pieces[0][skip:]
+        starts, at = [], 0
+        for piece in pieces:
+            starts.append(at)
+            at += len(piece) + 1
+        joined = "\n".join(pieces)
+        spans: list[list[tuple[int, int]]] = [[] for _ in pieces]
+        for found_start, found_end in find_secret_spans(self.pattern, joined, max(0, starts[-1] - self.reach)):
+            if found_end <= starts[-1]:
+                continue  # all in earlier lines: masked when the last of them came
+            for i, start in enumerate(starts):
+                low, high = max(found_start, start), min(found_end, start + len(pieces[i]))
+                if low < high:
+                    offset = skip - start if i == 0 else -start
+                    spans[i].append((low + offset, high + offset))
+        changed = []
+        for (earlier, earlier_spans, earlier_key), new_spans in zip(self.recent, spans):
+            if new_spans:
+                earlier_spans += new_spans
+                changed.append((earlier_key, build_masked(earlier, earlier_spans)))
+        self.recent.append((text, spans[-1], key))
+        after = 0  # forget the lines that no later match can reach
+        for i in range(len(self.recent) - 1, 0, -1):
+            after += len(self.recent[i][0]) + 1
+            if after >= self.reach:
+                del self.recent[:i]
+                break
+        return build_masked(text, spans[-1]), changed
 
 
 def build_failure_report(

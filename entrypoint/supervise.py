@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 from entrypoint import processes
 from entrypoint.errors import EXIT_BAD_JOB
-from entrypoint.failure import parse_root_cause_line, redact
+from entrypoint.failure import SecretLines, parse_root_cause_line
 from entrypoint.log import log
 from entrypoint.plan import ProcessSpec
 from entrypoint.probe import load_oom_kill_count
@@ -34,7 +34,17 @@ POLL_S = 0.01
 
 
 class OutputCollector:
-    """Shared by the pumps of every child: the tail and the root causes seen so far."""
+    """Shared by the pumps of every child: the tail and the root causes seen so far.
+
+    Secrets are masked in each line before it is cut to TAIL_LINE_CHARS, together with the lines
+    before it in its stream (failure.SecretLines, one per pump): a secret broken over two lines is
+    masked in both tail entries, the earlier one replaced when the later one completes it."""
+
+    class _Line(str):
+        """A tail entry of its own identity, so that the collector finds it again to mask the
+        part of a secret that a later line of its stream completes."""
+
+        __slots__ = ()
 
     def __init__(self, secrets: list[str] | tuple[str, ...] = ()) -> None:
         self.tail: collections.deque = collections.deque(maxlen=TAIL_LINES)
@@ -43,9 +53,11 @@ class OutputCollector:
         self.secrets = list(secrets)  # masked in each line before it is cut to TAIL_LINE_CHARS
         self.last_output = time.monotonic()  # when a child last printed a line (hang detection)
         self.capture: list[str] | None = None  # every line, while stacks are being collected
+        self.stream = self.open_stream()  # for lines added without a stream of their own
 
-    def redact(self, text: str) -> str:
-        return redact(text, self.secrets) if self.secrets else text
+    def open_stream(self) -> SecretLines | None:
+        """The masking state of one stream of lines (a pump's); None when there are no secrets."""
+        return SecretLines(self.secrets) if self.secrets else None
 
     def reset(self) -> None:
         """Forget the tail and root causes (a restarted job's next attempt reports on its own)."""
@@ -53,8 +65,8 @@ class OutputCollector:
             self.tail.clear()
             self.root_causes.clear()
 
-    def add_line(self, raw: bytes) -> None:
-        self.add_line_text(raw.decode("utf-8", "replace"))
+    def add_line(self, raw: bytes, stream: SecretLines | None = None) -> None:
+        self.add_line_text(raw.decode("utf-8", "replace"), stream)
 
     def start_capture(self) -> None:
         with self.lock:
@@ -64,7 +76,9 @@ class OutputCollector:
         with self.lock:
             return list(self.capture or [])
 
-    def add_line_text(self, line: str) -> None:
+    def add_line_text(self, line: str, stream: SecretLines | None = None, keep_end: bool = False) -> None:
+        """keep_end: the tail keeps the line's last TAIL_LINE_CHARS, not its first (a very long
+        line's latest part)."""
         line = line.rstrip("\r\n")
         cause = parse_root_cause_line(line) if "BYOC-ROOT-CAUSE" in line else None
         with self.lock:
@@ -73,14 +87,28 @@ class OutputCollector:
                 self.capture.append(line)
             if cause is not None:
                 self.root_causes.append(cause)
+            elif not self.secrets:
+                self.tail.append(line[-TAIL_LINE_CHARS:] if keep_end else line[:TAIL_LINE_CHARS])
             else:
-                if self.secrets:
-                    line = redact(line, self.secrets)
-                self.tail.append(line[:TAIL_LINE_CHARS])
+                # Masked before it is cut; the earlier lines this one completes a secret in, again.
+                slot = [None, keep_end]  # [its entry in the tail, keep_end]
+                masked, changed = (stream or self.stream).add(line, slot)
+                self.tail.append(self._set_entry(slot, masked))
+                for earlier, text in changed:
+                    entry, new = earlier[0], self._set_entry(earlier, text)
+                    for i in range(len(self.tail) - 1, -1, -1):
+                        if self.tail[i] is entry:
+                            self.tail[i] = new
+                            break
+
+    def _set_entry(self, slot: list, masked: str) -> OutputCollector._Line:
+        slot[0] = self._Line(masked[-TAIL_LINE_CHARS:] if slot[1] else masked[:TAIL_LINE_CHARS])
+        return slot[0]
 
 
 def _pump(pipe, sink, collector: OutputCollector) -> None:
     partial = b""
+    stream = collector.open_stream()  # this pipe's lines: a secret split over two is masked in both
     try:
         while True:
             chunk = pipe.read1(65536)
@@ -91,17 +119,17 @@ def _pump(pipe, sink, collector: OutputCollector) -> None:
             partial += chunk
             *lines, partial = partial.split(b"\n")
             for line in lines:
-                collector.add_line(line)
+                collector.add_line(line, stream)
             if len(partial) > 65536:  # a very long line (progress bars with \r): keep moving
-                # Masked before it is cut (add_line masks, then keeps the line's start).
-                tail = collector.redact(partial[-8 * TAIL_LINE_CHARS:].decode("utf-8", "replace"))
-                collector.add_line_text(tail[-TAIL_LINE_CHARS:])
+                # Its end, masked before it is cut (together with what came before and after it).
+                end = partial[-8 * TAIL_LINE_CHARS:].decode("utf-8", "replace")
+                collector.add_line_text(end, stream, keep_end=True)
                 partial = b""
     except (OSError, ValueError):
         pass
     finally:
         if partial:
-            collector.add_line(partial)
+            collector.add_line(partial, stream)
         pipe.close()
 
 

@@ -33,7 +33,12 @@ MESSAGE_LIMIT = 2000
 # Environment variables whose names hold one of these words carry secrets: their values are
 # masked in every report, in every form (entrypoint/failure.py uses the same rule).
 SECRET_NAME_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "SESSION")
+MIN_SECRET_CHARS = 6  # a shorter value (or form of one) is not masked: it would mask ordinary text
 MASK = "****"
+# Between any two characters of a secret in text: nothing, or a line break (a wrapped print, a
+# value split over two output lines) and the next line's indentation. Not \s*: blank lines are
+# not indentation, and a run of line breaks would make the match backtrack without end.
+SECRET_LINE_BREAK = r"(?:\r?\n[^\S\r\n]*)?"
 REPORT_TIMEOUT_S = 5.0
 
 # What sys.path was before the user's program: this folder first, then the interpreter's own.
@@ -61,6 +66,13 @@ def is_secret_name(name: str) -> bool:
     return any(word in upper for word in SECRET_NAME_WORDS)
 
 
+def build_secret_values(environ) -> list:
+    """The values to mask: those of environ's secret-named variables, MIN_SECRET_CHARS or
+    longer, longest first (the launcher and the ranks use this one rule)."""
+    values = {v for k, v in environ.items() if is_secret_name(k) and len(v) >= MIN_SECRET_CHARS}
+    return sorted(values, key=lambda v: (-len(v), v))
+
+
 def build_secret_forms(values) -> list:
     """Every form a secret value takes in text: as written, escaped as repr() and JSON write
     it (inside the quotes), URL-encoded; longest first, so no form is masked only in part."""
@@ -71,16 +83,45 @@ def build_secret_forms(values) -> list:
     for value in values:
         forms |= {value, repr(value)[1:-1], json.dumps(value)[1:-1], json.dumps(value, ensure_ascii=False)[1:-1],
                   parse.quote(value, safe=""), parse.quote_plus(value, safe="")}
-    return sorted((f for f in forms if len(f) >= 6), key=len, reverse=True)
+    return sorted((f for f in forms if len(f) >= MIN_SECRET_CHARS), key=lambda f: (-len(f), f))
+
+
+def build_secret_pattern(values):
+    """One regular expression that finds every form of every secret (build_secret_forms), also
+    where the text breaks it over lines between any two of its characters (SECRET_LINE_BREAK),
+    whatever its length; None when there is nothing to mask. The one masking mechanism: the
+    ranks' records here, the entrypoint's reports and output tail (entrypoint/failure.py).
+    It matches (empty) at every place a secret starts, the secret as group 1: overlapping
+    occurrences are all found (find_secret_spans)."""
+    forms = build_secret_forms(values) if values else []
+    if not forms:
+        return None
+    re = _stdlib("re")
+    return re.compile("(?=(" + "|".join(SECRET_LINE_BREAK.join(re.escape(c) for c in form) for form in forms) + "))")
+
+
+def find_secret_spans(pattern, text: str, pos: int = 0) -> list:
+    """Where the secrets of pattern (build_secret_pattern) lie in text[pos:]: [start, end) pairs."""
+    return [match.span(1) for match in pattern.finditer(text, pos)]
+
+
+def build_masked(text: str, spans) -> str:
+    """text with each run of masked characters (spans: [start, end) pairs, may overlap) one MASK."""
+    out, at = [], 0
+    for start, end in sorted(spans):
+        if end <= at:
+            continue
+        if start >= at:
+            out += [text[at:start], MASK]
+        at = end
+    return "".join(out) + text[at:]
 
 
 def mask_secrets(text: str, environ=None) -> str:
-    """text with every form of every secret in environ (default: ours) masked."""
-    environ = os.environ if environ is None else environ
-    values = [v for k, v in environ.items() if is_secret_name(k) and len(v) >= 6]
-    for form in build_secret_forms(values) if values else ():
-        text = text.replace(form, MASK)
-    return text
+    """text with every form of every secret in environ (default: ours) masked, also where it is
+    broken over lines: each occurrence, breaks and all, becomes one MASK."""
+    pattern = build_secret_pattern(build_secret_values(os.environ if environ is None else environ))
+    return build_masked(text, find_secret_spans(pattern, text)) if pattern is not None else text
 
 
 def _rank() -> str:
@@ -106,7 +147,7 @@ def _record(exc: BaseException) -> None:
             "message": {
                 "message": f"{record['type']}: {record['message']}",
                 "extraInfo": {
-                    "py_callstack": "".join(traceback.format_exception(exc)),
+                    "py_callstack": mask_secrets("".join(traceback.format_exception(exc))),
                     "timestamp": str(int(record["time"])),
                 },
             }
@@ -119,7 +160,8 @@ def _record(exc: BaseException) -> None:
 
 
 def build_root_cause(type_name: str, message: str, where: str) -> dict:
-    """A root-cause record of this rank (what _record makes from an exception)."""
+    """A root-cause record of this rank (what _record makes from an exception). The message is
+    masked whole, before it is cut: a secret across the cut, even broken over lines, is masked."""
     message = mask_secrets(message)
     if len(message) > MESSAGE_LIMIT:
         message = message[:MESSAGE_LIMIT] + "..."

@@ -4,22 +4,27 @@ a value takes in text, and masked before anything cuts a line or a message to le
 
 from __future__ import annotations
 
+import io
 import json
+import os
+import string
 import subprocess
+from unittest import mock
 from urllib.parse import quote, quote_plus
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from entrypoint.supervise import TAIL_LINE_CHARS, OutputCollector
-from entrypoint.failure import redact
-from entrypoint.rank.record_errors import MESSAGE_LIMIT, mask_secrets
+from entrypoint.supervise import TAIL_LINE_CHARS, TAIL_LINES, OutputCollector, _pump
+from entrypoint.failure import build_failure_report, redact, secret_values
+from entrypoint.rank.record_errors import MESSAGE_LIMIT, MIN_SECRET_CHARS, build_root_cause, mask_secrets
 from support.jobtree import PYTHON, entrypoint_env, failure_text, write_tree
 
 SECRET = 'sk-live"9f\\3Kq/x+y&z=w é-token-0042'
+PASSWORD = "Pw8!zQ_k"  # shorter than 12 characters: the line-break rule holds for it too
 
 
-def _fragments(secret: str, size: int = 8) -> set[str]:
+def _fragments(secret: str, size: int = MIN_SECRET_CHARS) -> set[str]:
     return {secret[i:i + size] for i in range(len(secret) - size + 1)}
 
 
@@ -64,14 +69,124 @@ def test_the_failure_file_holds_no_form_of_a_secret_end_to_end(tmp_path):
         "print('repr', repr(s)); print('json', json.dumps(s)); print('url', urllib.parse.quote(s, safe=''))\n"
         "print('wrapped', s[:15]); print(s[15:])\n"
         "print('long', 'y' * 495 + s)\n"
+        "print('cut and split', 'w' * 490 + s[:20]); print('      ' + s[20:])\n"
+        "p = os.environ['DB_PASSWORD']; print('short', p[:2]); print('  ', p[2:])\n"
         "raise ValueError('x' * 1995 + s)\n"
     )
     root = write_tree(tmp_path, script=script)
-    done = subprocess.run([PYTHON, "-m", "entrypoint", "train"], env=entrypoint_env(root, MY_API_TOKEN=SECRET),
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    # A job name of its own: runtime folders are per job, and other runs of this test on the machine share none.
+    env = entrypoint_env(root, MY_API_TOKEN=SECRET, DB_PASSWORD=PASSWORD, TRAINING_JOB_NAME=f"secrets-{os.getpid()}")
+    done = subprocess.run([PYTHON, "-m", "entrypoint", "train"], env=env, capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
     assert done.returncode == 1
     report = failure_text(root)
     assert report.startswith("ValueError: xxxx") and "****" in report
-    assert not _leaks(report), _leaks(report)
+    assert not _leaks(report) and not _leaks(report, PASSWORD), report
     ours = "\n".join(line for line in done.stderr.splitlines() if line.startswith("[entrypoint]"))
-    assert not _leaks(ours)
+    assert not _leaks(ours) and not _leaks(ours, PASSWORD)
+
+
+# Secrets drawn from characters that the text around them (the "." prefix, indentation, the
+# report's own words, all lower case) and the mask ("*") never hold: any 6 characters of one
+# in the output are a leak, not a coincidence.
+SECRET_TEXT = st.text(alphabet=string.ascii_uppercase + string.digits + '"\\/+&=%-_é', min_size=MIN_SECRET_CHARS,
+                      max_size=40)  # fmt: skip
+FORMS = {"as written": lambda s: s, "repr": lambda s: repr(s)[1:-1], "json": lambda s: json.dumps(s)[1:-1],
+         "url": lambda s: quote(s, safe="")}  # fmt: skip
+INDENT = st.text(alphabet=" \t", max_size=40)
+
+
+def _report(collector: OutputCollector, environ: dict[str, str]) -> str:
+    return build_failure_report(what="python train.py", exit_code=1, root_cause=None, tail=list(collector.tail),
+                                current_host="algo-1", environ=environ)  # fmt: skip
+
+
+def _no_fragment_of(text: str, *values: str) -> bool:
+    return not any(_leaks(text, v) for v in values)
+
+
+def _pumped(data: bytes, collector: OutputCollector) -> None:
+    """data through a child's output pump, as the supervisor streams a pipe."""
+    _pump(io.BufferedReader(io.BytesIO(data)), io.BytesIO(), collector)
+
+
+@settings(max_examples=300, deadline=None)
+@given(secret=SECRET_TEXT, form=st.sampled_from(sorted(FORMS)), split=st.floats(0, 1),
+       prefix=st.integers(0, TAIL_LINE_CHARS + 40), indent=INDENT, crlf=st.booleans())  # fmt: skip
+def test_a_secret_split_over_two_output_lines_leaves_no_fragment_in_the_failure_file(secret, form, split, prefix,
+                                                                                    indent, crlf):
+    """Wherever the break falls, however far into a line that is cut to TAIL_LINE_CHARS, with
+    whatever indentation after it, and whatever the secret's length (6 characters and up)."""
+    printed = FORMS[form](secret)
+    at = 1 + int(split * (len(printed) - 2))  # between two of its characters
+    newline = "\r\n" if crlf else "\n"
+    data = f"start\n{'.' * prefix}{printed[:at]}{newline}{indent}{printed[at:]} end\nlast line\n".encode()
+    environ = {"MY_API_TOKEN": secret, "PATH": "/usr/bin"}
+    collector = OutputCollector(secret_values(environ))
+    _pumped(data, collector)
+    report = _report(collector, environ)
+    assert _no_fragment_of(report, secret, printed), report
+    assert all(_no_fragment_of(line, secret, printed) for line in collector.tail)
+    assert "****" in report and report.rstrip().endswith("last line")
+
+
+@settings(max_examples=100, deadline=None)
+@given(secret=SECRET_TEXT, split=st.floats(0, 1), prefix=st.integers(0, TAIL_LINE_CHARS + 40), indent=INDENT,
+       between=st.integers(0, TAIL_LINES + 5))  # fmt: skip
+def test_a_split_secret_is_masked_in_its_own_stream_while_others_interleave(secret, split, prefix, indent, between):
+    """The other streams' lines between the two halves (stdout and stderr, other ranks) even push
+    the first half out of the tail: the second half is still masked, with its own stream's context."""
+    at = 1 + int(split * (len(secret) - 2))
+    collector = OutputCollector([secret])
+    ours, theirs = collector.open_stream(), collector.open_stream()
+    collector.add_line(("." * prefix + secret[:at]).encode(), ours)
+    for i in range(between):
+        collector.add_line(f"other stream line {i}".encode(), theirs)
+    collector.add_line(f"{indent}{secret[at:]} end".encode(), ours)
+    assert all(_no_fragment_of(line, secret) for line in collector.tail), list(collector.tail)
+    assert collector.tail[-1].endswith("**** end")
+
+
+@settings(max_examples=100, deadline=None)
+@given(secret=SECRET_TEXT, cuts=st.lists(st.floats(0, 1), min_size=2, max_size=5), indent=INDENT)
+def test_a_secret_wrapped_over_several_lines_is_masked_in_each(secret, cuts, indent):
+    points = sorted({1 + int(c * (len(secret) - 2)) for c in cuts})
+    pieces = [secret[a:b] for a, b in zip([0, *points], [*points, len(secret)])]
+    text = f"{'.' * TAIL_LINE_CHARS}{pieces[0]}\n" + "".join(f"{indent}{p}\n" for p in pieces[1:])
+    environ = {"DB_PASSWORD": secret}
+    collector = OutputCollector(secret_values(environ))
+    _pumped(text.encode(), collector)
+    assert _no_fragment_of(_report(collector, environ), secret)
+    assert all(_no_fragment_of(line, secret) for line in collector.tail)
+
+
+def test_a_secret_across_the_forced_cut_of_a_very_long_line_is_masked():
+    """A line longer than the pump's 64 KiB buffer is cut where a read ends (its end kept)."""
+    environ = {"MY_API_TOKEN": SECRET}
+    collector = OutputCollector(secret_values(environ))
+    head = ("y" * (65536 * 2 - 20) + SECRET).encode()  # the secret across the first cut
+    _pump(io.BufferedReader(io.BytesIO(head + b" and on\n"), buffer_size=65536), io.BytesIO(), collector)
+    assert len(collector.tail) == 2 and collector.tail[0].endswith("y****") and collector.tail[1] == "**** and on"
+    assert _no_fragment_of(_report(collector, environ), SECRET), list(collector.tail)
+
+
+@settings(max_examples=200, deadline=None)
+@given(secret=SECRET_TEXT, split=st.floats(0, 1), start=st.integers(-45, -1), indent=INDENT)
+def test_a_split_secret_across_the_ranks_message_limit_is_masked_first(secret, split, start, indent):
+    """The rank's own side (record_errors): its exception message, cut to MESSAGE_LIMIT, holds
+    a secret broken over lines that starts before the cut, its break before or after it."""
+    at = 1 + int(split * (len(secret) - 2))
+    split_secret = secret[:at] + "\n" + indent + secret[at:]
+    message = "." * (MESSAGE_LIMIT + start) + split_secret + " end"
+    with mock.patch.dict(os.environ, {"MY_API_TOKEN": secret, "SM_CURRENT_HOST": "algo-1"}):
+        record = build_root_cause("ValueError", message, where=f'  File "train.py", line 3\n    {split_secret}\n')
+    assert _no_fragment_of(record["message"], secret), record["message"]
+    assert "*" in record["message"]  # the mask, itself cut when it starts just before the limit
+    assert _no_fragment_of(record["where"], secret)
+
+
+def test_short_secrets_and_indented_breaks_are_masked_in_any_text():
+    """The break in a secret of 6 to 11 characters, and one followed by indentation."""
+    text = "password=Pw8!z\n    Q_k and key=ABCD\r\n\tEF and token=sk-live-0042-\n      abcdef"
+    masked = redact(text, ["Pw8!zQ_k", "ABCDEF", "sk-live-0042-abcdef"])
+    assert masked == "password=**** and key=**** and token=****"
