@@ -130,3 +130,51 @@ def test_two_entrypoints_of_the_same_job_cannot_share_a_folder(tmp_path):
         first.communicate(timeout=60)
     assert first.returncode == 0
     assert os.listdir(run_dir) == []
+
+
+WAITS_TO_BE_STOPPED = """\
+import os, signal, sys, time
+base = os.environ["BYOC_RUNTIME_DIR"]
+[name] = os.listdir(base)
+private = "/dev/shm/byoc-" + name  # the job's memory-backed folder, when it has one
+if os.environ.get("IGNORE_TERM"):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+with open(os.environ["READY"] + ".tmp", "w") as f:
+    f.write(os.path.join(base, name) + "\\n" + (private if os.path.isdir(private) else "") + "\\n")
+os.rename(os.environ["READY"] + ".tmp", os.environ["READY"])
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("ignores_term", [False, True], ids=["rank-stops", "rank-killed-after-grace"])
+def test_the_job_folders_are_gone_after_a_stop(tmp_path, ignores_term):
+    """SIGTERM to the entrypoint mid-run (SageMaker's StopTrainingJob, docker stop): the rank is
+    stopped (or killed at the end of the grace period) and the job's runtime folders, on disk
+    and in /dev/shm, are removed before the entrypoint exits."""
+    import signal
+
+    run_dir = tmp_path / "run"
+    ready = tmp_path / "ready"
+    root = write_tree(tmp_path / "ml", script=WAITS_TO_BE_STOPPED)
+    env = entrypoint_env(root, BYOC_RUNTIME_DIR=str(run_dir), READY=str(ready), BYOC_GRACE_PERIOD_S="2",
+                         IGNORE_TERM="1" if ignores_term else "")
+    entrypoint = subprocess.Popen([PYTHON, "-m", "entrypoint", "train"], env=env, cwd=REPO, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists() and entrypoint.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ready.exists(), entrypoint.communicate(timeout=5) if entrypoint.poll() is not None else "not ready"
+        folder, private = ready.read_text().split("\n")[:2]
+        assert os.path.isdir(folder) and (private == "" or os.path.isdir(private))
+        entrypoint.send_signal(signal.SIGTERM)
+        out, err = entrypoint.communicate(timeout=60)
+    finally:
+        if entrypoint.poll() is None:
+            entrypoint.kill()
+            entrypoint.communicate()
+    # The rank's own end is the job's exit code: stopped by SIGTERM, or killed by our SIGKILL.
+    assert entrypoint.returncode == 128 + (signal.SIGKILL if ignores_term else signal.SIGTERM), err[-2000:]
+    assert not os.path.exists(folder) and os.listdir(run_dir) == []
+    assert private == "" or not os.path.exists(private)
+    assert (root / "output/failure").exists()  # the stop has its reason
