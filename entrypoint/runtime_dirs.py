@@ -72,13 +72,25 @@ class RuntimeFiles(NamedTuple):
         return os.path.join(self.folder, LEADER_REPORT_FILE)
 
 
+def decide_private_name(base: str, job_id: str) -> str:
+    """The name of the job's folder in /dev/shm. A runtime base other than the default (two
+    entrypoints of one job definition on one machine, told apart with BYOC_RUNTIME_DIR) gets
+    its own, so the setting separates both folders; every host of a job has the same base, so
+    the name is the same on each (mpirun tells the ranks the path of their host's environment)."""
+    if base == RUNTIME_BASE:
+        return f"byoc-job-{job_id}"
+    import hashlib
+
+    return f"byoc-{hashlib.sha256(base.encode()).hexdigest()[:8]}-job-{job_id}"
+
+
 def decide_runtime_files(base: str, job_id: str, mounts: list[tuple[str, str]]) -> RuntimeFiles:
     """The job's folders under base (pure): per-job files that are not secret (SSH
     configuration, the outcome) in base/job-<id>; the private key and the host's environment
     in this job's folder in memory-backed storage when there is one (ssh.decide_key_folder)."""
     folder = os.path.join(base, f"job-{job_id}")
     ssh_folder = os.path.join(folder, "ssh")
-    key_folder, key_note = ssh.decide_key_folder(ssh_folder, mounts, os.path.join(PRIVATE_BASE, f"byoc-job-{job_id}"))
+    key_folder, key_note = ssh.decide_key_folder(ssh_folder, mounts, os.path.join(PRIVATE_BASE, decide_private_name(base, job_id)))
     private_folder = os.path.dirname(key_folder) if key_folder != ssh_folder else ""
     return RuntimeFiles(folder, key_folder, private_folder, key_note)
 

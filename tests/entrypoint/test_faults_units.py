@@ -207,6 +207,21 @@ def test_under_docker_the_key_goes_to_dev_shm_not_to_run():
     assert ssh.decide_key_folder("/run/byoc/ssh", mounts, "/dev/shm/byoc-job-ab12") == ("/dev/shm/byoc-job-ab12/ssh", None)
 
 
+def test_byoc_runtime_dir_separates_the_jobs_memory_backed_folder_too():
+    """Two entrypoints of one job definition on one machine, told apart with BYOC_RUNTIME_DIR,
+    must not share /dev/shm/byoc-job-<id> (the private key, the host's environment); every
+    host of one job, with one setting, gets the same path."""
+    from entrypoint.runtime_dirs import decide_runtime_files
+
+    mounts = ssh.parse_mounts(DOCKER_MOUNTS)
+    default = decide_runtime_files("/run/byoc", "ab12", mounts)
+    assert default.private_folder == "/dev/shm/byoc-job-ab12"
+    one, other = (decide_runtime_files(base, "ab12", mounts) for base in ("/tmp/run-a", "/tmp/run-b"))
+    assert one.private_folder != other.private_folder
+    assert {os.path.dirname(f.private_folder) for f in (one, other)} == {"/dev/shm"}
+    assert decide_runtime_files("/tmp/run-a", "ab12", mounts) == one
+
+
 def test_a_tmpfs_runtime_folder_keeps_the_key_beside_the_configuration():
     mounts = ssh.parse_mounts(DOCKER_MOUNTS + "tmpfs /run tmpfs rw 0 0\n")
     assert ssh.decide_key_folder("/run/byoc/ssh", mounts, "/dev/shm/byoc-job-ab12") == ("/run/byoc/ssh", None)
