@@ -5,7 +5,11 @@
   n counts the passes this process has made, not the training epoch: after a resume at
   epoch 5 the first FIFO SageMaker gives the new container is still <channel>_0.
   One FIFO per host but several ranks per host: the host's local rank 0 drains it into a
-  staging file (written whole, then renamed) that the host's other ranks read.
+  staging file (written whole, then renamed) that the host's other ranks read. The staging
+  file lies in a folder of the launch's own (build_staging_folder: per user, launch and
+  channel), made with mode 0700; a folder there that is not a private one of this user's (a
+  link, another user's, one others can read) is refused, never used; it is removed with the
+  last staged pass.
 - Sharding: by default every rank sees the whole channel and takes its own slice of each
   global batch (see batches.py). With S3DistributionType ShardedByS3Key each host already
   holds a different part, so ranks split only among the ranks of their host.
@@ -16,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import tempfile
 import time
 from dataclasses import dataclass
@@ -93,25 +98,57 @@ def build_fifo_path(name: str, input_data_dir: str, pass_index: int) -> str:
     return os.path.join(input_data_dir, f"{name}_{pass_index}")
 
 
-# Variables that differ between two launches, so a stale staging file is never taken as ours.
-_RUN_IDENTITY = ("TORCHELASTIC_RUN_ID", "PMIX_NAMESPACE", "OMPI_MCA_orte_hnp_uri", "MASTER_ADDR",
-                 "MASTER_PORT", "HOROVOD_GLOO_RENDEZVOUS_PORT", "TRAINING_JOB_NAME")
+# Variables that differ between two launches (and two attempts of one: torchrun's restarts), so
+# a stale staging file is never taken as ours.
+_RUN_IDENTITY = ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "PMIX_NAMESPACE", "OMPI_MCA_orte_hnp_uri",
+                 "MASTER_ADDR", "MASTER_PORT", "HOROVOD_GLOO_RENDEZVOUS_PORT", "TRAINING_JOB_NAME")
 
 
-def build_staging_path(fifo_path: str, environ: Mapping[str, str], staging_root: str | None = None) -> str:
-    # Keyed by the FIFO's absolute path (hosts emulated on one machine share /tmp but not
-    # FIFOs) and by the launch.
+def build_staging_folder(input_data_dir: str, channel: str, environ: Mapping[str, str], uid: int,
+                         staging_root: str) -> str:
+    """The folder where a host's local rank 0 stages a Pipe-mode channel for the other local
+    ranks: <staging_root>/byoc-pipe-<uid>-<digest>, the digest of the channel's FIFO folder
+    (hosts emulated on one machine share /tmp but not FIFOs), its name and the launch. The same
+    for every rank of a host, different between users, launches and channels."""
     run = "|".join(environ.get(k, "") for k in _RUN_IDENTITY)
-    digest = hashlib.sha256(f"{os.path.abspath(fifo_path)}|{run}".encode()).hexdigest()[:20]
-    return os.path.join(staging_root or os.path.join(tempfile.gettempdir(), "byoc-pipe-staging"), digest)
+    digest = hashlib.sha256(f"{os.path.abspath(input_data_dir)}|{channel}|{run}".encode()).hexdigest()[:20]
+    return os.path.join(staging_root, f"byoc-pipe-{uid}-{digest}")
+
+
+class StagingFolderError(RuntimeError):
+    """The staging folder's path holds something that is not a private folder of this user's."""
+
+
+def check_staging_folder(path: str) -> None:
+    """A private folder of this user's (not a link, not another user's, mode 0700), or raise."""
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or stat.S_IMODE(info.st_mode) & 0o077:
+        raise StagingFolderError(
+            f"the Pipe-mode staging folder {path} is not a private folder of this user's (a link, another user's, "
+            f"or others can read it): remove it, or set TMPDIR to a folder only this user can write")
+
+
+def start_staging_folder(path: str) -> None:
+    """Make `path` with mode 0700; one already there is taken only if it is a private folder of
+    this user's (this launch's: the name is per user and launch)."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    else:
+        os.chmod(path, 0o700)  # whatever the umask
+    check_staging_folder(path)
 
 
 class ChannelReader:
     """Reads one channel, one pass at a time. File mode reads the folder once and keeps it."""
 
     def __init__(self, config: ChannelConfig, environ: Mapping[str, str], input_data_dir: str,
-                 local_rank: int = 0, local_world_size: int = 1, timeout_s: float = 3600.0):
+                 local_rank: int = 0, local_world_size: int = 1, timeout_s: float = 3600.0,
+                 staging_root: str | None = None):
         self.config = config
+        self.staging_folder = build_staging_folder(input_data_dir, config.name, environ, os.getuid(),
+                                                   staging_root or tempfile.gettempdir())
         self._environ, self._input_data_dir = environ, input_data_dir
         self._local_rank, self._local_world_size = local_rank, local_world_size
         self._timeout_s = timeout_s
@@ -134,11 +171,11 @@ class ChannelReader:
         return self._load_staged(fifo)
 
     def _load_staged(self, fifo: str) -> Table:
-        staged = build_staging_path(fifo, self._environ)
+        staged = os.path.join(self.staging_folder, os.path.basename(fifo))
         if self._local_rank == 0:
             # Earlier passes are done by every local rank: each has since joined a collective step.
             self.release_staging()
-            os.makedirs(os.path.dirname(staged), exist_ok=True)
+            start_staging_folder(self.staging_folder)
             partial = f"{staged}.{os.getpid()}.partial"
             with open(fifo, "rb") as stream, open(partial, "wb") as out:
                 while chunk := stream.read(1 << 20):
@@ -147,7 +184,14 @@ class ChannelReader:
             self._staged.append(staged)
         else:
             deadline = time.monotonic() + self._timeout_s
-            while not os.path.exists(staged):
+            while True:
+                try:
+                    check_staging_folder(self.staging_folder)  # a folder it did not make: refused at once
+                except FileNotFoundError:
+                    pass  # not made yet
+                else:
+                    if os.path.exists(staged):
+                        break
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"local rank 0 did not stage {fifo} within {self._timeout_s:.0f} s")
                 time.sleep(0.02)
@@ -155,9 +199,15 @@ class ChannelReader:
             return parse_pipe(stream, fifo, self.config.record_wrapper)
 
     def release_staging(self) -> None:
+        """Local rank 0: remove the passes it staged, and the staging folder with them."""
         for path in self._staged:
             try:
                 os.remove(path)
             except FileNotFoundError:
                 pass
+        if self._staged:
+            try:
+                os.rmdir(self.staging_folder)
+            except OSError:
+                pass  # not empty (a pass cut short left its partial file) or gone
         self._staged.clear()

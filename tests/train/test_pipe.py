@@ -5,7 +5,9 @@ from __future__ import annotations
 import io
 import json
 import os
+import stat
 import struct
+import tempfile
 import threading
 from pathlib import Path
 
@@ -14,7 +16,7 @@ import pytest
 
 from tests.train.train_helpers import job_env, load_saved_state, make_tables, run, torchrun_argv, write_job
 from train.batches import build_batch_indices, build_epoch_order
-from train.channels import ChannelConfig, ChannelReader
+from train.channels import ChannelConfig, ChannelReader, StagingFolderError, build_staging_folder
 from train.records import RECORDIO_MAGIC, parse_pipe
 
 
@@ -88,11 +90,14 @@ def test_two_ranks_on_a_host_share_each_pass_of_one_fifo(tmp_path):
     env = {"MASTER_PORT": str(os.getpid())}  # identifies this launch in the staging file name
     readers = [ChannelReader(ChannelConfig("train", "Pipe"), env, str(data_dir), rank, 2) for rank in range(2)]
     results: dict[tuple[int, int], object] = {}
+    folder_modes: list[int] = []
     step = threading.Barrier(2, timeout=30)  # stands for the collective training steps of a pass
 
     def rank_main(rank):
         for n in range(2):
             results[rank, n] = readers[rank].load_pass()
+            if rank == 0:
+                folder_modes.append(os.lstat(readers[0].staging_folder).st_mode)
             step.wait()
 
     threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(2)]
@@ -103,10 +108,64 @@ def test_two_ranks_on_a_host_share_each_pass_of_one_fifo(tmp_path):
     for key, table in results.items():
         np.testing.assert_array_equal(table.x, expected.x, err_msg=str(key))
     assert len(results) == 4
+    # Staged in a private folder of the launch's own, not a folder shared by everyone in /tmp.
+    folder = readers[0].staging_folder
+    assert readers[1].staging_folder == folder and os.path.dirname(folder) == tempfile.gettempdir()
+    assert os.path.basename(folder).startswith(f"byoc-pipe-{os.getuid()}-")
+    assert [stat.S_ISDIR(m) and stat.S_IMODE(m) for m in folder_modes] == [0o700, 0o700]
     staged = readers[0]._staged[:]
+    assert staged and all(os.path.dirname(p) == folder for p in staged)
     readers[0].release_staging()
-    assert staged and not any(os.path.exists(p) for p in staged)
+    assert not any(os.path.exists(p) for p in staged) and not os.path.exists(folder)  # removed at the end
     feeder.join(timeout=10)
+
+
+def test_each_launch_user_and_channel_stages_in_a_folder_of_its_own(tmp_path):
+    data = str(tmp_path / "input/data")
+    root = str(tmp_path / "tmp")
+    one = build_staging_folder(data, "train", {"MASTER_PORT": "29500"}, 1000, root)
+    assert one == build_staging_folder(data, "train", {"MASTER_PORT": "29500"}, 1000, root)  # every rank of a host
+    others = {
+        build_staging_folder(data, "train", {"MASTER_PORT": "29501"}, 1000, root),  # another launch
+        build_staging_folder(data, "train", {"MASTER_PORT": "29500", "TORCHELASTIC_RESTART_COUNT": "1"}, 1000, root),
+        build_staging_folder(data, "train", {"MASTER_PORT": "29500"}, 1001, root),  # another user
+        build_staging_folder(data, "validation", {"MASTER_PORT": "29500"}, 1000, root),  # another channel
+        build_staging_folder(str(tmp_path / "host-2/input/data"), "train", {"MASTER_PORT": "29500"}, 1000, root),
+    }
+    assert len(others) == 5 and one not in others
+    assert all(os.path.dirname(f) == root and os.path.basename(f).startswith("byoc-pipe-") for f in others | {one})
+
+
+def prepared(tmp_path, how: str) -> tuple[Path, ChannelReader, ChannelReader]:
+    """Something already at the launch's staging folder's path, made by someone else."""
+    data_dir = tmp_path / "input/data"
+    data_dir.mkdir(parents=True)
+    root = tmp_path / "tmp"
+    root.mkdir()
+    env = {"MASTER_PORT": "29500"}
+    readers = [ChannelReader(ChannelConfig("train", "Pipe"), env, str(data_dir), rank, 2, timeout_s=5,
+                             staging_root=str(root)) for rank in range(2)]  # fmt: skip
+    folder = Path(readers[0].staging_folder)
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    if how == "link":
+        folder.symlink_to(target)
+    else:  # a folder others can read, with a planted pass in it
+        folder.mkdir(mode=0o755)
+        os.chmod(folder, 0o755)
+        x, y = make_tables(4, seed=1)
+        (folder / "train_0").write_bytes(npy_label_first(x, y))
+    return target, readers[0], readers[1]
+
+
+@pytest.mark.parametrize("how", ["link", "readable-by-others"])
+def test_a_staging_folder_someone_else_prepared_is_never_used(tmp_path, how):
+    target, rank0, rank1 = prepared(tmp_path, how)
+    with pytest.raises(StagingFolderError, match="is not a private folder of this user's"):
+        rank0.load_pass()  # before it opens the FIFO: nothing of the channel is written there
+    assert os.listdir(target) == []
+    with pytest.raises(StagingFolderError, match="set TMPDIR"):
+        rank1.load_pass()  # never reads a pass it finds there
 
 
 @pytest.mark.parametrize("wrap", ["none", "recordio"])
