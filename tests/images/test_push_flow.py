@@ -32,6 +32,17 @@ case "$(basename "$0") $1 $2" in
                 mkdir -p "$entry" && echo facts >"$entry/build-facts.txt" ;;
             esac
         done ;;
+    # The legacy builder (build.sh --builder legacy --wheelhouse): the stage is built with
+    # --quiet (its image ID on stdout), a container made of it, /wheels copied out of that.
+    "docker build "*)
+        echo "${DOCKER_BUILDKIT-unset}" >>"$CALLS.buildkit"
+        for arg in "$@"; do if [ "$arg" = --quiet ]; then echo sha256:5ta6e1d; fi; done ;;
+    "docker create "*) echo c0nta1ner ;;
+    "docker cp "*)
+        [ "$2" = c0nta1ner:/wheels ] || { echo "no such container path: $2" >&2; exit 1; }
+        entry="$3/wheels/horovod-0.28.1-0123456789abcdef"
+        mkdir -p "$entry" && echo facts >"$entry/build-facts.txt" && echo wheel >"$entry/horovod-0.28.1-cp311-cp311-linux_x86_64.whl" ;;
+    "docker rm "*) echo "$2" ;;
 esac
 """
 
@@ -157,3 +168,57 @@ def test_buildspec_pushes_nothing_after_a_failed_build(tmp_path):
     assert "nothing is pushed" in result.stdout
     assert not [c for c in _calls(work) if c[:2] == ["docker", "push"]]
     assert not (work / "src" / "imageDetail.json").exists()
+
+
+def _build_legacy_with_wheelhouse(env: dict[str, str], wheelhouse: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", str(REPO_ROOT / "docker/build.sh"), "--flavor", "cpu", "--tag", "byoc:test", "--builder", "legacy",
+         "--cache-from", "byoc:previous", "--revision", "r1", "--version", "9.9", "--source", "src",
+         "--wheelhouse", str(wheelhouse), "--", "--no-cache", "--network", "host"],
+        capture_output=True, text=True, env=env,
+    )  # fmt: skip
+
+
+def test_legacy_builder_exports_the_wheelhouse_stage_through_a_container(tmp_path):
+    """build.sh --builder legacy --wheelhouse: the image, then its `wheelhouse` stage (the same
+    arguments less the tag, context and --no-cache: every step a cache hit), a container of
+    that stage, /wheels copied out of it, the container removed; the wheel ends in DIR."""
+    wheelhouse = tmp_path / "wheelhouse"
+    wheelhouse.mkdir()
+    (wheelhouse / ".gitkeep").write_text("")
+    (wheelhouse / "horovod-0.28.1-an0lderbu1ld").mkdir()  # an earlier build's wheel: replaced
+    result = _build_legacy_with_wheelhouse(_env(tmp_path), wheelhouse)
+    assert result.returncode == 0, result.stderr
+
+    dockerfile, context = str(REPO_ROOT / "docker/Dockerfile.cpu"), str(REPO_ROOT)
+    calls = _calls(tmp_path)
+    image_build, stage_build, create, copy, remove = calls
+    assert image_build[:6] == ["docker", "build", "--file", dockerfile, "--tag", "byoc:test"]
+    assert image_build[6:8] == ["--cache-from", "byoc:previous"]
+    assert image_build[-4:] == ["--no-cache", "--network", "host", context]
+    build_args = image_build[8:-4]
+    assert build_args[0::2] == ["--build-arg"] * (len(build_args) // 2)
+    assert {"IMAGE_REVISION=r1", "IMAGE_VERSION=9.9", "IMAGE_SOURCE=src"} <= set(build_args[1::2])
+    assert stage_build == ["docker", "build", "--file", dockerfile, "--cache-from", "byoc:previous", *build_args,
+                           "--network", "host", "--quiet", "--target", "wheelhouse", context]  # fmt: skip
+    assert (tmp_path / "calls.jsonl.buildkit").read_text().split() == ["0", "0"]  # both: DOCKER_BUILDKIT=0
+    assert create == ["docker", "create", "sha256:5ta6e1d", "/none"]
+    assert copy[:3] == ["docker", "cp", "c0nta1ner:/wheels"] and copy[3].endswith("/") and len(copy) == 4
+    assert remove == ["docker", "rm", "c0nta1ner"]
+    assert not Path(copy[3]).exists()  # the export folder is removed on exit
+
+    assert sorted(p.name for p in wheelhouse.iterdir()) == [".gitkeep", "horovod-0.28.1-0123456789abcdef"]
+    kept = wheelhouse / "horovod-0.28.1-0123456789abcdef"
+    assert sorted(p.name for p in kept.iterdir()) == ["build-facts.txt", "horovod-0.28.1-cp311-cp311-linux_x86_64.whl"]
+    assert f"kept this build's Horovod wheel in {wheelhouse}: horovod-0.28.1-0123456789abcdef" in result.stderr
+
+
+def test_legacy_builder_leaves_a_wheelhouse_that_already_holds_the_wheel_untouched(tmp_path):
+    wheelhouse, env = tmp_path / "wheelhouse", _env(tmp_path)
+    assert _build_legacy_with_wheelhouse(env, wheelhouse).returncode == 0
+    kept = wheelhouse / "horovod-0.28.1-0123456789abcdef" / "build-facts.txt"
+    before = kept.stat().st_mtime_ns
+    again = _build_legacy_with_wheelhouse(env, wheelhouse)
+    assert again.returncode == 0, again.stderr
+    assert f"{wheelhouse} already holds this build's Horovod wheel" in again.stderr
+    assert kept.stat().st_mtime_ns == before  # not rewritten: the next build's COPY stays a cache hit
