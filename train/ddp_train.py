@@ -52,8 +52,29 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+DEFAULT_COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=30)
+
+
+def parse_collective_timeout(environ: Mapping[str, str]) -> datetime.timedelta:
+    """How long a collective (and the rendezvous) may wait for the other ranks before it fails
+    with an error instead of hanging: BYOC_COLLECTIVE_TIMEOUT_S in seconds, else
+    BYOC_COLLECTIVE_TIMEOUT_MIN in minutes (fractions allowed), else 30 minutes."""
+    for name, unit, seconds in (("BYOC_COLLECTIVE_TIMEOUT_S", "seconds", 1.0), ("BYOC_COLLECTIVE_TIMEOUT_MIN", "minutes", 60.0)):
+        raw = environ.get(name, "").strip()
+        if not raw:
+            continue
+        try:
+            value = float(raw)
+        except ValueError:
+            value = float("nan")
+        if not 0 < value < float("inf"):
+            raise ValueError(f"{name}={raw!r} must be a positive number of {unit}")
+        return datetime.timedelta(seconds=value * seconds)
+    return DEFAULT_COLLECTIVE_TIMEOUT
+
+
 def start_process_group(pg_backend: str, ranks: RankInfo, environ: Mapping[str, str]) -> None:
-    timeout = datetime.timedelta(minutes=int(environ.get("BYOC_COLLECTIVE_TIMEOUT_MIN", "30")))
+    timeout = parse_collective_timeout(environ)
     how = decide_rendezvous(environ, ranks)
     if pg_backend == "xla":
         import torch_xla.distributed.xla_backend  # noqa: F401  registers the "xla" process group
