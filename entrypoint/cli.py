@@ -155,6 +155,12 @@ def run(args, environ: dict[str, str], paths) -> int:
         write_outcome(paths, EXIT_BAD_JOB, f"The training never started: {text}\n")
         return EXIT_BAD_JOB
     try:
+        # Where the job's files for output.tar.gz go, and NCCL's flight recorder its dumps
+        # (gpu_env.py): SageMaker makes it; a bare local tree may not have it.
+        os.makedirs(paths.output_data_dir, exist_ok=True)
+    except OSError:
+        pass  # a read-only output folder: the job still runs (outcome.py says so at the end)
+    try:
         return execute.run_plan(plan, paths, environ)
     finally:
         for folder in folders:

@@ -20,6 +20,16 @@ def test_success_writes_success_and_streams_output(tmp_path):
     assert (root / "output/success").exists() and not (root / "output/failure").exists()
 
 
+def test_the_output_data_folder_is_there_for_the_script_and_nccls_dumps(tmp_path):
+    """output/data (what goes into output.tar.gz; where gpu_env points NCCL's flight recorder)
+    exists when the script starts, also in a bare tree that lacks it."""
+    script = "import os\nassert os.path.isdir(os.path.join(os.environ['SM_OUTPUT_DATA_DIR'])), 'no output/data'\n"
+    root = write_tree(tmp_path, script=script)
+    assert not (root / "output/data").exists()
+    done = run_entrypoint(root)
+    assert done.returncode == 0, done.stderr
+
+
 def test_script_exit_code_propagates_and_root_cause_leads_the_failure(tmp_path):
     script = "import sys\nprint('step 1')\ndef train():\n    raise ValueError('learning rate must be positive, got -1')\ntrain()\n"
     root = write_tree(tmp_path, script=script)
