@@ -65,6 +65,7 @@ class HostServices:
         self.job_port: JobPort | None = None
         self.sshd: object = None
         self.watch: PeerWatch | None = None
+        self.rendezvous_watch: PeerWatch | None = None
         self.supervisor: Supervisor | None = None  # the current run's
         self.refused_reports = 0
 
@@ -99,6 +100,14 @@ class HostServices:
             self.lost = reason
             self.supervisor.stop_after_failure(f"{reason}: the job cannot go on")
 
+        if plan.role == Role.TORCHRUN and not plan.is_leader:
+            # torchrun on this host waits for the leader's rendezvous store with no limit of
+            # its own (seen: > 10 min, silent) when the leader's host is up but its torchrun
+            # never listens; the job port alone cannot tell.
+            self.rendezvous_watch = PeerWatch(
+                [plan.leader], plan.settings.master_port, plan.settings.host_lost_timeout_s,
+                plan.settings.peer_wait_timeout_s, on_lost, until_first_contact=True,
+                port_name=" (torchrun's rendezvous, BYOC_MASTER_PORT)")
         self.watch = PeerWatch(
             list(plan.peers), port, plan.settings.host_lost_timeout_s, plan.settings.peer_wait_timeout_s, on_lost,
             seen_at_start=plan.role == Role.MPI_LEADER,  # start_leader has just reached every worker
@@ -144,8 +153,9 @@ def host_services(plan: LaunchPlan, collector: OutputCollector):
                 raise StartProblem(describe_port_problem(plan.settings.job_port, plan.current_host, exc), None) from None
         yield services
     finally:
-        if services.watch is not None:
-            services.watch.close()
+        for watch in (services.watch, services.rendezvous_watch):
+            if watch is not None:
+                watch.close()
         if mpi_leader:
             services.tell_workers(1, None)  # only when the caller did not
             mpi_hosts.stop_leader(plan, services.sshd)

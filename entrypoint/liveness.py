@@ -147,10 +147,16 @@ class JobPort:
 class PeerWatch:
     """Calls on_lost(host, reason) once when a peer stops answering on `port`."""
 
-    def __init__(self, peers, port: int, lost_after_s: float, first_contact_s: float, on_lost, seen_at_start: bool = False):
+    def __init__(self, peers, port: int, lost_after_s: float, first_contact_s: float, on_lost, seen_at_start: bool = False,
+                 until_first_contact: bool = False, port_name: str = ""):
         """seen_at_start: the peers are known to be up now (the MPI leader has just reached
-        every worker over SSH), so silence counts from now with lost_after_s, not first_contact_s."""
+        every worker over SSH), so silence counts from now with lost_after_s, not first_contact_s.
+        until_first_contact: only check that every peer answers within first_contact_s, then
+        stop watching (a port that may close before this host's part ends). port_name: what
+        the port is, for the reason."""
         self.seen_at_start = seen_at_start
+        self.until_first_contact = until_first_contact
+        self.port_name = port_name
         self.peers = tuple(peers)
         self.port = port
         self.lost_after_s = lost_after_s
@@ -165,6 +171,8 @@ class PeerWatch:
         last_seen: dict[str, float | None] = {p: started if self.seen_at_start else None for p in self.peers}
         while True:
             for peer in self.peers:
+                if self.until_first_contact and last_seen[peer] is not None:
+                    continue
                 if can_connect(peer, self.port, timeout_s=2.0):
                     last_seen[peer] = time.monotonic()
                     continue
@@ -173,8 +181,10 @@ class PeerWatch:
                 limit = self.lost_after_s if seen is not None else self.first_contact_s
                 if silent_for > limit:
                     what = "stopped answering" if seen is not None else "never answered"
-                    self.on_lost(peer, f"host {peer} {what} on port {self.port} for {limit:g} s")
+                    self.on_lost(peer, f"host {peer} {what} on port {self.port}{self.port_name} for {limit:g} s")
                     return
+            if self.until_first_contact and all(seen is not None for seen in last_seen.values()):
+                return
             if self._stop.wait(CHECK_EVERY_S):
                 return
 

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from localcluster import EmulatedCluster
-from support.multihost import ENTRYPOINT, assert_nothing_left, failure, job, needs_root, start, wait_for_files
+from support.multihost import ENTRYPOINT, FAST, assert_nothing_left, failure, job, needs_root, start, wait_for_files
 
 pytestmark = [needs_root, pytest.mark.slow]
 
@@ -139,3 +139,21 @@ def test_a_silent_rank_on_a_worker_is_named_by_the_leader_with_its_stack():
         assert head.startswith("Hang: no output from any process on algo-1 for 3 s"), head
         assert "rank 1 in stuck_on_the_worker (/opt/ml/code/faults.py:" in head, head
         assert "rank 0 in <module> (/opt/ml/code/mpi_job.py:" in head, head
+
+
+def test_a_torchrun_worker_whose_leader_never_opens_the_rendezvous_port_fails_naming_it():
+    """The leader's host is up and its job port answers, but its torchrun never listens on the
+    rendezvous port: the worker's torchrun would wait with no limit of its own, silently. The
+    worker fails after BYOC_PEER_WAIT_TIMEOUT_S naming the host and the port."""
+    listener = [ENTRYPOINT[0], "-c", "import socket, time; s = socket.create_server(('', 7778)); time.sleep(120)"]
+    with EmulatedCluster(HOSTS, job("torch_job.py", "torch_distributed")) as cluster:
+        leader = cluster.start_all(listener, hosts=["algo-1"])
+        started = time.monotonic()
+        worker = cluster.start_all(ENTRYPOINT, env={**FAST, "BYOC_PEER_WAIT_TIMEOUT_S": "6"}, hosts=["algo-2"])
+        result = worker.wait(timeout=90, fail_fast=False)
+        took = time.monotonic() - started
+        leader.signal(signal.SIGKILL)
+        assert result.results["algo-2"].returncode != 0, result.results["algo-2"].output[-2000:]
+        assert took < 45, f"the worker took {took:.0f} s"
+        head = failure(cluster, "algo-2")[:1024]
+        assert "host algo-1 never answered on port 7777 (torchrun's rendezvous, BYOC_MASTER_PORT) for 6 s" in head, head
