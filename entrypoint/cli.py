@@ -175,11 +175,12 @@ def run_preflight(job: JobConfig, facts: MachineFacts, plan: LaunchPlan, paths: 
     from entrypoint import preflight
 
     started = time.monotonic()
-    # The folders whose loss costs the run: the model (written at the end) and checkpoints.
+    # The folders whose lack of room costs the run: the model (written at the end) and
+    # checkpoints; and output/ (output/failure, output/data), which only warns.
     folders = [paths.model_dir, paths.output_dir] + ([job.checkpoint.local_path] if job.checkpoint else [])
     found = preflight.decide_preflight(preflight.probe_preflight_facts(
         plan.current_host, job.resource.current_instance_type, folders, facts.gpu_count, facts.neuron_core_count,
-        facts.efa, plan.processes_per_host))
+        facts.efa, plan.processes_per_host, output_dir=paths.output_dir))
     for finding in found:
         log(f"pre-flight {'FAILED' if finding.fatal else 'warning'}: {finding.text}")
     fatal = [f.text for f in found if f.fatal]

@@ -6,10 +6,11 @@ the first checkpoint.
 ms in all); `decide_preflight` is pure. Checks:
   - /dev/shm: Docker's default is 64 MB; NCCL between a host's GPUs needs far more (fatal
     with more than one GPU process per host), and data loaders and gloo use it too (warning);
-  - free disk under /opt/ml/model, /opt/ml/output (output/failure, output/data, NCCL's dumps)
-    and the checkpoint folder: a job that cannot write its model loses the whole run at the
-    end, one that cannot write output/failure fails without a reason (fatal below
-    FATAL_DISK_BYTES);
+  - free disk under /opt/ml/model and the checkpoint folder: a job that cannot write its
+    model loses the whole run at the end (fatal below FATAL_DISK_BYTES); under /opt/ml/output
+    (output/failure, output/data, NCCL's dumps) a warning only: the training itself does not
+    need it, and an outcome that cannot be written goes to the log with the right exit code
+    (outcome.py);
   - accelerators: fewer GPUs or Neuron cores than the instance type has (a failed device)
     makes the collective init hang or fail; fatal, the fix is to rerun (a new instance);
   - `ulimit -l` with EFA: libfabric pins memory; a limit below unlimited fails at the first
@@ -65,6 +66,7 @@ class PreflightFacts(NamedTuple):
     efa: bool
     memlock_soft: int | None  # RLIMIT_MEMLOCK soft limit in bytes; None: unlimited
     processes_per_host: int
+    output_dir: str = ""  # among free_bytes' folders: the one whose lack of room only warns
 
 
 class Finding(NamedTuple):
@@ -86,7 +88,11 @@ def decide_preflight(facts: PreflightFacts) -> list[Finding]:
             found.append(Finding(False, f"{shm} for {facts.processes_per_host} processes: data loaders and "
                                         f"collectives may run out of shared memory; {fix}."))
     for folder, free in facts.free_bytes:
-        if free < FATAL_DISK_BYTES:
+        if folder == facts.output_dir and free < FATAL_DISK_BYTES:
+            found.append(Finding(False, f"{folder} on {host} has {free // MIB} MiB free: output/failure and "
+                                        f"output/data may not be written (the job runs; its outcome then goes "
+                                        f"to the log); free space there or use a larger volume."))
+        elif free < FATAL_DISK_BYTES:
             found.append(Finding(True, f"{folder} on {host} has {free // MIB} MiB free: what the job writes there "
                                        f"(the model, checkpoints, output/failure) could not be written; free space "
                                        f"there or use a larger volume (the estimator's volume_size)."))
@@ -109,7 +115,8 @@ def decide_preflight(facts: PreflightFacts) -> list[Finding]:
 
 
 def probe_preflight_facts(host: str, instance_type: str, folders: list[str], gpu_count: int,
-                          neuron_core_count: int, efa: bool, processes_per_host: int) -> PreflightFacts:
+                          neuron_core_count: int, efa: bool, processes_per_host: int,
+                          output_dir: str = "") -> PreflightFacts:
     import resource
 
     def statvfs(path: str):
@@ -133,4 +140,5 @@ def probe_preflight_facts(host: str, instance_type: str, folders: list[str], gpu
         shm_bytes=shm.f_blocks * shm.f_frsize if shm is not None else None,
         free_bytes=tuple(free), gpu_count=gpu_count, neuron_core_count=neuron_core_count, efa=efa,
         memlock_soft=None if soft == resource.RLIM_INFINITY else soft, processes_per_host=processes_per_host,
+        output_dir=output_dir,
     )  # fmt: skip

@@ -129,18 +129,26 @@ def test_a_fatal_finding_stops_the_job_before_the_script(tmp_path):
     assert "pre-flight: 1 fatal" in done.stderr
 
 
-def test_a_full_output_folder_stops_the_job_before_the_script(tmp_path):
-    """/opt/ml/output holds output/failure, output/data and NCCL's dumps: a job that cannot write
-    there would fail without a reason. The model folder has room; only the output folder is full."""
+def test_a_full_output_folder_warns_and_the_job_still_runs(tmp_path):
+    """/opt/ml/output holds output/failure, output/data and NCCL's dumps, but the training does
+    not need it: a full one is a warning naming it, the script runs, and the job keeps the
+    script's exit code (the outcome that cannot be written goes to the log: outcome.py). The
+    model folder has room; only the output folder is full."""
     skip_without_mount_namespaces("/opt/ml/output")
-    root = write_tree(tmp_path, script="print('must not run')\n")
+    root = write_tree(tmp_path, script="print('the script ran')\nraise SystemExit(3)\n")
     output = root / "output"
     done = subprocess.run(
         ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
          'mount -t tmpfs -o size=1m tmpfs "$OUTPUT" && exec "$0" -m entrypoint train', PYTHON],
         env={**entrypoint_env(root), "OUTPUT": str(output)}, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
-    assert done.returncode == EXIT_BAD_JOB, done.stderr[-2000:]
-    assert "must not run" not in done.stdout
-    assert f"pre-flight FAILED: {output} on algo-1 has 1 MiB free" in done.stderr
-    assert "pre-flight: 1 fatal" in done.stderr
+    assert done.returncode == 3, done.stderr[-2000:]
+    assert "the script ran" in done.stdout
+    assert f"pre-flight warning: {output} on algo-1 has 1 MiB free: output/failure and output/data may not be written" in done.stderr
+    assert "pre-flight: 0 fatal" in done.stderr
+
+
+def test_the_output_folder_only_warns_where_the_model_folder_is_fatal():
+    facts = HEALTHY._replace(free_bytes=(("/opt/ml/output", 10 * MIB), ("/opt/ml/model", 10 * MIB)), output_dir="/opt/ml/output")
+    assert [(f.fatal, f.text.split(" on ")[0]) for f in decide_preflight(facts)] == [
+        (False, "/opt/ml/output"), (True, "/opt/ml/model")]
