@@ -5,7 +5,8 @@ DDP's 2-rank scaling efficiency (docs/training.md, "Where DDP's time goes").
     .venv/bin/python benchmarks/allreduce_latency.py [--iterations 2000]
 
 Two ranks on one machine, each bound to its own core with one torch thread, as the
-trainers run. The gradient is the default model's (MLP 64-256-256-10: 85,002 float32
+trainers run (the gloo ranks through train/'s own CPU set-up: every thread bound, gloo's I/O
+thread at SCHED_IDLE, as train/ddp_train.py does). The gradient is the default model's (MLP 64-256-256-10: 85,002 float32
 values, 340 KB), reduced as one buffer (DDP's default 25 MB bucket holds it whole) and as
 4 and 16 pieces (what smaller buckets would do). Reported: the median time of one
 allreduce of the whole gradient, per rank. Also the step without any communication
@@ -48,20 +49,31 @@ def time_calls(reduce_pieces, pieces: list, iterations: int, barrier) -> float:
 
 
 def rank_gloo(iterations: int) -> dict:
+    """As train/ddp_train.py sets a CPU rank up: every thread bound to the rank's own core
+    before the process group starts (train.devices.setup_cpu, so gloo's threads are bound too),
+    and gloo's I/O thread at SCHED_IDLE (yield_gloo_io_thread)."""
     import torch
     import torch.distributed as dist
 
-    torch.set_num_threads(1)
+    from train.ddp_train import yield_gloo_io_thread
+    from train.devices import setup_cpu
+    from train.ranks import parse_rank_info
+
+    plan = setup_cpu(os.environ, parse_rank_info(os.environ), "auto")
+    if plan.cores is None:  # a single core, or the binding declined: as before
+        torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    bind_to_own_core(rank)
+    if plan.cores is None:
+        bind_to_own_core(rank)
+    yielded = yield_gloo_io_thread() if plan.cores is not None and len(plan.cores) == 1 else 0
     grad = torch.ones(PARAMETERS)
     out = {}
     for n in PIECES:
         pieces = list(torch.chunk(grad, n))
         out[n] = time_calls(lambda ps: [dist.all_reduce(p) for p in ps], pieces, iterations, dist.barrier)
     dist.destroy_process_group()
-    return {"rank": rank, "median_s": out}
+    return {"rank": rank, "median_s": out, "cores": sorted(plan.cores or ()), "io_threads_yielded": yielded}
 
 
 def rank_mpi(iterations: int) -> dict:
@@ -114,7 +126,8 @@ def free_port() -> int:
 
 def launch(backend: str, iterations: int) -> list[dict]:
     me = [sys.executable, os.path.abspath(__file__), "--rank-of", backend, "--iterations", str(iterations)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # train/ for the gloo ranks
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(filter(None, (repo, os.environ.get("PYTHONPATH"))))}
     if backend == "gloo":
         argv = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                 "--master_addr", "127.0.0.1", "--master_port", str(free_port()), *me[1:]]  # fmt: skip
@@ -154,7 +167,11 @@ def main() -> int:
         ranks = launch(backend, args.iterations)
         worst = {n: max(r["median_s"][str(n)] for r in ranks) for n in PIECES}
         label = "gloo (DDP on CPU)" if backend == "gloo" else "Open MPI via mpi4py"
-        print(f"{label:<22} " + "   ".join(f"{n:>2} piece(s) {worst[n] * 1000:6.3f} ms" for n in PIECES), flush=True)
+        setup = ""
+        if backend == "gloo":
+            setup = "   (ranks' cores " + ", ".join(str(r.get("cores")) for r in ranks) + \
+                    f"; gloo I/O threads at SCHED_IDLE: {sum(r.get('io_threads_yielded', 0) for r in ranks)})"
+        print(f"{label:<22} " + "   ".join(f"{n:>2} piece(s) {worst[n] * 1000:6.3f} ms" for n in PIECES) + setup, flush=True)
     steps = max(200, args.iterations // 4)
     alone, side_by_side = launch_compute(1, steps), launch_compute(2, steps)
     print(f"step without communication (batch 512, median of {steps}): one process alone {alone * 1000:.3f} ms, "
