@@ -24,7 +24,7 @@ from train.backend import Backend
 from train.config import TrainConfig
 from train.devices import probe_device, probe_device_type, setup_cpu
 from train.ranks import RankInfo, parse_rank_info
-from train.script import run_script
+from train.script import end_without_teardown, run_script
 
 _OPS = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
 PROCESS_GROUP_BACKENDS = {"cuda": "nccl", "cpu": "gloo", "xla": "xla"}
@@ -246,3 +246,4 @@ def main(argv=None) -> None:
 
 if __name__ == "__main__":
     main()
+    end_without_teardown()  # only after a run that ended well: errors still raise through main()

@@ -12,6 +12,24 @@ from train.loop import TrainResult, run_training
 from train.paths import parse_job_paths
 
 
+def end_without_teardown(code: int = 0) -> None:
+    """End this rank now, once its run is over and everything it wrote is closed (checkpoints,
+    the model, metrics; the process group destroyed), skipping the interpreter's teardown.
+
+    Why: Gloo's C++ worker threads can still hold finished work objects whose tensors refer to
+    Python objects; freeing them while the interpreter is torn down aborts the process (SIGABRT,
+    "terminate called without an active exception", pytorch/pytorch#179291). Seen here after a
+    successful DDP run's last line, on a loaded machine (2 runs of ~900 in one CI run), turning
+    a finished job into a failed one. What must still run at exit runs first: MPI_Finalize
+    where mpi4py initialized MPI (mpirun calls a rank that exits without it a failure)."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        mpi.Finalize()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def write_failure(environ: Mapping[str, str], message: str) -> None:
     """output/failure is what SageMaker shows as FailureReason; keep one that is already there."""
     path = os.path.join(parse_job_paths(environ).output_dir, "failure")
