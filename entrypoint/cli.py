@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
 import sys
+from typing import NamedTuple
 
 from entrypoint import execute, runtime_dirs, supervise
 from entrypoint.config import JobConfig, find_missing_channel_dirs, load_job
@@ -21,7 +21,20 @@ from entrypoint.probe import MachineFacts, probe_machine
 from entrypoint.program import check_program_name, decide_code_source, fetch_code, inspect_code
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
+class Args(NamedTuple):
+    command: str
+    dry_run: bool
+
+
+def parse_args(argv: list[str] | None) -> Args:
+    """What SageMaker passes (`train`) and `train --dry-run` are read at once; anything else
+    (help, a typo) goes to argparse for its usage and error message (~1.5 ms of imports that
+    every start would pay)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] == "train" and all(a == "--dry-run" for a in argv[1:]):
+        return Args("train", len(argv) > 1)
+    import argparse
+
     parser = argparse.ArgumentParser(
         prog="python -m entrypoint",
         description="SageMaker training entrypoint: reads /opt/ml (or SAGEMAKER_BASE_DIR), "
@@ -29,7 +42,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("command", choices=["train"], help="what SageMaker asks for (`docker run <image> train`)")
     parser.add_argument("--dry-run", action="store_true", help="print the launch plan as JSON and run nothing")
-    return parser.parse_args(argv)
+    parsed = parser.parse_args(argv)
+    return Args(parsed.command, parsed.dry_run)
 
 
 def load_runtime(environ: dict[str, str], job_id: str) -> Runtime:

@@ -3,7 +3,6 @@ launch settings (BYOC_* environment variables), parsed and checked (pure)."""
 
 from __future__ import annotations
 
-import difflib
 import json
 import re
 import shlex
@@ -256,6 +255,8 @@ def parse_distribution(job: JobConfig) -> Distribution:
                 f"true}}}} (torchrun) or {{\"mpi\": ...}} instead."
             )
         if key.startswith(DISTRIBUTION_PREFIXES):
+            import difflib  # only for this message: ~1 ms of every start-up otherwise
+
             close = difflib.get_close_matches(key, sorted(KNOWN_KEYS), n=1)
             hint = f" Did you mean {close[0]}?" if close else ""
             raise JobDefinitionError(

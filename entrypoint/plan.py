@@ -16,7 +16,7 @@ from entrypoint.distribution import MPI_BASED, Distribution, LaunchSettings
 from entrypoint.errors import JobDefinitionError
 from entrypoint.gpu_env import build_gpu_env
 from entrypoint.probe import MachineFacts
-from entrypoint.runtime_dirs import RuntimeFiles
+from entrypoint.runtime_dirs import RuntimeFiles, build_sha256_hex
 from entrypoint.program import (
     CodeFacts,
     CodeSource,
@@ -122,7 +122,6 @@ def build_report_key(job: JobConfig, hosts: tuple[str, ...]) -> str:
     message between them: derived from what every host of this job is given and nothing
     outside the job has — its name, hosts and hyperparameters — and BYOC_JOB_SECRET when the
     user sets one (a random value makes the key underivable by anyone without it)."""
-    import hashlib
     import json
 
     material = json.dumps({
@@ -131,7 +130,7 @@ def build_report_key(job: JobConfig, hosts: tuple[str, ...]) -> str:
         "hyperparameters": job.hyperparameters.values,
         "secret": job.environ.get("BYOC_JOB_SECRET", ""),
     }, sort_keys=True, default=str)
-    return hashlib.sha256(b"byoc-job-report-key-v1\0" + material.encode("utf-8")).hexdigest()
+    return build_sha256_hex(b"byoc-job-report-key-v1\0" + material.encode("utf-8"))
 
 
 def build_hostname_env(job: JobConfig, facts: MachineFacts) -> dict[str, str]:

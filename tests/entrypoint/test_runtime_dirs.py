@@ -178,3 +178,13 @@ def test_the_job_folders_are_gone_after_a_stop(tmp_path, ignores_term):
     assert not os.path.exists(folder) and os.listdir(run_dir) == []
     assert private == "" or not os.path.exists(private)
     assert (root / "output/failure").exists()  # the stop has its reason
+
+
+def test_the_built_in_sha256_is_hashlibs():
+    """Job ids and report keys must be the same on every host, whichever SHA-256 each finds."""
+    import hashlib
+
+    from entrypoint.runtime_dirs import build_sha256_hex
+
+    for data in (b"", b"byoc-job-id-v1\0[\"job\", [\"algo-1\"], \"{}\"]", bytes(range(256)) * 50):
+        assert build_sha256_hex(data) == hashlib.sha256(data).hexdigest()

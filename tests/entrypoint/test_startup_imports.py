@@ -36,3 +36,28 @@ def test_a_rank_imports_only_what_running_the_program_needs(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(f"import sys\nprint(sorted(m for m in {NOT_IN_A_RANK!r} if m in sys.modules))\n")
     assert run_isolated(str(REPO / "entrypoint" / "rank" / "record_errors.py"), str(script)) == "[]"
+
+
+# What a whole 1-host run (read, decide, pre-flight, folders, run, outcome) leaves out: hashlib
+# loads OpenSSL (~2 ms; the job id uses CPython's built-in SHA-256), argparse is only for
+# usage and errors, difflib only for a "Did you mean" message.
+NOT_ON_A_ONE_HOST_RUN = ("hashlib", "_hashlib", "argparse", "gettext", "difflib", "entrypoint.mpi_hosts",
+                         "concurrent.futures", "logging", "dataclasses", "inspect", "tarfile", "tempfile")
+
+
+def test_a_whole_one_host_run_imports_none_of_the_rarely_needed_modules(tmp_path):
+    import os
+
+    sys.path.insert(0, str(REPO / "tests"))
+    from support.jobtree import write_tree
+
+    root = write_tree(tmp_path / "ml", script="print('trivial')\n")
+    probe = (f"import sys; sys.path.insert(0, {str(REPO)!r}); from entrypoint.cli import main; "
+             f"sys.exit(main(['train']))")
+    done = subprocess.run([sys.executable, "-I", "-X", "importtime", "-c", probe], capture_output=True, text=True,
+                          timeout=60, cwd=str(tmp_path), env={**os.environ, "SAGEMAKER_BASE_DIR": str(root)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "trivial" in done.stdout
+    imported = {line.rsplit("|", 1)[1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
+    assert "entrypoint.execute" in imported  # the probe sees the run's imports
+    assert sorted(m for m in NOT_ON_A_ONE_HOST_RUN if m in imported) == []
