@@ -11,7 +11,6 @@ import importlib.util
 import json
 import os
 import re
-import shutil
 import socket
 import subprocess
 from typing import NamedTuple
@@ -39,6 +38,16 @@ class MachineFacts(NamedTuple):
     cuda_compat_driver_version: str | None = None
 
 
+
+def probe_program(name: str) -> str | None:
+    """shutil.which(name) without shutil (~1.5 ms of every start-up with bz2 and lzma): the
+    first executable file of that name on PATH."""
+    for folder in os.get_exec_path():
+        path = os.path.join(folder, name)
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    return None
+
 def probe_machine(root: str = "/") -> MachineFacts:
     return MachineFacts(
         cpu_count=os.cpu_count() or 1,
@@ -46,8 +55,8 @@ def probe_machine(root: str = "/") -> MachineFacts:
         neuron_core_count=probe_neuron_core_count(),
         efa=probe_efa(root),
         interfaces=probe_interfaces(root),
-        smddprun=shutil.which("smddprun") is not None,
-        smddpmprun=shutil.which("smddpmprun") is not None,
+        smddprun=probe_program("smddprun") is not None,
+        smddpmprun=probe_program("smddpmprun") is not None,
         hostname=socket.gethostname(),
         gethostname_shim=probe_gethostname_shim(),
         gpu_driver_version=probe_gpu_driver_version(root),
@@ -89,7 +98,7 @@ def probe_gethostname_shim() -> str | None:
 def probe_gpu_count() -> int:
     # nvidia-smi is what the toolkit asks, so SM_NUM_GPUS agrees with it; it also honours
     # the container runtime's view of which GPUs this container may use.
-    exe = shutil.which("nvidia-smi")
+    exe = probe_program("nvidia-smi")
     if exe is None:
         return 0
     output = _run_quietly([exe, "--list-gpus"])
@@ -101,7 +110,7 @@ def parse_nvidia_smi_list(output: str) -> int:
 
 
 def probe_neuron_core_count() -> int:
-    exe = shutil.which("neuron-ls") or (
+    exe = probe_program("neuron-ls") or (
         "/opt/aws/neuron/bin/neuron-ls" if os.access("/opt/aws/neuron/bin/neuron-ls", os.X_OK) else None
     )
     if exe is None:

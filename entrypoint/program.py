@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 from typing import NamedTuple
 
 from entrypoint.errors import JobDefinitionError
@@ -220,6 +219,8 @@ def fetch_code(source: CodeSource, code_dir: str) -> None:
 
     os.makedirs(code_dir, exist_ok=True)
     if source.kind == "local_dir":
+        import shutil
+
         shutil.copytree(source.uri, code_dir, dirs_exist_ok=True, symlinks=True)
     elif source.kind == "local_tar":
         extract_tar(source.uri, code_dir)

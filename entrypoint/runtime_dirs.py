@@ -19,7 +19,6 @@ host cannot tell about, is an error naming it.
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import stat
 from typing import NamedTuple
@@ -197,7 +196,7 @@ def start_job_folder(path: str) -> None:
                 raise RuntimeDirError(f"this job's runtime folder {path} already exists and {why or 'came back'}: "
                                       f"two entrypoints of the same job cannot share it; remove it, or set "
                                       f"BYOC_RUNTIME_DIR to another folder") from None
-            shutil.rmtree(path, ignore_errors=True)  # left by a killed entrypoint of this job
+            remove_tree(path)  # left by a killed entrypoint of this job
     os.chmod(path, 0o700)  # whatever the umask
     fd = os.open(os.path.join(path, OWNER_FILE), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
@@ -210,4 +209,24 @@ def remove_job_folder(path: str) -> None:
     owner = load_owner(path)
     if owner is None or owner.pid != os.getpid():
         return
-    shutil.rmtree(path, ignore_errors=True)
+    remove_tree(path)
+
+
+def remove_tree(path: str) -> None:
+    """shutil.rmtree(path, ignore_errors=True) for the few files of a job folder, without
+    shutil (it brings bz2 and lzma: ~1.5 ms of every start-up). Links are removed, never
+    followed."""
+    for folder, subfolders, files in os.walk(path, topdown=False):
+        for name in files + subfolders:
+            entry = os.path.join(folder, name)
+            try:
+                if name in files or os.path.islink(entry):
+                    os.unlink(entry)
+                else:
+                    os.rmdir(entry)
+            except OSError:
+                pass
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass

@@ -188,3 +188,20 @@ def test_the_built_in_sha256_is_hashlibs():
 
     for data in (b"", b"byoc-job-id-v1\0[\"job\", [\"algo-1\"], \"{}\"]", bytes(range(256)) * 50):
         assert build_sha256_hex(data) == hashlib.sha256(data).hexdigest()
+
+
+def test_removing_a_job_folder_removes_links_and_never_follows_them(tmp_path):
+    from entrypoint.runtime_dirs import remove_tree
+
+    outside = tmp_path / "outside"
+    (outside / "keep").mkdir(parents=True)
+    (outside / "keep" / "file").write_text("not the job's")
+    job = tmp_path / "job"
+    (job / "ssh" / "deeper").mkdir(parents=True)
+    (job / "ssh" / "deeper" / "key").write_text("k")
+    (job / "owner").write_text("1 host")
+    os.symlink(outside / "keep", job / "ssh" / "link-to-a-folder")
+    os.symlink(outside / "keep" / "file", job / "link-to-a-file")
+    remove_tree(str(job))
+    assert not job.exists()
+    assert (outside / "keep" / "file").read_text() == "not the job's"
