@@ -6,17 +6,20 @@ The MPI hosts' own steps over SSH are in mpi_hosts.py, imported only by multi-ho
 from __future__ import annotations
 
 import contextlib
-import socket
 import time
 
-from entrypoint.liveness import JobPort, PeerWatch, wait_until_port_closes
 from entrypoint.log import log
 from entrypoint.plan import REPORT_KEY_ENV, LaunchPlan, Role
 from entrypoint.supervise import OutputCollector, StopRequest, Supervisor, stop_signals_set
 
+# liveness (and with it socket) is imported where a multi-host launch uses it: a 1-host job
+# never needs it (tests/entrypoint/test_startup_imports.py).
+
 
 def wait_for_hosts(hosts: tuple[str, ...], timeout_s: float) -> list[str]:
     """Hosts that still do not resolve after timeout_s (SageMaker's DNS can lag at start)."""
+    import socket
+
     deadline = time.monotonic() + timeout_s
     pending = list(hosts)
     delay = 0.1
@@ -62,10 +65,10 @@ class HostServices:
         self.collector = collector
         self.told_workers = False
         self.lost: str | None = None
-        self.job_port: JobPort | None = None
+        self.job_port = None  # liveness.JobPort
         self.sshd: object = None
-        self.watch: PeerWatch | None = None
-        self.rendezvous_watch: PeerWatch | None = None
+        self.watch = None  # liveness.PeerWatch
+        self.rendezvous_watch = None
         self.supervisor: Supervisor | None = None  # the current run's
         self.refused_reports = 0
 
@@ -94,6 +97,8 @@ class HostServices:
         plan = self.plan
         if not plan.multi_host or self.watch is not None:
             return
+        from entrypoint.liveness import PeerWatch
+
         port = plan.settings.ssh_port if plan.role == Role.MPI_LEADER else plan.settings.job_port
 
         def on_lost(host: str, reason: str) -> None:
@@ -145,6 +150,8 @@ def host_services(plan: LaunchPlan, collector: OutputCollector):
             # Every host's port also takes root-cause reports from ranks on every host, so
             # each host's output/failure can lead with the job's first failure (SDK v2 local
             # mode keeps only the last host's).
+            from entrypoint.liveness import JobPort
+
             try:
                 services.job_port = JobPort(plan.settings.job_port, collector.add_line_text,
                                             report_key=plan.env_dict.get(REPORT_KEY_ENV, ""),
@@ -174,6 +181,8 @@ def wait_for_leader_to_finish(plan: LaunchPlan) -> None:
     Bounded by BYOC_PEER_WAIT_TIMEOUT_S; SIGTERM ends the wait."""
     if plan.role not in (Role.TORCHRUN, Role.PARAMETER_SERVER) or not plan.multi_host or plan.is_leader:
         return
+    from entrypoint.liveness import wait_until_port_closes
+
     stop = StopRequest()
     with stop_signals_set(stop):
         how = wait_until_port_closes(plan.leader, plan.settings.job_port, plan.settings.peer_wait_timeout_s,

@@ -11,7 +11,6 @@ import importlib.util
 import json
 import os
 import re
-import socket
 import subprocess
 from typing import NamedTuple
 
@@ -57,7 +56,7 @@ def probe_machine(root: str = "/") -> MachineFacts:
         interfaces=probe_interfaces(root),
         smddprun=probe_program("smddprun") is not None,
         smddpmprun=probe_program("smddpmprun") is not None,
-        hostname=socket.gethostname(),
+        hostname=os.uname().nodename,  # gethostname(), without loading socket
         gethostname_shim=probe_gethostname_shim(),
         gpu_driver_version=probe_gpu_driver_version(root),
         cuda_compat_driver_version=probe_cuda_compat_driver_version(root),

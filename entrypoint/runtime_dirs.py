@@ -19,7 +19,6 @@ host cannot tell about, is an error naming it.
 from __future__ import annotations
 
 import os
-import socket
 import stat
 from typing import NamedTuple
 
@@ -191,7 +190,7 @@ def start_job_folder(path: str) -> None:
                 why = "it is not a folder of this user's"
             else:
                 owner = load_owner(path)
-                why = decide_takeover(owner, socket.gethostname(), owner is not None and probe_pid_alive(owner.pid))
+                why = decide_takeover(owner, os.uname().nodename, owner is not None and probe_pid_alive(owner.pid))
             if why is not None or attempt == 2:
                 raise RuntimeDirError(f"this job's runtime folder {path} already exists and {why or 'came back'}: "
                                       f"two entrypoints of the same job cannot share it; remove it, or set "
@@ -200,7 +199,7 @@ def start_job_folder(path: str) -> None:
     os.chmod(path, 0o700)  # whatever the umask
     fd = os.open(os.path.join(path, OWNER_FILE), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
-        f.write(f"{os.getpid()} {socket.gethostname()}\n")
+        f.write(f"{os.getpid()} {os.uname().nodename}\n")  # gethostname(), without loading socket
 
 
 def remove_job_folder(path: str) -> None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 from typing import NamedTuple
 
@@ -267,6 +266,8 @@ def scan_host_key(host: str, port: int, timeout_s: int = 3) -> str | None:
 
 def resolve_addresses(host: str) -> list[str]:
     try:
+        import socket  # multi-host paths only
+
         infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
     except OSError:
         return []
@@ -275,6 +276,8 @@ def resolve_addresses(host: str) -> list[str]:
 
 def can_connect(host: str, port: int, timeout_s: float = 2.0) -> bool:
     try:
+        import socket  # multi-host paths only
+
         with socket.create_connection((host, port), timeout=timeout_s):
             return True
     except OSError:

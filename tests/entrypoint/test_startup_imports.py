@@ -41,10 +41,10 @@ def test_a_rank_imports_only_what_running_the_program_needs(tmp_path):
 # What a whole 1-host run (read, decide, pre-flight, folders, run, outcome) leaves out: hashlib
 # loads OpenSSL (~2 ms; the job id uses CPython's built-in SHA-256), argparse is only for
 # usage and errors, difflib only for a "Did you mean" message, shutil (bz2, lzma) only to copy a
-# local source directory.
+# local source directory, socket and liveness only for a multi-host launch.
 NOT_ON_A_ONE_HOST_RUN = ("hashlib", "_hashlib", "argparse", "gettext", "difflib", "entrypoint.mpi_hosts",
                          "concurrent.futures", "logging", "dataclasses", "inspect", "tarfile", "tempfile", "shutil",
-                         "bz2", "lzma")
+                         "bz2", "lzma", "socket", "entrypoint.liveness")
 
 
 def test_a_whole_one_host_run_imports_none_of_the_rarely_needed_modules(tmp_path):
