@@ -113,15 +113,20 @@ def skip_without_mount_namespaces(what: str) -> None:
         pytest.skip(f"needs root and unshare(1) allowed: {what} is a full 1 MiB tmpfs in a mount namespace")
 
 
+def run_with_a_full_folder(root, folder) -> subprocess.CompletedProcess:
+    """The entrypoint on the tree `root`, with `folder` a full 1 MiB tmpfs (a private mount)."""
+    return subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
+         'mount -t tmpfs -o size=1m tmpfs "$FULL" && exec "$0" -m entrypoint train', PYTHON],
+        env={**entrypoint_env(root), "FULL": str(folder)}, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
 def test_a_fatal_finding_stops_the_job_before_the_script(tmp_path):
     skip_without_mount_namespaces("/opt/ml/model")
     root = write_tree(tmp_path, script="print('must not run')\n")
     model = root / "model"
-    done = subprocess.run(
-        ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
-         'mount -t tmpfs -o size=1m tmpfs "$MODEL" && exec "$0" -m entrypoint train', PYTHON],
-        env={**entrypoint_env(root), "MODEL": str(model)}, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    done = run_with_a_full_folder(root, model)
     assert done.returncode == EXIT_BAD_JOB, done.stderr[-2000:]
     assert "must not run" not in done.stdout
     report = failure_text(root)
@@ -137,11 +142,7 @@ def test_a_full_output_folder_warns_and_the_job_still_runs(tmp_path):
     skip_without_mount_namespaces("/opt/ml/output")
     root = write_tree(tmp_path, script="print('the script ran')\nraise SystemExit(3)\n")
     output = root / "output"
-    done = subprocess.run(
-        ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
-         'mount -t tmpfs -o size=1m tmpfs "$OUTPUT" && exec "$0" -m entrypoint train', PYTHON],
-        env={**entrypoint_env(root), "OUTPUT": str(output)}, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    done = run_with_a_full_folder(root, output)
     assert done.returncode == 3, done.stderr[-2000:]
     assert "the script ran" in done.stdout
     assert f"pre-flight warning: {output} on algo-1 has 1 MiB free: output/failure and output/data may not be written" in done.stderr
