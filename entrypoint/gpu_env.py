@@ -10,13 +10,14 @@
   cuda-compat libraries come from, those libraries go first on LD_LIBRARY_PATH (as the AWS
   images' start-up does), so a CUDA 13 image runs on an older data-centre driver. With a
   driver that is new enough, or no compat libraries, nothing changes.
-- Hangs in a collective: torch's NCCL watchdog fails the rank when a collective outlives the
-  process group's timeout (TORCH_NCCL_ASYNC_ERROR_HANDLING=1: abort the communicators and the
-  process, so the launcher sees a failed rank instead of a job that holds every host), and its
-  flight recorder (the last TORCH_NCCL_TRACE_BUFFER_SIZE collectives) is dumped on that timeout
-  to <output data>/nccl_trace_rank_<rank>, which SageMaker uploads with the job's output.
-  Names as torch 2.13 reads them (torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp and
-  FlightRecorder.hpp); a value the job sets, under either of torch's names, wins.
+- Hangs in a collective: torch 2.13's NCCL watchdog already fails the rank when a collective
+  outlives the process group's timeout (TORCH_NCCL_ASYNC_ERROR_HANDLING defaults to 3,
+  SkipCleanUp: the process ends without ncclCommAbort, which can itself hang — so we leave it),
+  and its flight recorder keeps the last 2,000 collectives by default. What we add: dump that
+  record when the watchdog fires (TORCH_NCCL_DUMP_ON_TIMEOUT=1) into
+  <output data>/nccl_trace_rank_<rank>, which SageMaker uploads with the job's output. Names as
+  torch 2.13 reads them (torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp, FlightRecorder.hpp,
+  libtorch); a value the job sets, under either of torch's names, wins.
 """
 
 from __future__ import annotations
@@ -28,17 +29,14 @@ from entrypoint.paths import build_paths
 from entrypoint.probe import CUDA_COMPAT_DIR, MachineFacts
 
 _VERSION = re.compile(r"^\d+(\.\d+)*$")
-NCCL_TRACE_ENTRIES = 2000  # collectives the flight recorder keeps (each start and end is an entry)
 NCCL_TRACE_FILE_PREFIX = "nccl_trace_rank_"  # torch appends the rank
 
 
 def build_nccl_hang_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """The NCCL watchdog and flight recorder settings, each unless the job sets it (under any
-    name torch reads for it)."""
+    """Where the NCCL flight recorder's record goes when the watchdog fires, unless the job
+    sets it (under any name torch reads for it)."""
     dump_to = f"{build_paths(dict(environ)).output_data_dir}/{NCCL_TRACE_FILE_PREFIX}"
     wanted = (
-        (("TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING"), "1"),
-        (("TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_BUFFER_SIZE"), str(NCCL_TRACE_ENTRIES)),
         (("TORCH_NCCL_DUMP_ON_TIMEOUT",), "1"),
         (("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_FR_DUMP_TEMP_FILE"), dump_to),
     )
