@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 
 from entrypoint.failure import describe_exit_code, describe_root_cause, first_root_cause, secret_values
-from entrypoint.hosts import HostServices, StartProblem, host_services, wait_for_hosts, wait_for_leader_to_finish
+from entrypoint.hosts import HostServices, host_services, wait_for_hosts, wait_for_leader_to_finish
 from entrypoint.log import log
 from entrypoint.outcome import (
     build_job_failure_text,
@@ -80,32 +80,35 @@ def run_plan(plan: LaunchPlan, paths: MlPaths, environ: dict[str, str]) -> int:
 
     what = describe(plan)
     started = time.monotonic()
-    try:
-        with host_services(plan, collector) as services:
-            log(f"{plan.current_host}: running {what} ({plan.role})")
-            mark_training_started()
-            run, earlier = run_with_restarts(plan, env, collector, services, paths, what)
-            if run.launch_error:
-                text = f"{what}: {run.launch_error}"
-            elif run.exit_code != 0:
-                text = build_job_failure_text(report(what, run.exit_code, run, services.lost), run.hang, earlier)
-            # The outcome is written here before the workers are told it and before this
-            # host's job port closes: a worker may exit as soon as either happens, and SDK v2
-            # local mode then stops this container.
-            if run.exit_code != 0:
-                write_failure(paths, run.exit_code, text)
-                # Workers are told what this host reports: the script's own failure file if it
-                # wrote one (write_outcome keeps it), else ours.
-                services.tell_workers(run.exit_code, load_failure_file(paths) or text)
-                return run.exit_code
-            write_outcome(paths, 0, None)
-            log(f"{plan.current_host}: {what} succeeded in {time.monotonic() - started:.1f} s")
-            services.tell_workers(0, None)
-            wait_for_leader_to_finish(plan)
-            return 0
-    except StartProblem as problem:
-        collector.tail.append(str(problem))
-        return write_failure(paths, 1, report(f"{what}: starting the workers", 1, RunResult(1, problem.stopped_by)))
+    with host_services(plan, collector) as services:
+        problem = services.start_problem
+        if problem is not None:
+            collector.tail.append(str(problem))
+            text = report(f"{what}: starting the workers", 1, RunResult(1, problem.stopped_by))
+            write_failure(paths, 1, text)
+            services.tell_workers(1, text)
+            return 1
+        log(f"{plan.current_host}: running {what} ({plan.role})")
+        mark_training_started()
+        run, earlier = run_with_restarts(plan, env, collector, services, paths, what)
+        if run.launch_error:
+            text = f"{what}: {run.launch_error}"
+        elif run.exit_code != 0:
+            text = build_job_failure_text(report(what, run.exit_code, run, services.lost), run.hang, earlier)
+        # The outcome is written here before the workers are told it and before this
+        # host's job port closes: a worker may exit as soon as either happens, and SDK v2
+        # local mode then stops this container.
+        if run.exit_code != 0:
+            write_failure(paths, run.exit_code, text)
+            # Workers are told what this host reports: the script's own failure file if it
+            # wrote one (write_outcome keeps it), else ours.
+            services.tell_workers(run.exit_code, load_failure_file(paths) or text)
+            return run.exit_code
+        write_outcome(paths, 0, None)
+        log(f"{plan.current_host}: {what} succeeded in {time.monotonic() - started:.1f} s")
+        services.tell_workers(0, None)
+        wait_for_leader_to_finish(plan)
+        return 0
 
 
 def run_with_restarts(plan: LaunchPlan, env: dict[str, str], collector: OutputCollector, services: HostServices,

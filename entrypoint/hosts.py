@@ -64,6 +64,7 @@ class HostServices:
         self.plan = plan
         self.collector = collector
         self.told_workers = False
+        self.start_problem: StartProblem | None = None  # the launch could not start (host_services)
         self.lost: str | None = None
         self.job_port = None  # liveness.JobPort
         self.sshd: object = None
@@ -133,8 +134,10 @@ class HostServices:
 @contextlib.contextmanager
 def host_services(plan: LaunchPlan, collector: OutputCollector):
     """Start what a multi-host launch needs beside its processes, yield it, and stop it; the
-    caller hands the job's outcome to services.tell_workers. A launch that ends without one
-    (a start problem, an error of ours) tells MPI workers exit code 1."""
+    caller hands the job's outcome to services.tell_workers. What kept the launch from
+    starting (workers that never answered, a stop while waiting, a busy job port) is
+    services.start_problem, for the caller to report first and then tell the workers. A
+    launch that ends without telling them (an error of ours) tells MPI workers exit code 1."""
     services = HostServices(plan, collector)
     mpi_leader = plan.role == Role.MPI_LEADER and plan.multi_host
     if mpi_leader:
@@ -145,7 +148,7 @@ def host_services(plan: LaunchPlan, collector: OutputCollector):
             with stop_signals_set(stop):
                 services.sshd, problem = mpi_hosts.start_leader(plan, stop, log)
             if problem:
-                raise StartProblem(problem, stop.signal_name)
+                services.start_problem = StartProblem(problem, stop.signal_name)
         elif plan.multi_host:
             # Every host's port also takes root-cause reports from ranks on every host, so
             # each host's output/failure can lead with the job's first failure (SDK v2 local
@@ -157,7 +160,7 @@ def host_services(plan: LaunchPlan, collector: OutputCollector):
                                             report_key=plan.env_dict.get(REPORT_KEY_ENV, ""),
                                             on_refused=services.on_refused_report)
             except OSError as exc:
-                raise StartProblem(describe_port_problem(plan.settings.job_port, plan.current_host, exc), None) from None
+                services.start_problem = StartProblem(describe_port_problem(plan.settings.job_port, plan.current_host, exc), None)
         yield services
     finally:
         for watch in (services.watch, services.rendezvous_watch):

@@ -269,7 +269,7 @@ def run_worker(plan: LaunchPlan, stop: StopRequest, log) -> WorkerOutcome:
         processes.become_subreaper()
         sshd = start_sshd(files)
         log(f"serving SSH to the leader {plan.leader} ({', '.join(addresses)})")
-        outcome = _wait_for_outcome(plan, stop, log, sshd.pid)
+        outcome = _wait_for_outcome(plan, stop, log, sshd)
         if outcome.reason is None:
             # The outcome file appears while the leader's session that wrote it is still
             # closing; stopping sshd then cuts that session and the leader logs a false
@@ -299,7 +299,7 @@ def load_leader_report(plan: LaunchPlan) -> str | None:
         return None
 
 
-def _wait_for_outcome(plan: LaunchPlan, stop: StopRequest, log, sshd_pid: int) -> WorkerOutcome:
+def _wait_for_outcome(plan: LaunchPlan, stop: StopRequest, log, sshd: subprocess.Popen) -> WorkerOutcome:
     settings = plan.settings
     path = plan.files.outcome
     last_contact = time.monotonic()
@@ -329,5 +329,7 @@ def _wait_for_outcome(plan: LaunchPlan, stop: StopRequest, log, sshd_pid: int) -
             next_check = time.monotonic() + 1.0
         # As subreaper (and PID 1 in a container) we inherit orted, the ranks and the leader's
         # ended SSH sessions: collect them while the job runs, or they stay defunct until it ends.
-        processes.reap_orphans({sshd_pid})
+        # sshd is Popen's to collect (poll), and an exited one must not block the others.
+        sshd.poll()
+        processes.reap_orphans(set() if sshd.returncode is not None else {sshd.pid})
         time.sleep(POLL_S)

@@ -214,7 +214,13 @@ def remove_job_folder(path: str) -> None:
 def remove_tree(path: str) -> None:
     """shutil.rmtree(path, ignore_errors=True) for the few files of a job folder, without
     shutil (it brings bz2 and lzma: ~1.5 ms of every start-up). Links are removed, never
-    followed."""
+    followed (a link given as the folder itself is removed, its target left alone)."""
+    if os.path.islink(path):
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+        return
     for folder, subfolders, files in os.walk(path, topdown=False):
         for name in files + subfolders:
             entry = os.path.join(folder, name)

@@ -205,3 +205,14 @@ def test_removing_a_job_folder_removes_links_and_never_follows_them(tmp_path):
     remove_tree(str(job))
     assert not job.exists()
     assert (outside / "keep" / "file").read_text() == "not the job's"
+
+
+def test_a_job_folder_that_is_a_link_is_removed_not_its_target(tmp_path):
+    from entrypoint.runtime_dirs import remove_tree
+
+    target = tmp_path / "somewhere-else"
+    target.mkdir()
+    (target / "file").write_text("kept")
+    os.symlink(target, tmp_path / "job")
+    remove_tree(str(tmp_path / "job"))
+    assert not os.path.lexists(tmp_path / "job") and (target / "file").read_text() == "kept"

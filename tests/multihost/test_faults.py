@@ -157,3 +157,15 @@ def test_a_torchrun_worker_whose_leader_never_opens_the_rendezvous_port_fails_na
         assert took < 45, f"the worker took {took:.0f} s"
         head = failure(cluster, "algo-2")[:1024]
         assert "host algo-1 never answered on port 7777 (torchrun's rendezvous, BYOC_MASTER_PORT) for 6 s" in head, head
+
+
+def test_a_worker_is_told_why_the_mpi_leader_could_not_start():
+    """algo-3 never starts: the leader gives up after BYOC_PEER_WAIT_TIMEOUT_S, writes its own
+    reason first and then tells the workers that did start, whose output/failure carries it."""
+    with EmulatedCluster(["algo-1", "algo-2", "algo-3"], job("mpi_job.py", "mpi")) as cluster:
+        run = cluster.start_all(ENTRYPOINT, env={**FAST, "BYOC_PEER_WAIT_TIMEOUT_S": "6"}, hosts=["algo-1", "algo-2"])
+        result = run.wait(timeout=90, fail_fast=False)
+        assert {h: r.returncode for h, r in result.results.items()} == {"algo-1": 1, "algo-2": 1}
+        reason = "host(s) algo-3 did not accept SSH within 6 s (BYOC_PEER_WAIT_TIMEOUT_S)"
+        assert reason in failure(cluster, "algo-1")
+        assert reason in failure(cluster, "algo-2"), failure(cluster, "algo-2")
