@@ -222,6 +222,25 @@ def parse_mpi_option_tokens(key: str, tokens: tuple[str, ...]) -> tuple[str, ...
     return tokens
 
 
+def build_toolkit_nccl_debug(tokens: tuple[str, ...]) -> tuple[str, ...]:
+    """The sagemaker-training toolkit reads `--NCCL_DEBUG VALUE` (or `--NCCL_DEBUG=VALUE`) out of
+    the custom options and passes `-x NCCL_DEBUG=VALUE` to mpirun; jobs written for it say so
+    (AWS's examples do). The same here; mpirun itself has no such option."""
+    out: list[str] = []
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        if token.startswith("--NCCL_DEBUG="):
+            out += ["-x", "NCCL_DEBUG=" + token.split("=", 1)[1]]
+        elif token == "--NCCL_DEBUG" and i + 1 < len(tokens) and not tokens[i + 1].startswith("-"):
+            out += ["-x", "NCCL_DEBUG=" + tokens[i + 1]]
+            i += 1
+        else:
+            out.append(token)
+        i += 1
+    return tuple(out)
+
+
 def parse_mpi_options(key: str, value: Any) -> tuple[str, ...]:
     """A custom mpirun options hyperparameter (one string, split as a shell would) as argv
     words, checked by parse_mpi_option_tokens."""
@@ -237,7 +256,7 @@ def parse_mpi_options(key: str, value: Any) -> tuple[str, ...]:
             f"The hyperparameter {key} in {HYPERPARAMETERS} cannot be split into mpirun options as a shell "
             f"would ({exc}: an unbalanced quote or a trailing backslash): {_shown(value)}."
         ) from None
-    return parse_mpi_option_tokens(key, tokens)
+    return parse_mpi_option_tokens(key, build_toolkit_nccl_debug(tokens))
 
 
 def parse_distribution(job: JobConfig) -> Distribution:

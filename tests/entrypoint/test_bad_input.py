@@ -350,8 +350,10 @@ def test_whatever_gets_through_leaves_mpirun_running_the_training_program(tokens
     ("--mca btl_tcp_if_include '$(touch /tmp/pwned)'", 'value "$(touch /tmp/pwned)", which holds one of the characters'),
     ("--mca 'bad name' x", 'has --mca "bad name", which is not an MCA parameter name'),
     ("-x -np", 'has -x "-np", which does not start with an environment variable name'),
-    ("--NCCL_DEBUG INFO", 'has "--NCCL_DEBUG", which is not an option of mpirun (Open MPI 4.1; an option\'s value goes '
-                          'in the next word, not after "="); to set the environment variable NCCL_DEBUG, write -x NCCL_DEBUG=VALUE'),
+    ("--NCCL_SOCKET_IFNAME eth0", 'has "--NCCL_SOCKET_IFNAME", which is not an option of mpirun (Open MPI 4.1; an option\'s '
+                                  'value goes in the next word, not after "="); to set the environment variable '
+                                  'NCCL_SOCKET_IFNAME, write -x NCCL_SOCKET_IFNAME=VALUE'),
+    ("--NCCL_DEBUG", 'has "--NCCL_DEBUG", which is not an option of mpirun'),  # the toolkit's form needs its value
     ("--np=2", 'has "--np=2", which is not an option of mpirun'),
 ])  # fmt: skip
 def test_mpi_option_strings_refused_with_the_reason(options, expected):
@@ -537,3 +539,14 @@ def test_output_that_is_not_utf8_still_gives_a_readable_failure_reason(tmp_path)
     assert "train.py failed on host algo-1 with exit code 3." in report
     assert "loss went \ufffd\ufffd bad in \ufffd(" in report  # the bytes replaced, the line kept
     assert b"Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("options, expected", [
+    ("--NCCL_DEBUG WARN", ("-x", "NCCL_DEBUG=WARN")),
+    ("--NCCL_DEBUG=INFO -verbose", ("-x", "NCCL_DEBUG=INFO", "-verbose")),
+    ("-x FOO=1 --NCCL_DEBUG INFO --mca btl_tcp_if_exclude lo", ("-x", "FOO=1", "-x", "NCCL_DEBUG=INFO", "--mca", "btl_tcp_if_exclude", "lo")),
+])  # fmt: skip
+def test_the_toolkits_nccl_debug_option_becomes_an_environment_variable(options, expected):
+    """sagemaker-training reads --NCCL_DEBUG out of the custom options and gives mpirun
+    -x NCCL_DEBUG=...; jobs written for it keep working."""
+    assert parse_mpi_options(MPI_KEY, options) == expected
