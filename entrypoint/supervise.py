@@ -53,7 +53,7 @@ class OutputCollector:
         self.secrets = list(secrets)  # masked in each line before it is cut to TAIL_LINE_CHARS
         self.last_output = time.monotonic()  # when a child last printed a line (hang detection)
         self.capture: list[str] | None = None  # every line, while stacks are being collected
-        self.stream = self.open_stream()  # for lines added without a stream of their own
+        self.stream: SecretLines | None = None  # for lines added without a stream of their own
 
     def open_stream(self) -> SecretLines | None:
         """The masking state of one stream of lines (a pump's); None when there are no secrets."""
@@ -92,7 +92,12 @@ class OutputCollector:
             else:
                 # Masked before it is cut; the earlier lines this one completes a secret in, again.
                 slot = [None, keep_end]  # [its entry in the tail, keep_end]
-                masked, changed = (stream or self.stream).add(line, slot)
+                if stream is None:
+                    # Made at the first such line, not at start: the secrets' pattern takes
+                    # ~20 ms to compile for a long one (an AWS session token); the pumps make
+                    # theirs in their own threads.
+                    stream = self.stream = self.stream or self.open_stream()
+                masked, changed = stream.add(line, slot)
                 self.tail.append(self._set_entry(slot, masked))
                 for earlier, text in changed:
                     entry, new = earlier[0], self._set_entry(earlier, text)
