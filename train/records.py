@@ -50,6 +50,9 @@ def build_data_file_error(source: str, suffix: str, err: BaseException) -> DataF
     detail = str(err).strip().splitlines()[0] if str(err).strip() else ""
     if "pickled" in detail:  # numpy's last guess, and its advice to unpickle it, would mislead
         detail = "it starts with neither a zip nor an .npy header"
+    if isinstance(err, OSError) and err.errno is not None:  # the storage failed, not the file's format
+        return DataFileError(f"{source}: could not be read ({type(err).__name__}: {err.strerror or detail}); "
+                             f"expected a {FORMATS[suffix]}")
     return DataFileError(f"{source}: truncated or corrupt, not a readable {FORMATS[suffix]} "
                          f"({type(err).__name__}{': ' + detail if detail else ''})")
 

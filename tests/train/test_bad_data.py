@@ -122,3 +122,16 @@ def test_the_ranks_failure_reason_in_output_failure_names_the_shard(tmp_path):
     shard = root / "input/data/train/part-1.npz"
     assert f"DataFileError: {shard}: truncated or corrupt, not a readable .npz shard" in report, report
     assert "File is not a zip file" in report
+
+
+def test_a_read_error_of_the_storage_is_not_called_a_corrupt_file():
+    """EIO from a FastFile mount is the storage failing, not the file's format."""
+    import errno
+
+    from train.records import build_data_file_error
+
+    err = build_data_file_error("/opt/ml/input/data/train/part-0.npz", ".npz", OSError(errno.EIO, "Input/output error"))
+    assert str(err).startswith("/opt/ml/input/data/train/part-0.npz: could not be read (OSError: Input/output error)")
+    assert "corrupt" not in str(err)
+    parse_error = build_data_file_error("/x.npy", ".npy", OSError("Failed to interpret file as a pickle"))
+    assert "truncated or corrupt" in str(parse_error)  # numpy's own OSError, no errno: the format
