@@ -119,7 +119,6 @@ class HostServices:
             seen_at_start=plan.role == Role.MPI_LEADER,  # start_leader has just reached every worker
         )
 
-
     def tell_workers(self, exit_code: int, report: str | None) -> None:
         """The job's outcome, once: an MPI leader writes it on every worker (mpi_hosts.py),
         which then exits with it. Other roles' hosts each see the job end for themselves."""

@@ -37,7 +37,6 @@ class MachineFacts(NamedTuple):
     cuda_compat_driver_version: str | None = None
 
 
-
 def probe_program(name: str) -> str | None:
     """shutil.which(name) without shutil (~1.5 ms of every start-up with bz2 and lzma): the
     first executable file of that name on PATH."""
@@ -46,6 +45,7 @@ def probe_program(name: str) -> str | None:
         if os.path.isfile(path) and os.access(path, os.X_OK):
             return path
     return None
+
 
 def probe_machine(root: str = "/") -> MachineFacts:
     return MachineFacts(
