@@ -145,10 +145,22 @@ needs_sshd = pytest.mark.skipif(
 )
 
 
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
 def _start_sshd(tmp_path, name: str, host_key: str, authorized_keys: str, port: int) -> subprocess.Popen:
     config = tmp_path / f"{name}_sshd_config"
+    # Where "localhost" is ::1 first (a Debian container's /etc/hosts), ssh-keyscan localhost
+    # tries only that address: listen there too when the machine has it.
+    listen = "ListenAddress 127.0.0.1\n" + ("ListenAddress ::1\n" if _ipv6_loopback() else "")
     config.write_text(
-        f"ListenAddress 127.0.0.1\nPort {port}\nHostKey {host_key}\nAuthorizedKeysFile {authorized_keys}\n"
+        f"{listen}Port {port}\nHostKey {host_key}\nAuthorizedKeysFile {authorized_keys}\n"
         "PidFile none\nPermitRootLogin prohibit-password\nPasswordAuthentication no\nUsePAM no\nUseDNS no\n"
         "StrictModes no\nLogLevel ERROR\n"
     )
