@@ -18,6 +18,7 @@ On an uncaught exception it
     whole job (what `python -m mpi4py` does), so the other ranks do not hang in a collective.
 """
 
+import _thread
 import os
 import runpy
 import sys
@@ -45,20 +46,24 @@ REPORT_TIMEOUT_S = 5.0
 _INTERPRETER_PATH = sys.path[1:]
 
 
+_STDLIB_LOCK = _thread.RLock()  # the launcher's output pumps call it from their own threads
+
+
 def _stdlib(name: str):
     """A standard-library module, imported only when needed: json, socket and traceback
     together cost every rank ~12 ms of start-up, and most programs never raise. By then
     sys.path[0] is the user's code folder, so the import looks only where the interpreter's
     own modules are: a json.py or socket.py of the user's cannot stand in for them."""
-    module = sys.modules.get(name)
-    if module is None:
-        saved = sys.path[:]
-        sys.path[:] = _INTERPRETER_PATH
-        try:
-            module = __import__(name)
-        finally:
-            sys.path[:] = saved
-    return module
+    with _STDLIB_LOCK:  # a second thread must not take a module the first is still importing
+        module = sys.modules.get(name)
+        if module is None:
+            saved = sys.path[:]
+            sys.path[:] = _INTERPRETER_PATH
+            try:
+                module = __import__(name)
+            finally:
+                sys.path[:] = saved
+        return module
 
 
 def is_secret_name(name: str) -> bool:

@@ -190,3 +190,38 @@ def test_short_secrets_and_indented_breaks_are_masked_in_any_text():
     text = "password=Pw8!z\n    Q_k and key=ABCD\r\n\tEF and token=sk-live-0042-\n      abcdef"
     masked = redact(text, ["Pw8!zQ_k", "ABCDEF", "sk-live-0042-abcdef"])
     assert masked == "password=**** and key=**** and token=****"
+
+
+def test_the_output_pumps_may_make_their_masks_at_the_same_moment():
+    """Each pump makes its stream's mask in its own thread at its first line; the first of
+    them imports the modules the secret forms need (urllib.parse) while the others wait, never
+    taking a module still half imported (seen in the image under SDK local mode: the pumps
+    died and output/failure said "No output")."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    probe = f"""
+import sys, threading
+sys.path.insert(0, {str(repo)!r})
+from entrypoint.supervise import OutputCollector
+assert "urllib.parse" not in sys.modules
+collector = OutputCollector(["AKIAFAKESECRETVALUE1234", "another-secret-token-987"])
+errors, start = [], threading.Barrier(32)
+def pump():
+    start.wait()
+    try:
+        collector.add_line_text("the key is AKIAFAKESECRETVALUE1234", collector.open_stream())
+    except BaseException as exc:
+        errors.append(repr(exc))
+threads = [threading.Thread(target=pump) for _ in range(32)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+print(errors or "ok", list(collector.tail)[:1])
+"""
+    for _ in range(10):  # a race: several fresh interpreters
+        # -S: no site, so nothing has imported urllib.parse before the pumps (a dev venv's does)
+        done = subprocess.run([sys.executable, "-I", "-S", "-c", probe], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.startswith("ok ['the key is ****"), done.stdout
