@@ -201,10 +201,13 @@ def test_the_output_pumps_may_make_their_masks_at_the_same_moment():
     import sys
     from pathlib import Path
 
-    repo = Path(__file__).resolve().parents[2]
+    import entrypoint
+
+    # Where this interpreter's entrypoint package is: the checkout, or the image's site-packages.
+    package_root = Path(entrypoint.__file__).resolve().parents[1]
     probe = f"""
 import sys, threading
-sys.path.insert(0, {str(repo)!r})
+sys.path.insert(0, {str(package_root)!r})
 from entrypoint.supervise import OutputCollector
 assert "urllib.parse" not in sys.modules
 collector = OutputCollector(["AKIAFAKESECRETVALUE1234", "another-secret-token-987"])
