@@ -79,6 +79,9 @@ def test_a_damaged_byte_either_still_loads_or_is_an_error_naming_the_file(tmp_pa
     ("garbage.npz", b"not numpy at all " * 4, "it starts with neither a zip nor an .npy header"),
     ("empty.npz", b"", "EOFError"),
     ("zip.npy", NPZ, "it is a zip archive (.npz), not a single array"),
+    # one damaged digit of the header's shape: numpy alone loads 0 (or 10) rows of 40, silently
+    ("shape-digit.npy", NPY.replace(b"(40, 6)", b"( 0, 6)"), "shape (0, 6) (0 bytes), and 1920 more bytes follow it"),
+    ("fewer-rows.npy", NPY.replace(b"(40, 6)", b"(10, 6)"), "shape (10, 6) (480 bytes), and 1440 more bytes follow it"),
     ("latin1.csv", "1,2.5\n0,é\n".encode("latin-1"), "UnicodeDecodeError"),
 ])  # fmt: skip
 def test_each_kind_of_shard_names_itself_and_the_format(tmp_path, name, data, detail):
