@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 
 from entrypoint.failure import describe_exit_code, describe_root_cause, first_root_cause, secret_values
-from entrypoint.hosts import HostServices, host_services, wait_for_hosts, wait_for_leader_to_finish
+from entrypoint.hosts import HostServices, finish_worker_host, host_services, wait_for_hosts
 from entrypoint.log import log
 from entrypoint.outcome import (
     build_job_failure_text,
@@ -103,11 +103,18 @@ def run_plan(plan: LaunchPlan, paths: MlPaths, environ: dict[str, str]) -> int:
             # Workers are told what this host reports: the script's own failure file if it
             # wrote one (write_outcome keeps it), else ours.
             services.tell_workers(run.exit_code, load_failure_file(paths) or text)
+            services.tell_leader(run.exit_code)
             return run.exit_code
+        failed_worker = services.wait_for_workers()
+        if failed_worker is not None:
+            host, code = failed_worker
+            text = build_run_report(what, code, collector, host, env)
+            write_failure(paths, code, text)
+            return code
         write_outcome(paths, 0, None)
         log(f"{plan.current_host}: {what} succeeded in {time.monotonic() - started:.1f} s")
         services.tell_workers(0, None)
-        wait_for_leader_to_finish(plan)
+        finish_worker_host(plan, services)
         return 0
 
 

@@ -1,6 +1,7 @@
 """The multi-host side of a launch on this host: waiting for the other hosts' names, the
 services that run beside the job's processes (the MPI leader's sshd and workers, the job port,
-the watch on the peers; liveness.py), and a worker host waiting for its leader to finish.
+the watch on the peers; liveness.py), and the end of a job across hosts (a torchrun or
+parameter-server worker tells the leader its outcome; the leader waits for every worker's).
 The MPI hosts' own steps over SSH are in mpi_hosts.py, imported only by multi-host jobs."""
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ class HostServices:
         self.rendezvous_watch = None
         self.supervisor: Supervisor | None = None  # the current run's
         self.refused_reports = 0
+        self.worker_outcomes = None  # liveness.HostOutcomes, on a torchrun / parameter-server leader
 
     def ask_other_hosts_for_stacks(self):
         """Under a multi-host mpirun, the leader asks each worker's entrypoint (SIGUSR1 over
@@ -119,6 +121,71 @@ class HostServices:
             seen_at_start=plan.role == Role.MPI_LEADER,  # start_leader has just reached every worker
         )
 
+    def on_host_done(self, host: str, exit_code: int) -> None:
+        """A worker host's part ended (its JobPort report, liveness.send_host_done). One that
+        failed while this host still runs ends the job now, not when its port is missed."""
+        if host not in self.plan.peers:
+            self.on_refused_report(host, "an outcome from a host that is not one of this leader's workers")
+            return
+        self.worker_outcomes.add(host, exit_code)
+        supervisor = self.supervisor
+        if exit_code == 0 or supervisor is None or self.lost is not None:
+            return
+        # Only a run still going, and not already being stopped (SIGTERM to every host, or a
+        # failure here): the worker's failure is then a consequence, not news.
+        if supervisor.kill_at is None and any(proc.poll() is None for _, proc in supervisor.children):
+            self.lost = f"host {host} ended its part with exit code {exit_code}"
+            supervisor.stop_after_failure(f"{self.lost}: the job cannot go on")
+
+    def wait_for_workers(self) -> tuple[str, int] | None:
+        """On a torchrun / parameter-server leader whose own part succeeded: wait until every
+        worker host's part has ended too (each tells this host's job port); the first worker
+        that failed, as (host, exit code), or None.
+
+        Why: SDK v2 local mode stops every container as soon as the first one exits
+        (`docker-compose up --abort-on-container-exit`); a leader that ended first stopped a
+        worker host whose ranks were still finishing (exit 143, the job failed). On SageMaker
+        the job's outcome is every host's. Bounded by BYOC_PEER_WAIT_TIMEOUT_S; a worker that
+        stops answering without a word is not waited for; SIGTERM ends the wait."""
+        plan = self.plan
+        if plan.role not in (Role.TORCHRUN, Role.PARAMETER_SERVER) or not plan.is_leader or self.worker_outcomes is None:
+            return None
+        for watch in (self.watch, self.rendezvous_watch):
+            if watch is not None:
+                watch.close()  # this host's part is over: a worker leaving now is not a lost host
+        self.watch = self.rendezvous_watch = None
+        pending = [h for h in plan.peers if h not in self.worker_outcomes.codes()]
+        if pending:
+            log(f"{plan.current_host}: waiting for {len(pending)} worker host(s) to finish: {', '.join(pending)}")
+        stop = StopRequest()
+        with stop_signals_set(stop):
+            codes, gone, how = self.worker_outcomes.wait_for(
+                plan.peers, plan.settings.job_port, plan.settings.peer_wait_timeout_s,
+                stopped=lambda: stop.signal_name is not None)
+        for host in gone:
+            log(f"{plan.current_host}: worker host {host} stopped answering without reporting its outcome "
+                f"(its own output/failure has it)")
+        if how == "timeout":
+            log(f"{plan.current_host}: worker host(s) {', '.join(h for h in plan.peers if h not in codes and h not in gone)} "
+                f"still running after {plan.settings.peer_wait_timeout_s:g} s (BYOC_PEER_WAIT_TIMEOUT_S); ending")
+        failed = [(h, codes[h]) for h in plan.peers if codes.get(h, 0) != 0]
+        return failed[0] if failed else None
+
+    def tell_leader(self, exit_code: int, stop: StopRequest | None = None) -> None:
+        """On a torchrun / parameter-server worker host: this host's part has ended, with
+        exit_code; the leader waits for that word from every worker (wait_for_workers). A
+        failing host tries for less long: its leader may be what failed."""
+        plan = self.plan
+        if plan.role not in (Role.TORCHRUN, Role.PARAMETER_SERVER) or not plan.multi_host or plan.is_leader:
+            return
+        from entrypoint.liveness import SEND_DONE_FOR_S, send_host_done
+
+        if not send_host_done(plan.leader, plan.settings.job_port, plan.env_dict.get(REPORT_KEY_ENV, ""),
+                              plan.current_host, exit_code, within_s=SEND_DONE_FOR_S if exit_code == 0 else 3.0,
+                              stopped=lambda: stop is not None and stop.signal_name is not None):
+            log(f"{plan.current_host}: could not tell the leader {plan.leader} (port {plan.settings.job_port}) "
+                f"that this host's part ended; it will notice when this host stops answering")
+
     def tell_workers(self, exit_code: int, report: str | None) -> None:
         """The job's outcome, once: an MPI leader writes it on every worker (mpi_hosts.py),
         which then exits with it. Other roles' hosts each see the job end for themselves."""
@@ -152,12 +219,15 @@ def host_services(plan: LaunchPlan, collector: OutputCollector):
             # Every host's port also takes root-cause reports from ranks on every host, so
             # each host's output/failure can lead with the job's first failure (SDK v2 local
             # mode keeps only the last host's).
-            from entrypoint.liveness import JobPort
+            from entrypoint.liveness import HostOutcomes, JobPort
 
+            if plan.is_leader:
+                services.worker_outcomes = HostOutcomes()
             try:
                 services.job_port = JobPort(plan.settings.job_port, collector.add_line_text,
                                             report_key=plan.env_dict.get(REPORT_KEY_ENV, ""),
-                                            on_refused=services.on_refused_report)
+                                            on_refused=services.on_refused_report,
+                                            on_host_done=services.on_host_done if plan.is_leader else None)
             except OSError as exc:
                 services.start_problem = StartProblem(describe_port_problem(plan.settings.job_port, plan.current_host, exc), None)
         yield services
@@ -172,21 +242,24 @@ def host_services(plan: LaunchPlan, collector: OutputCollector):
             services.job_port.close()
 
 
-def wait_for_leader_to_finish(plan: LaunchPlan) -> None:
-    """A torchrun / parameter-server worker host whose processes succeeded waits for the leader
-    to finish before exiting, its job port still open.
+def finish_worker_host(plan: LaunchPlan, services: HostServices) -> None:
+    """A torchrun / parameter-server worker host whose processes succeeded (its outcome is
+    written) tells the leader so, then waits for the leader to finish before exiting, its job
+    port still open.
 
     Why: SageMaker local mode (SDK v2) runs `docker-compose up --abort-on-container-exit`:
     the first container to exit stops all the others. A worker host that ends first would stop
     the leader while rank 0 still saves the model (and compose reports the job a success from
-    the worker's exit code). The leader closes its job port once its outcome is written.
-    Bounded by BYOC_PEER_WAIT_TIMEOUT_S; SIGTERM ends the wait."""
+    the worker's exit code). The leader waits for every worker's word (wait_for_workers), then
+    closes its job port once its outcome is written. Bounded by BYOC_PEER_WAIT_TIMEOUT_S; SIGTERM
+    (the leader exited, compose stops this container) ends the wait, and this host still exits 0."""
     if plan.role not in (Role.TORCHRUN, Role.PARAMETER_SERVER) or not plan.multi_host or plan.is_leader:
         return
     from entrypoint.liveness import wait_until_port_closes
 
     stop = StopRequest()
-    with stop_signals_set(stop):
+    with stop_signals_set(stop):  # from the first word to the leader on: it may exit at once
+        services.tell_leader(0, stop)
         how = wait_until_port_closes(plan.leader, plan.settings.job_port, plan.settings.peer_wait_timeout_s,
                                      stopped=lambda: stop.signal_name is not None)
     if how == "timeout":

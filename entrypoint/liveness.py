@@ -23,6 +23,34 @@ CHECK_EVERY_S = 1.0
 
 MAX_REPORT_BYTES = 65536
 
+# A worker host of a torchrun or parameter-server job tells the leader's job port that its part
+# has ended, and how: `BYOC-HOST-DONE {"host": ..., "exit_code": ..., "time": ...}`, signed as
+# a rank's root-cause report is. The leader ends only after every worker has (HostOutcomes).
+DONE_MARKER = "BYOC-HOST-DONE "
+SEND_DONE_FOR_S = 10.0  # a worker retries that long to reach the leader's port
+
+
+def build_host_done_record(host: str, exit_code: int, now: float) -> str:
+    import json
+
+    return DONE_MARKER + json.dumps({"host": host, "exit_code": exit_code, "time": now}, ensure_ascii=True)
+
+
+def parse_host_done_record(record: str) -> tuple[str, int] | None:
+    """(host, exit code) of a `BYOC-HOST-DONE {json}` record; None when it is not one."""
+    import json
+
+    if not record.startswith(DONE_MARKER):
+        return None
+    try:
+        fields = json.loads(record[len(DONE_MARKER):])
+        host, code = fields["host"], fields["exit_code"]
+    except (ValueError, KeyError, TypeError, RecursionError):
+        return None
+    if not isinstance(host, str) or not isinstance(code, int) or isinstance(code, bool):
+        return None
+    return host, code
+
 
 # A report signed before the port opened is a replay (the key is the same for every run of the
 # same job definition); this much clock difference between hosts is allowed.
@@ -34,8 +62,9 @@ SEEN_SIGNATURES_KEPT = 4096
 
 
 def parse_signed_report(line: str, key_hex: str, not_before: float) -> tuple[str | None, str | None]:
-    """(the record line, None) when `line` is `BYOC-SIGNED <hmac> BYOC-ROOT-CAUSE {json}`
-    signed with this job's key and made after not_before; else (None, why it is refused)."""
+    """(the record line, None) when `line` is `BYOC-SIGNED <hmac> BYOC-ROOT-CAUSE {json}` (or
+    `BYOC-HOST-DONE {json}`) signed with this job's key and made after not_before; else (None,
+    why it is refused)."""
     import hmac  # only when a report arrives: hmac imports hashlib, ~5 ms of every start-up
     import json
 
@@ -48,12 +77,13 @@ def parse_signed_report(line: str, key_hex: str, not_before: float) -> tuple[str
         return None, "no valid report key on this host"
     if not hmac.compare_digest(signature, expected):
         return None, "signed with another key"
+    marker = next((m for m in (MARKER, DONE_MARKER) if record.startswith(m)), None)
     try:
-        made = float(json.loads(record[len(MARKER):])["time"]) if record.startswith(MARKER) else None
+        made = float(json.loads(record[len(marker):])["time"]) if marker else None
     except (ValueError, KeyError, TypeError, RecursionError):
         made = None
     if made is None:
-        return None, "not a root-cause record"
+        return None, "neither a root-cause record nor a host's outcome"
     if made < not_before - REPORT_CLOCK_SKEW_S:
         return None, "made before this job started (a replay)"
     return record, None
@@ -84,13 +114,15 @@ class SeenSignatures:
 class JobPort:
     """The host's port for its peers. A connection that sends nothing is a liveness probe.
     A connection may also carry one root-cause line from a failing rank on any host
-    (rank/record_errors.py sends it), handed to on_report when it is signed with the job's
+    (rank/record_errors.py sends it), handed to on_report, or a worker host's outcome
+    (send_host_done), handed to on_host_done(host, exit_code), when it is signed with the job's
     report key (parse_signed_report) and its signature was not seen before on this port (a
     report sent again is a replay); anything else is logged by on_refused and dropped."""
 
-    def __init__(self, port: int, on_report=None, report_key: str = "", on_refused=None):
+    def __init__(self, port: int, on_report=None, report_key: str = "", on_refused=None, on_host_done=None):
         self._sock = socket.create_server(("", port))
         self._on_report = on_report
+        self._on_host_done = on_host_done or (lambda host, exit_code: None)
         self._report_key = report_key
         self._on_refused = on_refused or (lambda address, why: None)
         self._opened_at = time.time()
@@ -129,8 +161,14 @@ class JobPort:
             record, why = parse_signed_report(line, self._report_key, self._opened_at)
             if record is not None and not self._seen.add(line[len(SIGNED):].partition(" ")[0]):
                 record, why = None, "received before (a replay)"
+            done = parse_host_done_record(record) if record is not None else None
             if record is None:
                 self._on_refused(address[0] if address else "?", why)
+            elif record.startswith(DONE_MARKER):
+                if done is None:
+                    self._on_refused(address[0] if address else "?", "a host's outcome without a host name and exit code")
+                else:
+                    self._on_host_done(*done)
             else:
                 self._on_report(record)
 
@@ -221,3 +259,76 @@ def wait_until_port_closes(host: str, port: int, timeout_s: float, stopped=lambd
         return "stopped"
     finally:
         give_up.set()
+
+
+def send_host_done(leader: str, port: int, key_hex: str, host: str, exit_code: int,
+                   within_s: float = SEND_DONE_FOR_S, stopped=lambda: False) -> bool:
+    """Tell the leader's job port that this host's part ended with exit_code; retried until
+    within_s has passed (or stopped() turns true). True when it was delivered."""
+    record = build_host_done_record(host, exit_code, time.time())
+    try:
+        payload = f"{SIGNED}{sign_report(key_hex, record)} {record}\n".encode("utf-8")
+    except ValueError:  # no valid report key: the leader's port would refuse it
+        return False
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            with socket.create_connection((leader, port), timeout=2.0) as conn:
+                conn.sendall(payload)
+            return True
+        except OSError:
+            if time.monotonic() >= deadline or stopped():
+                return False
+            time.sleep(0.2)
+
+
+class HostOutcomes:
+    """The worker hosts' outcomes as they reach the leader's job port (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._codes: dict[str, int] = {}
+        self._changed = threading.Condition()
+
+    def add(self, host: str, exit_code: int) -> None:
+        with self._changed:
+            self._codes.setdefault(host, exit_code)  # the first word stands: a replay cannot change it
+            self._changed.notify_all()
+
+    def codes(self) -> dict[str, int]:
+        with self._changed:
+            return dict(self._codes)
+
+    def wait_for(self, hosts, port: int, timeout_s: float, stopped=lambda: False) -> tuple[dict[str, int], list[str], str]:
+        """Wait until every host has reported its outcome or stopped answering on `port`
+        (probed once a second, in a daemon thread: resolving a host that just went away can
+        block). Returns (the outcomes reported, the hosts that went away without one, how the
+        wait ended: "all", "timeout" or "stopped")."""
+        hosts = tuple(hosts)
+        gone: set[str] = set()
+        give_up = threading.Event()
+
+        def probe() -> None:
+            while not give_up.is_set():
+                for host in hosts:
+                    if host not in gone and host not in self.codes() and not can_connect(host, port, timeout_s=2.0):
+                        with self._changed:
+                            gone.add(host)
+                            self._changed.notify_all()
+                give_up.wait(CHECK_EVERY_S)
+
+        threading.Thread(target=probe, daemon=True).start()
+        deadline = time.monotonic() + timeout_s
+        try:
+            with self._changed:
+                while True:
+                    codes = {h: self._codes[h] for h in hosts if h in self._codes}
+                    missing = [h for h in hosts if h in gone and h not in codes]
+                    if len(codes) + len(missing) == len(hosts):
+                        return codes, missing, "all"
+                    if stopped():
+                        return codes, missing, "stopped"
+                    if time.monotonic() >= deadline:
+                        return codes, missing, "timeout"
+                    self._changed.wait(0.2)
+        finally:
+            give_up.set()

@@ -182,3 +182,52 @@ def test_the_signatures_remembered_are_bounded():
             assert len(seen._seen) == len(seen._order) <= kept
 
     check()
+
+
+def test_a_worker_hosts_outcome_reaches_the_leader_signed_and_once():
+    """send_host_done delivers (host, exit code) to the leader's on_host_done; with another
+    job's key, or sent again as it was (a replay), it is refused."""
+    from entrypoint.liveness import send_host_done
+
+    port, done, refused = free_port(), [], []
+    job_port = JobPort(port, on_report=lambda line: None, report_key=KEY, on_host_done=lambda h, c: done.append((h, c)),
+                       on_refused=lambda address, why: refused.append(why))
+    try:
+        assert send_host_done("127.0.0.1", port, KEY, "algo-2", 3)
+        assert send_host_done("127.0.0.1", port, "cd" * 32, "algo-3", 0)
+        deadline = time.monotonic() + 10
+        while len(done) + len(refused) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert done == [("algo-2", 3)]
+        assert refused == ["signed with another key"]
+    finally:
+        job_port.close()
+    assert not send_host_done("127.0.0.1", port, KEY, "algo-2", 0, within_s=0.5)  # nobody listens
+
+
+def test_the_leader_waits_for_every_worker_host_or_its_silence():
+    """HostOutcomes.wait_for ends when each host has reported or stopped answering; a host
+    still answering without a word keeps it waiting until the bound; a signal ends it."""
+    import threading
+
+    from entrypoint.liveness import HostOutcomes
+
+    outcomes = HostOutcomes()
+    quiet = socket.create_server(("127.0.0.1", 0))  # a worker host still running: answers, no word yet
+    port = quiet.getsockname()[1]
+    try:
+        threading.Timer(0.5, outcomes.add, args=("127.0.0.1", 0)).start()
+        started = time.monotonic()
+        assert outcomes.wait_for(["127.0.0.1"], port, timeout_s=30) == ({"127.0.0.1": 0}, [], "all")
+        assert time.monotonic() - started < 5
+
+        later = HostOutcomes()
+        assert later.wait_for(["127.0.0.1"], port, timeout_s=1.0) == ({}, [], "timeout")
+        assert later.wait_for(["127.0.0.1"], port, timeout_s=30, stopped=lambda: True) == ({}, [], "stopped")
+        later.add("127.0.0.1", 2)
+        later.add("127.0.0.1", 0)  # the first word stands
+        assert later.codes() == {"127.0.0.1": 2}
+    finally:
+        quiet.close()
+    # The port closed with no word: the host went away (its own output/failure has why).
+    assert HostOutcomes().wait_for(["127.0.0.1"], port, timeout_s=30) == ({}, ["127.0.0.1"], "all")

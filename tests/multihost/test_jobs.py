@@ -73,3 +73,39 @@ def test_heterogeneous_groups_only_the_distribution_group_trains():
         with open(os.path.join(cluster.model_dir, "outside-algo-3")) as f:
             assert f.read() == "data"
         assert "outside the distribution's groups (train)" in result.results["algo-3"].output
+
+
+def run_ps_job_whose_worker_host_ends_last(**hps):
+    with EmulatedCluster(["algo-1", "algo-2"], job("ps_job.py", "parameter_server", **{"linger-on": "algo-2", **hps})) as cluster:
+        result = cluster.run_all(ENTRYPOINT, env=FAST, timeout=120)
+        with open(os.path.join(cluster.model_dir, "ended-1")) as f:
+            worker_ended = float(f.read())
+        outputs = {h: os.listdir(os.path.join(cluster.opt_ml(h), "output")) for h in cluster.host_names}
+        failure = os.path.join(cluster.opt_ml("algo-1"), "output", "failure")
+        leader_outcome = os.path.join(cluster.opt_ml("algo-1"), "output", "success" if result.ok else "failure")
+        leader_done = os.stat(leader_outcome).st_mtime
+        failure_text = open(failure).read() if os.path.exists(failure) else ""
+        assert_nothing_left(cluster)
+        return result, worker_ended, leader_done, outputs, failure_text
+
+
+def test_a_parameter_server_leader_ends_after_its_workers_hosts():
+    """SDK v2 local mode stops every container when the first exits: a PS leader that ended
+    while a worker host's processes were still finishing had that host stopped (exit 143, the
+    job failed; seen in CI). The leader now writes its outcome only once every worker host
+    has told it its part ended."""
+    result, worker_ended, leader_done, outputs, _ = run_ps_job_whose_worker_host_ends_last(**{"linger-s": 4})
+    assert result.ok, {h: r.output[-3000:] for h, r in result.results.items()}
+    assert leader_done >= worker_ended, f"the leader finished {worker_ended - leader_done:.1f} s before algo-2's worker"
+    assert "waiting for 1 worker host(s) to finish: algo-2" in result.results["algo-1"].output
+    assert all("success" in names for names in outputs.values()), outputs
+
+
+def test_a_worker_host_that_fails_last_fails_the_leader_too():
+    """The job's outcome is every host's: a worker host whose part ends with exit code 3 after
+    the leader's succeeded makes the leader report that failure, naming the host, not success."""
+    result, worker_ended, leader_done, outputs, failure_text = run_ps_job_whose_worker_host_ends_last(
+        **{"linger-s": 2, "exit-code": 3})
+    assert {h: r.returncode for h, r in result.results.items()} == {"algo-1": 3, "algo-2": 3}
+    assert "success" not in outputs["algo-1"] and "failure" in outputs["algo-1"], outputs
+    assert failure_text.startswith("the parameter-server job on 2 host(s) failed on host algo-2 with exit code 3"), failure_text

@@ -1,0 +1,27 @@
+"""A parameter-server worker for the multi-host tests (the entrypoint starts one train.ps_server
+shard per host beside it): join the RPC group, leave it, then the worker on the host named by
+--linger-on stays --linger-s seconds longer, writes ended-<worker rank> (the time it ends) and
+exits with --exit-code: a host whose part ends after the leader's."""
+import argparse
+import os
+import sys
+import time
+
+import torch.distributed.rpc as rpc
+
+from train.ps import build_rpc_options, parse_ps_topology
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--linger-on", default="")
+parser.add_argument("--linger-s", type=float, default=0.0)
+parser.add_argument("--exit-code", type=int, default=0)
+args = parser.parse_args()
+topology = parse_ps_topology(os.environ)
+rpc.init_rpc(topology.rpc_name, rank=topology.rank, world_size=topology.world_size,
+             rpc_backend_options=build_rpc_options(topology, timeout_s=60))
+rpc.shutdown()
+if os.environ["SM_CURRENT_HOST"] == args.linger_on:
+    time.sleep(args.linger_s)
+    with open(os.path.join(os.environ["SM_MODEL_DIR"], f"ended-{topology.worker_rank}"), "w") as f:
+        f.write(repr(time.time()))
+    sys.exit(args.exit_code)
