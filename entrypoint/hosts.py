@@ -56,6 +56,9 @@ class StartProblem(Exception):
 
 
 MAX_REFUSED_LOGGED = 5
+# The roles whose hosts end the job over their job ports (each worker tells the leader); an
+# MPI leader tells its workers over SSH instead (mpi_hosts.py).
+JOB_PORT_ROLES = (Role.TORCHRUN, Role.PARAMETER_SERVER)
 
 
 class HostServices:
@@ -148,7 +151,7 @@ class HostServices:
         the job's outcome is every host's. Bounded by BYOC_PEER_WAIT_TIMEOUT_S; a worker that
         stops answering without a word is not waited for; SIGTERM ends the wait."""
         plan = self.plan
-        if plan.role not in (Role.TORCHRUN, Role.PARAMETER_SERVER) or not plan.is_leader or self.worker_outcomes is None:
+        if plan.role not in JOB_PORT_ROLES or not plan.is_leader or self.worker_outcomes is None:
             return None
         for watch in (self.watch, self.rendezvous_watch):
             if watch is not None:
@@ -176,7 +179,7 @@ class HostServices:
         exit_code; the leader waits for that word from every worker (wait_for_workers). A
         failing host tries for less long: its leader may be what failed."""
         plan = self.plan
-        if plan.role not in (Role.TORCHRUN, Role.PARAMETER_SERVER) or not plan.multi_host or plan.is_leader:
+        if plan.role not in JOB_PORT_ROLES or not plan.multi_host or plan.is_leader:
             return
         from entrypoint.liveness import SEND_DONE_FOR_S, send_host_done
 
@@ -253,7 +256,7 @@ def finish_worker_host(plan: LaunchPlan, services: HostServices) -> None:
     the worker's exit code). The leader waits for every worker's word (wait_for_workers), then
     closes its job port once its outcome is written. Bounded by BYOC_PEER_WAIT_TIMEOUT_S; SIGTERM
     (the leader exited, compose stops this container) ends the wait, and this host still exits 0."""
-    if plan.role not in (Role.TORCHRUN, Role.PARAMETER_SERVER) or not plan.multi_host or plan.is_leader:
+    if plan.role not in JOB_PORT_ROLES or not plan.multi_host or plan.is_leader:
         return
     from entrypoint.liveness import wait_until_port_closes
 
