@@ -10,6 +10,7 @@ back, or CSV text, or (RecordWrapperType RecordIO) any of these each wrapped in 
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import struct
@@ -40,6 +41,12 @@ FORMATS = {
 _DAMAGE = (zipfile.BadZipFile, zlib.error, EOFError, ValueError, KeyError, UnicodeDecodeError, SyntaxError,
            tokenize.TokenError, struct.error, NotImplementedError, OverflowError, OSError)
 _NOT_DAMAGE = (FileNotFoundError, PermissionError, IsADirectoryError)  # these name the file already
+# An OSError with one of these is the storage failing (a FastFile/FSx mount, a network disk).
+# Any other errno comes from the file's own bytes: a damaged zip directory has zipfile seek
+# to a negative offset (EINVAL).
+STORAGE_ERRNOS = frozenset(getattr(errno, name) for name in (
+    "EIO", "ENXIO", "ENODEV", "ETIMEDOUT", "ESTALE", "ENOTCONN", "ECONNRESET", "ECONNABORTED", "EREMOTEIO",
+    "EHOSTDOWN", "EHOSTUNREACH", "ENETDOWN", "ENETUNREACH", "ENOLINK", "ECOMM", "EAGAIN", "EINTR") if hasattr(errno, name))
 
 
 class DataFileError(ValueError):
@@ -50,7 +57,7 @@ def build_data_file_error(source: str, suffix: str, err: BaseException) -> DataF
     detail = str(err).strip().splitlines()[0] if str(err).strip() else ""
     if "pickled" in detail:  # numpy's last guess, and its advice to unpickle it, would mislead
         detail = "it starts with neither a zip nor an .npy header"
-    if isinstance(err, OSError) and err.errno is not None:  # the storage failed, not the file's format
+    if isinstance(err, OSError) and err.errno in STORAGE_ERRNOS:  # the storage failed, not the file's format
         return DataFileError(f"{source}: could not be read ({type(err).__name__}: {err.strerror or detail}); "
                              f"expected a {FORMATS[suffix]}")
     return DataFileError(f"{source}: truncated or corrupt, not a readable {FORMATS[suffix]} "

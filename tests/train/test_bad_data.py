@@ -138,3 +138,17 @@ def test_a_read_error_of_the_storage_is_not_called_a_corrupt_file():
     assert "corrupt" not in str(err)
     parse_error = build_data_file_error("/x.npy", ".npy", OSError("Failed to interpret file as a pickle"))
     assert "truncated or corrupt" in str(parse_error)  # numpy's own OSError, no errno: the format
+
+
+def test_a_damaged_zip_directory_that_makes_zipfile_seek_before_the_start_is_corrupt_not_a_read_error(tmp_path):
+    """One flipped byte of the central directory's offset: zipfile seeks to a negative offset
+    and the OS says EINVAL, an errno, but the bytes are at fault (CI's hypothesis run found it
+    reported as "could not be read")."""
+    damaged = bytearray(NPZ)
+    end = NPZ.rindex(b"PK\x05\x06")  # end of central directory; the directory's offset is at +16
+    damaged[end + 16 + 3] ^= 0x80
+    path = tmp_path / "part-0.npz"
+    path.write_bytes(bytes(damaged))
+    with pytest.raises(DataFileError) as err:
+        load_table_file(str(path))
+    assert_names_the_file(err.value, path, ".npz")
