@@ -13,7 +13,13 @@ from __future__ import annotations
 
 import time
 
-from entrypoint.failure import describe_exit_code, describe_root_cause, first_root_cause, secret_values
+from entrypoint.failure import (
+    build_worker_host_failure_report,
+    describe_exit_code,
+    describe_root_cause,
+    first_root_cause,
+    secret_values,
+)
 from entrypoint.hosts import HostServices, finish_worker_host, host_services, wait_for_hosts
 from entrypoint.log import log
 from entrypoint.outcome import (
@@ -47,8 +53,9 @@ def run_plan(plan: LaunchPlan, paths: MlPaths, environ: dict[str, str]) -> int:
     env = {**environ, **plan.env_dict}
     collector = OutputCollector(secret_values(env))
 
-    def report(what: str, code: int, run: RunResult | None = None, lost: str | None = None) -> str:
-        return build_run_report(what, code, collector, plan.current_host, env, run, lost)
+    def report(what: str, code: int, run: RunResult | None = None, lost: str | None = None,
+               peer_failed: str | None = None) -> str:
+        return build_run_report(what, code, collector, plan.current_host, env, run, lost, peer_failed)
 
     for step in plan.install:
         what = "installing requirements.txt" if "-r" in step else "installing the source directory as a package"
@@ -87,6 +94,7 @@ def run_plan(plan: LaunchPlan, paths: MlPaths, environ: dict[str, str]) -> int:
             text = report(f"{what}: starting the workers", 1, RunResult(1, problem.stopped_by))
             write_failure(paths, 1, text)
             services.tell_workers(1, text)
+            services.tell_leader(1)  # a worker whose job port could not open: the leader need not wait
             return 1
         log(f"{plan.current_host}: running {what} ({plan.role})")
         mark_training_started()
@@ -94,7 +102,8 @@ def run_plan(plan: LaunchPlan, paths: MlPaths, environ: dict[str, str]) -> int:
         if run.launch_error:
             text = f"{what}: {run.launch_error}"
         elif run.exit_code != 0:
-            text = build_job_failure_text(report(what, run.exit_code, run, services.lost), run.hang, earlier)
+            text = build_job_failure_text(report(what, run.exit_code, run, services.lost, services.peer_failed),
+                                          run.hang, earlier)
         # The outcome is written here before the workers are told it and before this
         # host's job port closes: a worker may exit as soon as either happens, and SDK v2
         # local mode then stops this container.
@@ -105,11 +114,12 @@ def run_plan(plan: LaunchPlan, paths: MlPaths, environ: dict[str, str]) -> int:
             services.tell_workers(run.exit_code, load_failure_file(paths) or text)
             services.tell_leader(run.exit_code)
             return run.exit_code
-        failed_worker = services.wait_for_workers()
+        failed_worker = services.wait_for_workers(run.stopped_by)
         if failed_worker is not None:
             host, code = failed_worker
-            text = build_run_report(what, code, collector, host, env)
-            write_failure(paths, code, text)
+            write_failure(paths, code, build_worker_host_failure_report(
+                what=what, host=host, exit_code=code, root_cause=first_root_cause(collector.root_causes),
+                current_host=plan.current_host, environ=env))
             return code
         write_outcome(paths, 0, None)
         log(f"{plan.current_host}: {what} succeeded in {time.monotonic() - started:.1f} s")
@@ -127,7 +137,7 @@ def run_with_restarts(plan: LaunchPlan, env: dict[str, str], collector: OutputCo
         run = run_processes(plan.processes, env, plan.cwd, plan.settings.grace_period_s, collector,
                             on_started=services.watch_peers, hang_timeout_s=plan.settings.hang_timeout_s,
                             host=plan.current_host, ask_other_hosts=services.ask_other_hosts_for_stacks())
-        ending = RunEnding(run.exit_code, run.stopped_by, run.launch_error, services.lost)
+        ending = RunEnding(run.exit_code, run.stopped_by, run.launch_error, services.lost or services.peer_failed)
         if decide_restart(plan.role, plan.settings.max_restarts, len(earlier), ending) is not None:
             return run, earlier
         cause = first_root_cause(collector.root_causes)

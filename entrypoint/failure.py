@@ -198,6 +198,7 @@ def build_failure_report(
     stopped_by: str | None = None,
     stopped_at: float | None = None,
     lost: str | None = None,
+    peer_failed: str | None = None,
     oom_kills: int | None = None,
     killed_by_us: bool = False,
 ) -> str:
@@ -222,6 +223,8 @@ def build_failure_report(
             head = f"{guess}\n" + head
     if lost and root_cause is None:
         head = f"The job lost a host: {lost}.\n" + head
+    if peer_failed and root_cause is None:
+        head = f"{peer_failed}, so this host's processes were stopped.\n" + head
     if stopped_by and decide_root_cause_leads(root_cause, stopped_at):
         head += f"\nThen this host ({current_host}) was stopped by {stopped_by}."
     elif stopped_by:
@@ -229,6 +232,24 @@ def build_failure_report(
     lines = [head.rstrip(), "", f"Last {len(tail)} lines of output:" if tail else "No output."]
     lines += [line for line in tail if MARKER not in line]
     return redact("\n".join(lines).rstrip() + "\n", secret_values(environ))
+
+
+def build_worker_host_failure_report(*, what: str, host: str, exit_code: int, root_cause: RootCause | None,
+                                     current_host: str, environ: Mapping[str, str]) -> str:
+    """The leader's report when its own part succeeded and a worker host's failed: the job
+    failed there. The leader's output is not that host's, so none is quoted here."""
+    ended = describe_exit_code(exit_code)
+    if root_cause is not None:
+        head = (f"{root_cause.type}: {root_cause.message}\n"
+                f"First failure: rank {root_cause.rank} on host {root_cause.host}, while running {what}; "
+                f"host {host} ended its part with {ended}.")
+        if root_cause.where:
+            head += f"\nWhere:\n{root_cause.where.rstrip()}"
+    else:
+        head = f"{what} failed on host {host} with {ended}."
+    head += (f"\nThis host ({current_host}) ran its own part to the end; host {host}'s log and "
+             f"output/failure have that host's output.")
+    return redact(head + "\n", secret_values(environ))
 
 
 def decide_root_cause_leads(root_cause: RootCause | None, stopped_at: float | None) -> bool:

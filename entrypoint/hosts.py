@@ -69,7 +69,8 @@ class HostServices:
         self.collector = collector
         self.told_workers = False
         self.start_problem: StartProblem | None = None  # the launch could not start (host_services)
-        self.lost: str | None = None
+        self.lost: str | None = None  # a host stopped answering (liveness.PeerWatch)
+        self.peer_failed: str | None = None  # a worker host's part failed while this leader's ran
         self.job_port = None  # liveness.JobPort
         self.sshd: object = None
         self.watch = None  # liveness.PeerWatch
@@ -91,6 +92,9 @@ class HostServices:
 
     def on_refused_report(self, address: str, why: str) -> None:
         """A report on the job port that is not this job's: logged (the first few), dropped."""
+        if why.startswith("a host's outcome"):  # always logged: the leader waits for these
+            log(f"ignored a report on the job port from {address}: {why}")
+            return
         self.refused_reports += 1
         if self.refused_reports <= MAX_REFUSED_LOGGED:
             log(f"ignored a report on the job port from {address}: {why}"
@@ -101,6 +105,8 @@ class HostServices:
         restarts of a job (restarts.py), stopping whichever run is current."""
         self.supervisor = supervisor
         plan = self.plan
+        for host, code in (self.worker_outcomes.codes().items() if self.worker_outcomes else ()):
+            self.on_host_done(host, code)  # a worker that failed before this run started
         if not plan.multi_host or self.watch is not None:
             return
         from entrypoint.liveness import PeerWatch
@@ -132,18 +138,21 @@ class HostServices:
             return
         self.worker_outcomes.add(host, exit_code)
         supervisor = self.supervisor
-        if exit_code == 0 or supervisor is None or self.lost is not None:
+        if exit_code == 0 or supervisor is None or self.lost is not None or self.peer_failed is not None:
             return
         # Only a run still going, and not already being stopped (SIGTERM to every host, or a
         # failure here): the worker's failure is then a consequence, not news.
         if supervisor.kill_at is None and any(proc.poll() is None for _, proc in supervisor.children):
-            self.lost = f"host {host} ended its part with exit code {exit_code}"
-            supervisor.stop_after_failure(f"{self.lost}: the job cannot go on")
+            self.peer_failed = f"Host {host}'s part of the job failed (exit code {exit_code})"
+            supervisor.stop_after_failure(f"host {host}'s part of the job failed (exit code {exit_code}): "
+                                          f"the job cannot go on")
 
-    def wait_for_workers(self) -> tuple[str, int] | None:
+    def wait_for_workers(self, stopped_by: str | None = None) -> tuple[str, int] | None:
         """On a torchrun / parameter-server leader whose own part succeeded: wait until every
         worker host's part has ended too (each tells this host's job port); the first worker
-        that failed, as (host, exit code), or None.
+        that failed, as (host, exit code), or None. Not when this host was stopped (stopped_by:
+        StopTrainingJob stops every host, and compose stops the rest once one has exited): a
+        worker's 143 then is the same stop, not a failure of the job.
 
         Why: SDK v2 local mode stops every container as soon as the first one exits
         (`docker-compose up --abort-on-container-exit`); a leader that ended first stopped a
@@ -151,7 +160,7 @@ class HostServices:
         the job's outcome is every host's. Bounded by BYOC_PEER_WAIT_TIMEOUT_S; a worker that
         stops answering without a word is not waited for; SIGTERM ends the wait."""
         plan = self.plan
-        if plan.role not in JOB_PORT_ROLES or not plan.is_leader or self.worker_outcomes is None:
+        if plan.role not in JOB_PORT_ROLES or not plan.is_leader or self.worker_outcomes is None or stopped_by:
             return None
         for watch in (self.watch, self.rendezvous_watch):
             if watch is not None:
@@ -170,24 +179,28 @@ class HostServices:
                 f"(its own output/failure has it)")
         if how == "timeout":
             log(f"{plan.current_host}: worker host(s) {', '.join(h for h in plan.peers if h not in codes and h not in gone)} "
-                f"still running after {plan.settings.peer_wait_timeout_s:g} s (BYOC_PEER_WAIT_TIMEOUT_S); ending")
+                f"had not reported the end of their part after {plan.settings.peer_wait_timeout_s:g} s "
+                f"(BYOC_PEER_WAIT_TIMEOUT_S); ending without their outcome")
         failed = [(h, codes[h]) for h in plan.peers if codes.get(h, 0) != 0]
         return failed[0] if failed else None
 
-    def tell_leader(self, exit_code: int, stop: StopRequest | None = None) -> None:
+    def tell_leader(self, exit_code: int, stop: StopRequest | None = None) -> bool:
         """On a torchrun / parameter-server worker host: this host's part has ended, with
         exit_code; the leader waits for that word from every worker (wait_for_workers). A
-        failing host tries for less long: its leader may be what failed."""
+        failing host tries for less long: its leader may be what failed. True when the word
+        was delivered (False also on other roles)."""
         plan = self.plan
         if plan.role not in JOB_PORT_ROLES or not plan.multi_host or plan.is_leader:
-            return
+            return False
         from entrypoint.liveness import SEND_DONE_FOR_S, send_host_done
 
-        if not send_host_done(plan.leader, plan.settings.job_port, plan.env_dict.get(REPORT_KEY_ENV, ""),
-                              plan.current_host, exit_code, within_s=SEND_DONE_FOR_S if exit_code == 0 else 3.0,
-                              stopped=lambda: stop is not None and stop.signal_name is not None):
+        delivered = send_host_done(plan.leader, plan.settings.job_port, plan.env_dict.get(REPORT_KEY_ENV, ""),
+                                   plan.current_host, exit_code, within_s=SEND_DONE_FOR_S if exit_code == 0 else 1.0,
+                                   stopped=lambda: stop is not None and stop.signal_name is not None)
+        if not delivered:
             log(f"{plan.current_host}: could not tell the leader {plan.leader} (port {plan.settings.job_port}) "
-                f"that this host's part ended; it will notice when this host stops answering")
+                f"that this host's part ended (it has ended, or is unreachable); it will notice this host go")
+        return delivered
 
     def tell_workers(self, exit_code: int, report: str | None) -> None:
         """The job's outcome, once: an MPI leader writes it on every worker (mpi_hosts.py),
@@ -262,7 +275,8 @@ def finish_worker_host(plan: LaunchPlan, services: HostServices) -> None:
 
     stop = StopRequest()
     with stop_signals_set(stop):  # from the first word to the leader on: it may exit at once
-        services.tell_leader(0, stop)
+        if not services.tell_leader(0, stop):
+            return  # nobody waits for this host's word: waiting for the leader would only hold it up
         how = wait_until_port_closes(plan.leader, plan.settings.job_port, plan.settings.peer_wait_timeout_s,
                                      stopped=lambda: stop.signal_name is not None)
     if how == "timeout":

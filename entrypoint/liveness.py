@@ -27,7 +27,11 @@ MAX_REPORT_BYTES = 65536
 # has ended, and how: `BYOC-HOST-DONE {"host": ..., "exit_code": ..., "time": ...}`, signed as
 # a rank's root-cause report is. The leader ends only after every worker has (HostOutcomes).
 DONE_MARKER = "BYOC-HOST-DONE "
-SEND_DONE_FOR_S = 10.0  # a worker retries that long to reach the leader's port
+SEND_DONE_FOR_S = 3.0  # a worker retries that long to reach the leader's port (not a refused one)
+# A worker host counts as gone (its part over, no word from it) when its port has not answered
+# for this long: one missed probe under load is not enough, and a word sent just before the
+# worker exited is read by then.
+GONE_AFTER_S = 5.0
 
 
 def build_host_done_record(host: str, exit_code: int, now: float) -> str:
@@ -163,7 +167,8 @@ class JobPort:
                 record, why = None, "received before (a replay)"
             done = parse_host_done_record(record) if record is not None else None
             if record is None:
-                self._on_refused(address[0] if address else "?", why)
+                # A host's refused outcome is named as one: the leader would wait for it.
+                self._on_refused(address[0] if address else "?", f"a host's outcome, {why}" if DONE_MARKER in line else why)
             elif record.startswith(DONE_MARKER):
                 if done is None:
                     self._on_refused(address[0] if address else "?", "a host's outcome without a host name and exit code")
@@ -276,6 +281,8 @@ def send_host_done(leader: str, port: int, key_hex: str, host: str, exit_code: i
             with socket.create_connection((leader, port), timeout=2.0) as conn:
                 conn.sendall(payload)
             return True
+        except ConnectionRefusedError:
+            return False  # the leader's port is closed: it has ended, nobody waits for the word
         except OSError:
             if time.monotonic() >= deadline or stopped():
                 return False
@@ -298,19 +305,25 @@ class HostOutcomes:
         with self._changed:
             return dict(self._codes)
 
-    def wait_for(self, hosts, port: int, timeout_s: float, stopped=lambda: False) -> tuple[dict[str, int], list[str], str]:
-        """Wait until every host has reported its outcome or stopped answering on `port`
-        (probed once a second, in a daemon thread: resolving a host that just went away can
-        block). Returns (the outcomes reported, the hosts that went away without one, how the
-        wait ended: "all", "timeout" or "stopped")."""
+    def wait_for(self, hosts, port: int, timeout_s: float, stopped=lambda: False,
+                 gone_after_s: float = GONE_AFTER_S) -> tuple[dict[str, int], list[str], str]:
+        """Wait until every host has reported its outcome or has not answered on `port` for
+        gone_after_s (probed once a second, in a daemon thread: resolving a host that just went
+        away can block). Returns (the outcomes reported, the hosts that went away without one,
+        how the wait ended: "all", "timeout" or "stopped")."""
         hosts = tuple(hosts)
         gone: set[str] = set()
+        silent_since: dict[str, float] = {}
         give_up = threading.Event()
 
         def probe() -> None:
             while not give_up.is_set():
                 for host in hosts:
-                    if host not in gone and host not in self.codes() and not can_connect(host, port, timeout_s=2.0):
+                    if host in gone or host in self.codes():
+                        continue
+                    if can_connect(host, port, timeout_s=2.0):
+                        silent_since.pop(host, None)
+                    elif time.monotonic() - silent_since.setdefault(host, time.monotonic()) >= gone_after_s:
                         with self._changed:
                             gone.add(host)
                             self._changed.notify_all()

@@ -61,7 +61,7 @@ def write_failure(paths: MlPaths, exit_code: int, text: str) -> int:
 
 
 def build_run_report(what: str, exit_code: int, collector, current_host: str, environ: dict[str, str],
-                     run=None, lost: str | None = None) -> str:
+                     run=None, lost: str | None = None, peer_failed: str | None = None) -> str:
     """The failure report of one step (an install, the training run, the start of the workers)
     from what its processes printed (collector: supervise.OutputCollector) and how it ended
     (run: supervise.RunResult, None when nothing ran)."""
@@ -75,6 +75,7 @@ def build_run_report(what: str, exit_code: int, collector, current_host: str, en
         stopped_by=run.stopped_by if run else None,
         stopped_at=run.stopped_at if run else None,
         lost=lost,
+        peer_failed=peer_failed,
         oom_kills=run.oom_kills if run else None,
         killed_by_us=run.killed_at_deadline if run else False,
     )

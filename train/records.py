@@ -41,12 +41,14 @@ FORMATS = {
 _DAMAGE = (zipfile.BadZipFile, zlib.error, EOFError, ValueError, KeyError, UnicodeDecodeError, SyntaxError,
            tokenize.TokenError, struct.error, NotImplementedError, OverflowError, OSError)
 _NOT_DAMAGE = (FileNotFoundError, PermissionError, IsADirectoryError)  # these name the file already
-# An OSError with one of these is the storage failing (a FastFile/FSx mount, a network disk).
-# Any other errno comes from the file's own bytes: a damaged zip directory has zipfile seek
-# to a negative offset (EINVAL).
+# An OSError with one of these is the storage or the path failing (a FastFile/FSx mount, a
+# network disk, a link loop, no file descriptors left), not the file's format. Any other errno
+# comes from the file's own bytes: a damaged zip directory has zipfile seek to a negative
+# offset (EINVAL).
 STORAGE_ERRNOS = frozenset(getattr(errno, name) for name in (
     "EIO", "ENXIO", "ENODEV", "ETIMEDOUT", "ESTALE", "ENOTCONN", "ECONNRESET", "ECONNABORTED", "EREMOTEIO",
-    "EHOSTDOWN", "EHOSTUNREACH", "ENETDOWN", "ENETUNREACH", "ENOLINK", "ECOMM", "EAGAIN", "EINTR") if hasattr(errno, name))
+    "EHOSTDOWN", "EHOSTUNREACH", "ENETDOWN", "ENETUNREACH", "ENOLINK", "ECOMM", "EAGAIN", "EINTR",
+    "ELOOP", "ENOTDIR", "ENAMETOOLONG", "EMFILE", "ENFILE", "ENOMEM") if hasattr(errno, name))
 
 
 class DataFileError(ValueError):

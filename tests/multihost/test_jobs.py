@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from support.multihost import ENTRYPOINT, FAST, assert_nothing_left, job, needs_root
+from support.multihost import ENTRYPOINT, FAST, assert_nothing_left, failure, job, needs_root, start
 from localcluster import EmulatedCluster
 from localcluster.optml import InstanceGroupSpec, JobSpec
 
@@ -108,4 +108,21 @@ def test_a_worker_host_that_fails_last_fails_the_leader_too():
         **{"linger-s": 2, "exit-code": 3})
     assert {h: r.returncode for h, r in result.results.items()} == {"algo-1": 3, "algo-2": 3}
     assert "success" not in outputs["algo-1"] and "failure" in outputs["algo-1"], outputs
-    assert failure_text.startswith("the parameter-server job on 2 host(s) failed on host algo-2 with exit code 3"), failure_text
+    assert failure_text.startswith("the parameter-server job on 2 host(s) failed on host algo-2 with exit code 3.\n"
+                                   "This host (algo-1) ran its own part to the end"), failure_text
+    assert "Last " not in failure_text  # the leader's own lines are not algo-2's output
+
+
+def test_a_worker_host_that_fails_mid_run_stops_the_leader_at_once_saying_so():
+    """A worker host's part that fails while the leader's runs (here before the RPC group
+    forms, where the leader's processes would wait for it) stops the leader when the worker's
+    word arrives, not a host-lost timeout later, and the leader says which host failed."""
+    hps = {"fail-early-on": "algo-2", "linger-on": "nobody"}
+    with EmulatedCluster(["algo-1", "algo-2"], job("ps_job.py", "parameter_server", **hps)) as cluster:
+        run = start(cluster)
+        result = run.wait(timeout=120, fail_fast=False)
+        assert {h: r.returncode != 0 for h, r in result.results.items()} == {"algo-1": True, "algo-2": True}
+        text = failure(cluster, "algo-1")
+        assert "Host algo-2's part of the job failed (exit code 3), so this host's processes were stopped." in text[:1024], text
+        assert "lost a host" not in text, text
+        assert_nothing_left(cluster)

@@ -68,7 +68,10 @@ def test_a_damaged_byte_either_still_loads_or_is_an_error_naming_the_file(tmp_pa
     try:
         table = load_table_file(str(path))
     except DataFileError as err:
-        assert_names_the_file(err, path, suffix)
+        if "truncated or corrupt" in str(err):
+            assert_names_the_file(err, path, suffix)
+        else:  # a damaged member name reads as a missing array: "an .npz shard needs arrays 'x' and 'y', found ['x']"
+            assert str(err).startswith(f"{path}: an .npz shard needs arrays 'x' and 'y', found ") and "\n" not in str(err)
     except ValueError as err:  # read, but not a table: our own messages name the file too
         assert str(err).startswith(f"{path}: ")
     else:

@@ -1,7 +1,8 @@
 """A parameter-server worker for the multi-host tests (the entrypoint starts one train.ps_server
 shard per host beside it): join the RPC group, leave it, then the worker on the host named by
 --linger-on stays --linger-s seconds longer, writes ended-<worker rank> (the time it ends) and
-exits with --exit-code: a host whose part ends after the leader's."""
+exits with --exit-code: a host whose part ends after the leader's. --fail-early-on HOST: the
+worker there exits 3 before joining the RPC group (everyone else waits for it there)."""
 import argparse
 import os
 import sys
@@ -15,7 +16,11 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--linger-on", default="")
 parser.add_argument("--linger-s", type=float, default=0.0)
 parser.add_argument("--exit-code", type=int, default=0)
+parser.add_argument("--fail-early-on", default="")
 args = parser.parse_args()
+if os.environ["SM_CURRENT_HOST"] == args.fail_early_on:
+    print("[test-script] failing before the RPC group forms", flush=True)
+    sys.exit(3)
 topology = parse_ps_topology(os.environ)
 rpc.init_rpc(topology.rpc_name, rank=topology.rank, world_size=topology.world_size,
              rpc_backend_options=build_rpc_options(topology, timeout_s=60))
