@@ -17,6 +17,7 @@ are ours, checked for every member before anything is written:
 
 from __future__ import annotations
 
+import errno
 import os
 import posixpath
 import stat
@@ -25,6 +26,17 @@ import tarfile
 
 class UnsafeArchiveError(Exception):
     """The archive holds a member that would land outside the destination or is special."""
+
+
+class NoRoomError(OSError):
+    """The destination's disk cannot hold what the archive expands to: a full disk, not a bad
+    job definition. Its text names the archive, the folder, what it needs and what was free."""
+
+
+def describe_no_room(archive: str, dest: str, needed: int, free: int, total: int, why: str) -> str:
+    return (f"no room to unpack sagemaker_submit_directory {archive} into {dest}: it holds {needed:,} bytes, "
+            f"and that disk had {free:,} bytes free (of {total:,}) ({why}). Free space there, or keep "
+            f"data out of the source directory (pass it as an input channel)")
 
 
 def _parts(name: str) -> list[str]:
@@ -84,6 +96,17 @@ def extract_tar(archive: str, dest: str) -> None:
             member.uname = member.gname = "root"
         # Where tarfile has its own `data` filter (3.11.4+), it checks the same again.
         extra = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
-        tar.extractall(dest, members=members, numeric_owner=True, **extra)
+        # The room is measured before anything is written: once the disk is full, it reads 0.
+        needed = sum(m.size for m in members if m.isfile())
+        disk = os.statvfs(dest)
+        free, total = disk.f_bavail * disk.f_frsize, disk.f_blocks * disk.f_frsize
+        if needed > free:
+            raise NoRoomError(errno.ENOSPC, describe_no_room(archive, dest, needed, free, total, f"{os.strerror(errno.ENOSPC)}, found before unpacking"))
+        try:
+            tar.extractall(dest, members=members, numeric_owner=True, **extra)
+        except OSError as exc:  # the files' own blocks and folders can still tip it over
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            raise NoRoomError(exc.errno, describe_no_room(archive, dest, needed, free, total, os.strerror(exc.errno))) from None
     # Folders come out with the archive's modes; make sure we can still read what we made.
     os.chmod(dest, os.stat(dest).st_mode | stat.S_IRWXU)

@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-import json
+import errno
 import os
 import signal
 import sys
 from typing import NamedTuple
 
 from entrypoint import execute, runtime_dirs, supervise
-from entrypoint.config import JobConfig, find_missing_channel_dirs, load_job
+from entrypoint.config import JobConfig, build_json, find_missing_channel_dirs, load_job
 from entrypoint.distribution import parse_distribution, parse_launch_settings
 from entrypoint.errors import EXIT_BAD_JOB, JobDefinitionError
 from entrypoint.failure import build_job_definition_report, redact, secret_values
 from entrypoint.log import log
-from entrypoint.outcome import clear_previous_outcome, write_outcome
+from entrypoint.outcome import clear_previous_outcome, write_failure, write_outcome
 from entrypoint.paths import MlPaths, build_paths
 from entrypoint.plan import LaunchPlan, Runtime, decide
 from entrypoint.probe import MachineFacts, probe_machine
@@ -52,7 +52,7 @@ def load_runtime(environ: dict[str, str], job_id: str) -> Runtime:
 
 def decide_job_id_of(job: JobConfig) -> str:
     return runtime_dirs.decide_job_id(job.environ.get("TRAINING_JOB_NAME", ""), job.resource.hosts,
-                                      json.dumps(dict(job.hyperparameters.values), sort_keys=True, default=str))
+                                      build_json(dict(job.hyperparameters.values), sort_keys=True, default=str))
 
 
 def load_plan(job: JobConfig, facts: MachineFacts, runtime: Runtime) -> LaunchPlan:
@@ -96,7 +96,10 @@ def render_plan(plan: LaunchPlan, environ: dict[str, str]) -> str:
         "grace_period_s": plan.settings.grace_period_s,
         "notes": list(plan.notes),
     }
-    return redact(json.dumps(doc, indent=2, ensure_ascii=False), secrets)
+    # Not ASCII-escaped, so a user's text reads as written; a lone surrogate (a hyperparameter's
+    # "\ud800") becomes that very JSON escape, so the plan still prints and reads back the same.
+    text = build_json(doc, indent=2, ensure_ascii=False).encode("utf-8", "backslashreplace").decode("utf-8")
+    return redact(text, secrets)
 
 
 def report_bad_job(paths: MlPaths, message: str, environ: dict[str, str], dry_run: bool) -> int:
@@ -148,6 +151,15 @@ def run(args, environ: dict[str, str], paths) -> int:
         log(f"fetching the source directory from {plan.code.uri}")
         try:
             fetch_code(plan.code, paths.code_dir)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):  # else: a bad archive or address, reported below
+                return report_bad_job(paths, f"could not fetch sagemaker_submit_directory {plan.code.uri}: {exc}", environ, False)
+            from entrypoint.archive import NoRoomError  # imported already: fetch_code unpacks with it
+
+            # A full disk: the definition is fine. NoRoomError says how much was needed and free.
+            text = exc.strerror if isinstance(exc, NoRoomError) else (
+                f"no room to fetch sagemaker_submit_directory {plan.code.uri} into {paths.code_dir}: {exc}")
+            return write_failure(paths, EXIT_BAD_JOB, f"The training never started: {text}\n")
         except Exception as exc:  # noqa: BLE001 - reported in output/failure, not as a traceback
             return report_bad_job(paths, f"could not fetch sagemaker_submit_directory {plan.code.uri}: {exc}", environ, False)
         try:

@@ -1,7 +1,8 @@
 """Why a process could not be started, in one line a user can act on.
 
 The kernel and Python report a failed start as an exception (E2BIG, ENOENT for a missing
-`#!` interpreter, EACCES, "embedded null byte", "illegal environment variable name") whose
+`#!` interpreter, EACCES, "embedded null byte", "illegal environment variable name", a lone
+surrogate's UnicodeEncodeError) whose
 text names neither the hyperparameter nor the variable at fault. These functions are pure:
 they take the argv and environment that were refused and the exception, and name the cause."""
 
@@ -18,6 +19,22 @@ def _size(text: str) -> int:
     return len(text.encode("utf-8", "surrogateescape")) + 1
 
 
+def _argument(argv: list[str], i: int) -> str:
+    """`argument 4 (the value of --lr)`: the hyperparameter an argument belongs to, where it shows."""
+    before = argv[i - 1] if i > 0 else ""
+    named = before.startswith("-") and len(before) < 200 and _encodable(before) and "\0" not in before
+    return f"argument {i} (the value of {before})" if named else f"argument {i}"
+
+
+def _encodable(text: str) -> bool:
+    """What os.fsencode takes: any text, and the bytes of a non-UTF-8 name (surrogateescape)."""
+    try:
+        text.encode("utf-8", "surrogateescape")
+        return True
+    except UnicodeEncodeError:
+        return False
+
+
 def _largest_values(argv: list[str], env: dict[str, str]) -> str:
     sizes = [(_size(v), f"argument {i}") for i, v in enumerate(argv)]
     sizes += [(_size(k) + _size(v), f"environment variable {k}") for k, v in env.items()]
@@ -31,10 +48,17 @@ def describe_launch_error(argv: list[str], env: dict[str, str], error: BaseExcep
     """One line: which process could not start, and what to change."""
     program = argv[0] if argv else "?"
     if isinstance(error, ValueError) and "null byte" in str(error):
-        where = [f"argument {i}" for i, v in enumerate(argv) if "\0" in v]
+        where = [_argument(argv, i) for i, v in enumerate(argv) if "\0" in v]
         where += [f"environment variable {k}" for k, v in env.items() if "\0" in k or "\0" in v]
         return (f"could not start {program}: a NUL byte in {', '.join(where) or 'a value'} "
                 "(the kernel cannot pass one); remove it from the hyperparameter or variable")
+    if isinstance(error, UnicodeEncodeError):  # a lone surrogate: JSON "\ud800" decodes to one
+        where = [_argument(argv, i) for i, v in enumerate(argv) if not _encodable(v)]
+        where += [f"environment variable {k}" for k, v in env.items() if not (_encodable(k) and _encodable(v))]
+        return (f"could not start {program}: a lone surrogate (U+{ord(error.object[error.start]):04X}, half of a "
+                f"UTF-16 pair with no other half) in {', '.join(where) or 'a value'}, which is not text a process "
+                "can be given; write the character itself, or both halves of its \\uXXXX pair, in the "
+                "hyperparameter or variable")
     if isinstance(error, ValueError) and "environment variable name" in str(error):
         bad = [k for k in env if "=" in k or not k]
         return (f"could not start {program}: environment variable name(s) {', '.join(repr(k) for k in bad) or '?'} "

@@ -24,6 +24,7 @@ from entrypoint import processes, ssh
 from entrypoint.failure import build_job_outcome_report
 from entrypoint.log import log as log_line
 from entrypoint.plan import LaunchPlan
+from entrypoint.rank.record_errors import build_readable_text
 from entrypoint.supervise import StopRequest, stop_signals_set
 
 POLL_S = 0.05
@@ -165,7 +166,8 @@ def tell_workers(plan: LaunchPlan, exit_code: int, report: str | None, log) -> N
     time); a dead worker is skipped."""
     files = plan.files.ssh
     command = build_tell_command(plan, exit_code)
-    payload = (report or "").encode("utf-8", "replace")[:MAX_REPORT_BYTES] if exit_code != 0 else b""
+    # Readable first (record_errors.build_readable_text): a lone surrogate arrives escaped, not as "?".
+    payload = build_readable_text(report or "").encode("utf-8")[:MAX_REPORT_BYTES] if exit_code != 0 else b""
 
     def tell(host: str) -> None:
         try:

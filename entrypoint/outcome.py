@@ -9,6 +9,7 @@ import os
 from entrypoint.failure import build_failure_report, first_root_cause
 from entrypoint.log import log
 from entrypoint.paths import MlPaths
+from entrypoint.rank.record_errors import build_readable_text
 from entrypoint.restarts import build_earlier_failures_note
 
 
@@ -27,7 +28,10 @@ def clear_previous_outcome(paths: MlPaths) -> None:
 
 def write_outcome(paths: MlPaths, exit_code: int, report: str | None) -> None:
     """output/success or output/failure. A read-only or full /opt/ml/output does not change
-    the job's exit code: the reason goes to stderr (the job's log) instead."""
+    the job's exit code: the reason goes to stderr (the job's log) instead. The reason is
+    written readable (record_errors.build_readable_text): any text a rank raised, a file name
+    that is not UTF-8 or a terminal escape included, arrives, never an encoding error instead."""
+    report = build_readable_text(report) if report else report
     try:
         os.makedirs(paths.output_dir, exist_ok=True)
         if exit_code == 0:

@@ -11,7 +11,7 @@ from enum import StrEnum
 from typing import NamedTuple
 
 from entrypoint import topology
-from entrypoint.config import JobConfig
+from entrypoint.config import JobConfig, build_json
 from entrypoint.distribution import MPI_BASED, Distribution, LaunchSettings
 from entrypoint.errors import JobDefinitionError
 from entrypoint.gpu_env import build_gpu_env
@@ -122,9 +122,7 @@ def build_report_key(job: JobConfig, hosts: tuple[str, ...]) -> str:
     message between them: derived from what every host of this job is given and nothing
     outside the job has — its name, hosts and hyperparameters — and BYOC_JOB_SECRET when the
     user sets one (a random value makes the key underivable by anyone without it)."""
-    import json
-
-    material = json.dumps({
+    material = build_json({
         "job": job.environ.get("TRAINING_JOB_NAME", ""),
         "hosts": list(hosts),
         "hyperparameters": job.hyperparameters.values,

@@ -12,10 +12,9 @@ installed toolkit. Deliberate differences (README, "Differences from the toolkit
 
 from __future__ import annotations
 
-import json
 from typing import Any, Mapping
 
-from entrypoint.config import JobConfig, canonical_json, thaw
+from entrypoint.config import JobConfig, build_json, canonical_json
 from entrypoint.probe import MachineFacts
 from entrypoint.topology import Topology
 
@@ -38,7 +37,7 @@ def render_arg_value(value: Any) -> str:
     if isinstance(value, str):
         return value
     # Not ASCII-escaped: a unicode value in a list reaches the script as the user wrote it.
-    return json.dumps(thaw(value), separators=(",", ":"), ensure_ascii=False)
+    return build_json(value, separators=(",", ":"), ensure_ascii=False)
 
 
 def build_user_args(user_hyperparameters: Mapping[str, Any]) -> tuple[str, ...]:

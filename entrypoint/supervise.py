@@ -26,6 +26,7 @@ from entrypoint.failure import SecretLines, parse_root_cause_line
 from entrypoint.log import log
 from entrypoint.plan import ProcessSpec
 from entrypoint.probe import load_oom_kill_count
+from entrypoint.tagged_lines import TaggedLines
 
 TAIL_LINES = 100
 TAIL_LINE_CHARS = 500
@@ -111,19 +112,41 @@ class OutputCollector:
         return slot[0]
 
 
-def _pump(pipe, sink, collector: OutputCollector) -> None:
+# How long a tagged line's first piece waits for the rest before it is written as it is.
+QUIET_LINE_S = 0.5
+
+
+def _read_chunks(pipe, lines):
+    """The pipe's bytes as they come; with `lines` (tagged_lines.TaggedLines: mpirun's tagged
+    output), rejoined into whole lines, a waiting piece written after QUIET_LINE_S of quiet."""
+    fd = pipe.fileno()
+    while True:
+        if lines is not None and lines.has_partial:
+            import select  # only for mpirun's output
+
+            if not select.select([fd], [], [], QUIET_LINE_S)[0]:
+                yield lines.flush_partial()
+                continue
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            if lines is not None:
+                yield lines.flush_partial()
+            return
+        yield lines.feed(chunk) if lines is not None else chunk
+
+
+def _pump(pipe, sink, collector: OutputCollector, lines=None) -> None:
     partial = b""
     stream = collector.open_stream()  # this pipe's lines: a secret split over two is masked in both
     try:
-        while True:
-            chunk = pipe.read1(65536)
+        for chunk in _read_chunks(pipe, lines):
             if not chunk:
-                break
+                continue
             sink.write(chunk)
             sink.flush()
             partial += chunk
-            *lines, partial = partial.split(b"\n")
-            for line in lines:
+            *lines_done, partial = partial.split(b"\n")
+            for line in lines_done:
                 collector.add_line(line, stream)
             if len(partial) > 65536:  # a very long line (progress bars with \r): keep moving
                 # Its end, masked before it is cut (together with what came before and after it).
@@ -181,7 +204,9 @@ class Supervisor:
             raise LaunchError(describe_launch_error(argv, env, error, shebang=_names_its_interpreter(argv))) from None
         self.children.append((spec, proc))
         for pipe, sink in ((proc.stdout, sys.stdout.buffer), (proc.stderr, sys.stderr.buffer)):
-            t = threading.Thread(target=_pump, args=(pipe, sink, self.collector), daemon=True)
+            # mpirun tags what its daemons read, cut anywhere: its lines are rejoined here.
+            lines = TaggedLines() if "--tag-output" in spec.argv else None
+            t = threading.Thread(target=_pump, args=(pipe, sink, self.collector, lines), daemon=True)
             t.start()
             self.pumps.append(t)
 

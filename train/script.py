@@ -31,12 +31,16 @@ def end_without_teardown(code: int = 0) -> None:
 
 
 def write_failure(environ: Mapping[str, str], message: str) -> None:
-    """output/failure is what SageMaker shows as FailureReason; keep one that is already there."""
+    """output/failure is what SageMaker shows as FailureReason; keep one that is already there.
+    Any text arrives readable (control characters and lone surrogates escaped, the entrypoint's
+    policy), never an encoding error in place of the reason."""
+    from entrypoint.rank.record_errors import build_readable_text
+
     path = os.path.join(parse_job_paths(environ).output_dir, "failure")
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "x", encoding="utf-8") as f:
-            f.write(message[:1024])
+            f.write(build_readable_text(message)[:1024])
     except OSError:
         pass  # already written (first failure wins) or not writable outside SageMaker
 

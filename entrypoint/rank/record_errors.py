@@ -129,6 +129,30 @@ def mask_secrets(text: str, environ=None) -> str:
     return build_masked(text, find_secret_spans(pattern, text)) if pattern is not None else text
 
 
+# --- the text policy: what any text becomes on its way to a file, the log or a job port ---------
+# A reason must be readable wherever it lands (output/failure is SageMaker's FailureReason in
+# the console and the API): control characters other than newline and tab are shown as escapes
+# (`\x1b`, `\x00`), never passed raw; a lone surrogate, which no UTF-8 writer takes, is shown as
+# the byte it stands for (`\xe9`: a file name that was not UTF-8, read with surrogateescape) or
+# as its code point (`\ud800`). Printable text, newline and tab pass unchanged.
+_UNREADABLE = None
+
+
+def build_readable_text(text: str) -> str:
+    """text with every character a reader or a UTF-8 writer cannot take escaped (see above)."""
+    global _UNREADABLE
+    if _UNREADABLE is None:
+        _UNREADABLE = _stdlib("re").compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
+    return _UNREADABLE.sub(_escape_character, text)
+
+
+def _escape_character(match) -> str:
+    code = ord(match.group())
+    if 0xDC80 <= code <= 0xDCFF:  # surrogateescape's stand-in for one undecodable byte
+        return f"\\x{code - 0xDC00:02x}"
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
 def _rank() -> str:
     for name in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"):
         if os.environ.get(name):
@@ -259,6 +283,57 @@ def _print_stacks_on_request() -> None:
     faulthandler.register(_signal.SIGUSR1, file=sys.stderr, all_threads=True, chain=False)
 
 
+# A partial line (a prompt, `print(..., end="")` before a long step) is written after at most
+# this long; a whole line is written at once.
+PARTIAL_LINE_FLUSH_S = 0.2
+
+
+def _write_whole_lines() -> None:
+    """Make stdout and stderr write each line with one write(2): launchers tag what each write
+    delivers (mpirun's `[1,0]<stdout>:`), so a line written in pieces is cut, and glued to
+    another rank's line. print() writes its text and its newline as two calls, and the images'
+    PYTHONUNBUFFERED=1 passes each straight through; Python's own buffer cuts at 8 KiB.
+
+    Now the text layer keeps the pieces and writes at each newline (line_buffering, not
+    write_through): one write per line, or per group of whole lines. A line longer than the text
+    layer's 8 KiB chunk, or than what a pipe takes at once (PIPE_BUF, 4 KiB), may still arrive
+    in pieces. A partial line is written by a small thread after PARTIAL_LINE_FLUSH_S, and at
+    exit; the thread stops first at exit (atexit), so it never writes while the interpreter ends."""
+    streams = []
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(line_buffering=True, write_through=False)
+            streams.append(stream)
+        except (AttributeError, ValueError, OSError):  # replaced, closed or not a text file: leave it
+            pass
+    if not streams:
+        return
+    import atexit
+
+    stop = _thread.allocate_lock()
+    stopped = _thread.allocate_lock()
+    stop.acquire()
+    stopped.acquire()
+
+    def flush_partial_lines() -> None:
+        try:
+            while not stop.acquire(timeout=PARTIAL_LINE_FLUSH_S):
+                for stream in streams:
+                    try:
+                        stream.flush()  # nothing pending: no write at all
+                    except (OSError, ValueError):  # closed, or the reader is gone
+                        pass
+        finally:
+            stopped.release()
+
+    def stop_flushing() -> None:
+        stop.release()
+        stopped.acquire(timeout=5 * PARTIAL_LINE_FLUSH_S)
+
+    _thread.start_new_thread(flush_partial_lines, ())
+    atexit.register(stop_flushing)
+
+
 def build_restart_note(environ) -> str | None:
     """The line a restarted torchrun rank group logs (once per host: local rank 0). torchrun's
     own log of a restart is at INFO, which it does not print by default."""
@@ -280,6 +355,7 @@ def main(argv: list) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         sys.stderr.write(__doc__)
         return 2
+    _write_whole_lines()
     _apply_host_env()
     _print_stacks_on_request()
     _log_torchrun_restart(os.environ)

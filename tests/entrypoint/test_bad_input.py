@@ -402,7 +402,7 @@ LAUNCH_ERRORS = {
     "missing-#!-interpreter": (dict(program="train.sh", script="#!/nonexistent/bash\necho must not run\n"),
                                "train.sh: could not start /nonexistent/bash (the interpreter named on the program's #! line): no such file"),
     "NUL-in-a-hyperparameter": (dict(hyperparameters={"a": "x\x00y"}),
-                                "a NUL byte in argument 4, environment variable SM_HP_A (the kernel cannot pass one)"),
+                                "a NUL byte in argument 4 (the value of -a), environment variable SM_HP_A (the kernel cannot pass one)"),
     "=-in-a-hyperparameter-name": (dict(hyperparameters={"a=b": 1}),
                                    "environment variable name(s) 'SM_HP_A=B' cannot be passed to a process"),
     "argv-and-environment-too-large": (dict(hyperparameters={"a": "x" * 3_000_000}),

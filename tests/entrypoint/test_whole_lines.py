@@ -1,0 +1,173 @@
+"""Every line a rank prints arrives whole: never cut, never glued to another rank's line.
+
+Two causes, both tested here with real processes: print() under PYTHONUNBUFFERED=1 writes its
+text and its newline as two writes (the rank wrapper now writes whole lines), and mpirun's
+daemons tag whatever each read of a rank's pipe returns, cut anywhere (the entrypoint rejoins
+mpirun's tagged pieces: entrypoint/tagged_lines.py).
+"""
+
+import os
+import random
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from entrypoint.tagged_lines import MAX_PENDING_BYTES, TaggedLines
+from support.jobtree import PYTHON, REPO, entrypoint_env, run_entrypoint, write_tree
+
+RECORD_ERRORS = str(REPO / "entrypoint" / "rank" / "record_errors.py")
+LINES = 3000
+PRINTER = f"""
+import os
+rank = os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("RANK_ID", "0")
+for i in range({LINES}):
+    print(f"LINE rank={{rank}} i={{i}} " + "x" * (i % 300) + " END")
+"""
+WHOLE = re.compile(r"^(?:\[1,(\d)\]<stdout>:)?LINE rank=(\d) i=(\d+) (x*) END$")
+
+
+def assert_every_line_whole(stdout: str, ranks: int) -> None:
+    seen = {str(r): [] for r in range(ranks)}
+    for line in stdout.splitlines():
+        if "LINE" in line or "END" in line:
+            match = WHOLE.match(line)
+            assert match, f"a cut or glued line: {line[:300]!r}"
+            tag, rank, i, xs = match.groups()
+            assert tag in (None, rank) and len(xs) == int(i) % 300, line[:300]
+            seen[rank].append(int(i))
+    for rank, got in seen.items():
+        assert got == list(range(LINES)), f"rank {rank}: {len(got)} of {LINES} lines, in order: {got[:5]}..."
+
+
+# --- the rejoining of mpirun's tagged pieces (pure) ----------------------------------------------
+
+def test_a_line_cut_by_a_read_and_glued_to_another_ranks_line_is_rejoined():
+    lines = TaggedLines()
+    out = lines.feed(b"[1,0]<stdout>:LINE a") + lines.feed(b"b[1,1]<stdout>:other\n[1,0]<stdout>:c END\n")
+    assert out == b"[1,1]<stdout>:other\n[1,0]<stdout>:LINE abc END\n"
+    assert not lines.has_partial
+
+
+def test_a_tag_cut_by_a_read_is_completed_by_the_next():
+    lines = TaggedLines()
+    assert lines.feed(b"[1,0]<stdout>:one\n[1,1]<std") == b"[1,0]<stdout>:one\n"
+    assert lines.feed(b"err>:two\n") == b"[1,1]<stderr>:two\n"
+
+
+def test_untagged_text_passes_as_it_comes_and_a_waiting_piece_is_written_when_quiet():
+    lines = TaggedLines()
+    assert lines.feed(b"mpirun says\n[1,0]<stdout>:Epoch 1 ...") == b"mpirun says\n"
+    assert lines.has_partial and lines.flush_partial() == b"[1,0]<stdout>:Epoch 1 ...\n"
+    assert lines.feed(b"[1,0]<stdout>: done\n") == b"[1,0]<stdout>: done\n"
+
+
+@pytest.mark.parametrize("size", [MAX_PENDING_BYTES - 1, MAX_PENDING_BYTES, MAX_PENDING_BYTES + 1])
+def test_a_line_with_no_end_is_written_once_it_passes_the_limit(size):
+    lines = TaggedLines()
+    out = lines.feed(b"[1,0]<stdout>:" + b"\r" * (size - 1)) + lines.feed(b"[1,0]<stdout>:x")
+    assert out == (b"[1,0]<stdout>:" + b"\r" * (size - 1) + b"x\n" if size > MAX_PENDING_BYTES else b"")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.text(st.characters(exclude_characters="\n[", codec="utf-8"), max_size=30)),
+                max_size=60),
+       st.randoms(use_true_random=False))
+def test_any_interleaving_of_cut_pieces_comes_out_as_the_lines_each_rank_wrote(written, rnd):
+    """A model of mpirun: each rank's bytes cut into random reads, each read tagged, the reads
+    of all ranks interleaved, the stream then cut into random chunks for our reads."""
+    per_rank = {r: [text.encode() for rank, text in written if rank == r] for r in range(3)}
+    reads = []
+    for rank, texts in per_rank.items():
+        data = b"".join(t + b"\n" for t in texts)
+        at, pieces = 0, []
+        while at < len(data):
+            step = rnd.randint(1, 40)
+            pieces.append(data[at:at + step])
+            at += step
+        reads.append([(rank, p) for p in pieces])
+    stream = b""
+    while any(reads):
+        queue = rnd.choice([q for q in reads if q])
+        rank, piece = queue.pop(0)
+        tag = f"[1,{rank}]<stdout>:".encode()
+        stream += tag + piece[:-1].replace(b"\n", b"\n" + tag) + piece[-1:]  # a tag after each newline but the last
+    lines, out, at = TaggedLines(), b"", 0
+    while at < len(stream):
+        step = rnd.randint(1, 50)
+        out += lines.feed(stream[at:at + step])
+        at += step
+    out += lines.flush_partial()
+    got = {r: [] for r in range(3)}
+    for line in out.split(b"\n")[:-1]:
+        match = re.match(rb"\[1,(\d)\]<stdout>:(.*)$", line, re.S)
+        assert match, line
+        got[int(match.group(1))].append(match.group(2))
+    assert got == per_rank
+
+
+# --- real processes -------------------------------------------------------------------------------
+
+def needs_mpirun(fn):
+    return pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs Open MPI's mpirun")(fn)
+
+
+@needs_mpirun
+@pytest.mark.parametrize("run", range(3))
+def test_two_ranks_under_mpirun_printing_3000_lines_each_all_arrive_whole(tmp_path, run):
+    host = socket.gethostname()
+    root = write_tree(tmp_path, script=PRINTER, hosts=(host,), current_host=host,
+                      hyperparameters={"sagemaker_mpi_enabled": True, "sagemaker_mpi_num_of_processes_per_host": 2})
+    done = run_entrypoint(root, PYTHONUNBUFFERED="1")  # as the images set it
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert_every_line_whole(done.stdout, ranks=2)
+
+
+@pytest.mark.parametrize("unbuffered", ["1", ""])
+def test_ranks_sharing_one_pipe_write_whole_lines(tmp_path, unbuffered):
+    """torchrun, the parameter server and the one-process path hand the ranks the launcher's
+    own pipe: the rank wrapper must write each line with one write."""
+    script = tmp_path / "printer.py"
+    script.write_text(PRINTER)
+    env = {**os.environ, "PYTHONUNBUFFERED": unbuffered}
+    read, write = os.pipe()
+    procs = [subprocess.Popen([PYTHON, RECORD_ERRORS, str(script)], stdout=write, env={**env, "RANK_ID": str(r)})
+             for r in range(2)]
+    os.close(write)
+    chunks = []
+    with os.fdopen(read, "rb", buffering=0) as f:
+        while chunk := f.read(4096):  # a reader slower than the ranks: the pipe fills, writers wait and race
+            chunks.append(chunk)
+            time.sleep(0.0005)
+    out = b"".join(chunks).decode()
+    assert [p.wait(timeout=60) for p in procs] == [0, 0]
+    assert_every_line_whole(out, ranks=2)
+
+
+def test_a_partial_line_shows_soon_and_text_without_a_newline_shows_at_exit(tmp_path):
+    script = tmp_path / "prompt.py"
+    script.write_text("import sys, time\nprint('waiting for data...', end='')\ntime.sleep(3)\nprint(' done')\n"
+                      "sys.stdout.write('last words without a newline')\n")
+    proc = subprocess.Popen([PYTHON, RECORD_ERRORS, str(script)], stdout=subprocess.PIPE,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    started = time.monotonic()
+    first = os.read(proc.stdout.fileno(), 100)
+    assert first == b"waiting for data..." and time.monotonic() - started < 2.5  # before the sleep ends
+    assert proc.stdout.read() == b" done\nlast words without a newline"
+    assert proc.wait(timeout=30) == 0
+
+
+@needs_mpirun
+def test_text_without_a_newline_at_exit_still_shows_under_mpirun(tmp_path):
+    host = socket.gethostname()
+    root = write_tree(tmp_path, script="import sys\nsys.stdout.write('no newline here')\n", hosts=(host,),
+                      current_host=host, hyperparameters={"sagemaker_mpi_enabled": True})
+    done = run_entrypoint(root, PYTHONUNBUFFERED="1")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "<stdout>:no newline here\n" in done.stdout
