@@ -351,6 +351,64 @@ def _log_torchrun_restart(environ) -> None:
         sys.stderr.flush()
 
 
+def _flush_open_files() -> None:
+    """Flush every Python file object still open: the interpreter's teardown would have (a file
+    the program never closed is flushed when it is freed), and _end_without_teardown skips it."""
+    import _io  # the C base of every file object; io.IOBase's ABC check would ask other objects questions
+
+    gc = _stdlib("gc")
+    for obj in gc.get_objects():
+        if issubclass(type(obj), _io._IOBase):
+            try:
+                if not obj.closed and obj.writable():
+                    obj.flush()
+            except Exception:  # noqa: BLE001 - a pipe with no reader, a detached wrapper: nothing to save
+                pass
+
+
+def _end_without_teardown(code: int) -> None:
+    """End a rank whose program has ended (returned, sys.exit, or an exception already
+    recorded) the way the interpreter would, but without tearing its modules down.
+
+    Why: with torch.distributed up, gloo's (and NCCL's) C++ threads can still hold finished work
+    objects that refer to Python objects; freeing them while the interpreter tears down aborts
+    the process (SIGABRT, "terminate called without an active exception"; pytorch/pytorch#179291),
+    so a rank that finished its work fails the job. Seen in 1 of 4 SDK local-mode runs of
+    PyTorch's DDP example, and twice in ~900 runs of train/ddp_train in CI.
+
+    What the interpreter does at exit still happens, in its order: wait for the program's
+    non-daemon threads, run its atexit handlers (logging, multiprocessing, tempfile, a user's
+    own), flush every open file, finalize MPI where mpi4py started it (mpirun calls a rank
+    that exits without MPI_Finalize a failure). Only the module teardown is skipped. Used only
+    once torch.distributed is loaded: other programs end as Python ends them."""
+    threading = sys.modules.get("threading")
+    if threading is not None:
+        threading._shutdown()  # what Py_Finalize calls first: joins the non-daemon threads
+    _stdlib("atexit")._run_exitfuncs()
+    mpi = sys.modules.get("mpi4py.MPI")
+    try:
+        if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+            mpi.Finalize()
+    except Exception:  # noqa: BLE001 - ending anyway; mpirun reports a rank that did not finalize
+        pass
+    _flush_open_files()
+    os._exit(code)
+
+
+def decide_exit_code(exit_arg) -> int:
+    """The exit status Python gives `sys.exit(exit_arg)`: None is 0, an int is itself (the
+    kernel keeps its low 8 bits), anything else is printed on stderr and is 1."""
+    if exit_arg is None:
+        return 0
+    if isinstance(exit_arg, int):
+        return exit_arg & 0xFF
+    try:
+        sys.stderr.write(f"{exit_arg}\n")
+    except Exception:  # noqa: BLE001
+        pass
+    return 1
+
+
 def main(argv: list) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         sys.stderr.write(__doc__)
@@ -374,8 +432,11 @@ def main(argv: list) -> int:
         run = lambda: runpy.run_path(script, run_name="__main__")  # noqa: E731
     try:
         run()
-    except SystemExit:
-        raise
+        code = 0
+    except SystemExit as exc:
+        if "torch.distributed" not in sys.modules:
+            raise
+        code = decide_exit_code(exc.code)
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # noqa: BLE001 - recorded, printed, then the job fails
@@ -383,8 +444,10 @@ def main(argv: list) -> int:
         _stdlib("traceback").print_exc()
         sys.stderr.flush()
         _abort_mpi_job()
-        return 1
-    return 0
+        code = 1
+    if "torch.distributed" in sys.modules:
+        _end_without_teardown(code)
+    return code
 
 
 if __name__ == "__main__":
