@@ -12,10 +12,11 @@ import subprocess
 
 import pytest
 
+from entrypoint.rank import record_errors
 from entrypoint.rank.record_errors import decide_exit_code
-from support.jobtree import PYTHON, REPO
+from support.jobtree import PYTHON
 
-RECORD_ERRORS = str(REPO / "entrypoint" / "rank" / "record_errors.py")
+RECORD_ERRORS = record_errors.__file__  # this checkout's, or the image's installed one
 
 ABORTS_AT_TEARDOWN = """
 import builtins, os

@@ -7,22 +7,21 @@ mpirun's tagged pieces: entrypoint/tagged_lines.py).
 """
 
 import os
-import random
 import re
 import shutil
 import socket
 import subprocess
-import sys
 import time
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from entrypoint.rank import record_errors
 from entrypoint.tagged_lines import MAX_PENDING_BYTES, TaggedLines
-from support.jobtree import PYTHON, REPO, entrypoint_env, run_entrypoint, write_tree
+from support.jobtree import PYTHON, run_entrypoint, write_tree
 
-RECORD_ERRORS = str(REPO / "entrypoint" / "rank" / "record_errors.py")
+RECORD_ERRORS = record_errors.__file__  # this checkout's, or the image's installed one
 LINES = 3000
 PRINTER = f"""
 import os

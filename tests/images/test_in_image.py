@@ -34,6 +34,9 @@ IN_IMAGE_TESTS = (
     "tests/entrypoint/test_toolkit_parity.py",
     "tests/entrypoint/test_secrets.py",
     "tests/entrypoint/test_preflight.py",
+    "tests/entrypoint/test_edges.py",
+    "tests/entrypoint/test_whole_lines.py",
+    "tests/entrypoint/test_rank_exit.py",
 )
 # pytest and what the tests import beyond the image's packages, at the project's pins.
 TEST_REQUIREMENTS = ("pytest==9.2.0", "hypothesis==6.170.15")
