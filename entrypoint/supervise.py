@@ -119,20 +119,22 @@ QUIET_LINE_S = 0.5
 def _read_chunks(pipe, lines):
     """The pipe's bytes as they come; with `lines` (tagged_lines.TaggedLines: mpirun's tagged
     output), rejoined into whole lines, a waiting piece written after QUIET_LINE_S of quiet."""
-    fd = pipe.fileno()
-    while True:
-        if lines is not None and lines.has_partial:
-            import select  # only for mpirun's output
+    if lines is None:
+        while chunk := pipe.read1(65536):
+            yield chunk
+        return
+    import select  # only for mpirun's output
 
-            if not select.select([fd], [], [], QUIET_LINE_S)[0]:
-                yield lines.flush_partial()
-                continue
+    fd = pipe.fileno()  # read unbuffered: select must see every byte not yet read
+    while True:
+        if lines.has_partial and not select.select([fd], [], [], QUIET_LINE_S)[0]:
+            yield lines.flush_partial()
+            continue
         chunk = os.read(fd, 65536)
         if not chunk:
-            if lines is not None:
-                yield lines.flush_partial()
+            yield lines.flush_partial()
             return
-        yield lines.feed(chunk) if lines is not None else chunk
+        yield lines.feed(chunk)
 
 
 def _pump(pipe, sink, collector: OutputCollector, lines=None) -> None:
