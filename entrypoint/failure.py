@@ -12,11 +12,10 @@ from __future__ import annotations
 import functools
 import json
 import re
-import signal
 from typing import Iterable, Mapping, NamedTuple
 
 from entrypoint.rank.record_errors import (MARKER, build_masked, build_secret_forms, build_secret_pattern,
-                                           build_secret_values, find_secret_spans)
+                                           build_secret_values, describe_signal, find_secret_spans)
 
 EXCEPTION_LINE = re.compile(r"^(?:\[[^\]]*\]<std(?:out|err)>:)?\s*([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Fault|Warning)\b[^\n]*)$")
 
@@ -78,11 +77,7 @@ def describe_exit_code(code: int, oom_kills: int | None = None, killed_by_us: bo
         return ("exit code 137: killed by SIGKILL (the out-of-memory killer is the usual cause; this "
                 "container's memory cgroup could not be read to tell)")
     if code > 128 and code - 128 < 65:
-        try:
-            name = signal.Signals(code - 128).name
-        except ValueError:
-            name = f"signal {code - 128}"
-        return f"exit code {code}: killed by {name}"
+        return f"exit code {code}: killed by {describe_signal(code - 128)[1]}"
     return f"exit code {code}"
 
 
@@ -95,6 +90,20 @@ def guess_exception_from_tail(lines: list[str]) -> str | None:
         match = EXCEPTION_LINE.match(line.strip())
         if match:
             return match.group(1)
+    return None
+
+
+# Open MPI's word when a rank died of a signal: the only record of it mpirun gives.
+MPI_SIGNAL_DEATH = re.compile(r"mpirun noticed that process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)")
+
+
+def guess_signal_death(lines: list[str]) -> str | None:
+    """`rank 1 on algo-2 was killed by SIGABRT (signal 6): ...` from mpirun's notice."""
+    for line in lines:
+        match = MPI_SIGNAL_DEATH.search(line)
+        if match:
+            rank, host, signum = match.groups()
+            return f"rank {rank} on {host} was killed by {describe_signal(int(signum))[1]}"
     return None
 
 
@@ -217,8 +226,11 @@ def build_failure_report(
         guess = guess_exception_from_tail(tail)
         lost_daemon = guess_lost_host(tail)
         head = f"{what} failed on host {current_host} with {describe_exit_code(exit_code, oom_kills, killed_by_us)}."
+        signal_death = guess_signal_death(tail)
         if lost_daemon:
             head = f"Host {lost_daemon} stopped responding: mpirun lost its daemon there (the host died or its network failed).\n" + head
+        elif signal_death:
+            head = f"{signal_death}\n" + head
         elif guess:
             head = f"{guess}\n" + head
     if lost and root_cause is None:

@@ -28,6 +28,8 @@ from entrypoint.program import (
 from entrypoint.smenv import build_sm_env, build_user_args
 
 RECORD_ERRORS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank", "record_errors.py")
+# torchrun itself, run by path: it also reports a rank killed by a signal as the root cause.
+LAUNCH_TORCHRUN = os.path.join(os.path.dirname(RECORD_ERRORS), "launch_torchrun.py")
 NEURON_ROOT_COMM_PORT = 46820
 MPI_TEARDOWN_SIGNAL_GAP_S = 1
 
@@ -235,7 +237,7 @@ def build_torchrun_argv(
 
     One host: --standalone (a free local port, so two single-host jobs on one machine never
     collide). program_argv's python runs under torchrun's own interpreter."""
-    argv = [python, "-m", "torch.distributed.run"]
+    argv = [python, LAUNCH_TORCHRUN]  # `python -m torch.distributed.run`, reporting signal deaths
     hosts, leader = topo.distribution_hosts, topo.leader
     if len(hosts) == 1:
         argv += ["--standalone", "--nnodes", "1"]

@@ -182,6 +182,7 @@ class Supervisor:
         self.hang_rank_order: list[str] = []
         self.hang_reason: str | None = None
         self.children: list[tuple[ProcessSpec, subprocess.Popen]] = []
+        self.rank_envs: dict[int, dict[str, str]] = {}  # pid -> environment, of the ranks we start
         self.pumps: list[threading.Thread] = []
         self.stopped_by: str | None = None
         self.stopped_at: float | None = None  # time.time() of the stop request
@@ -205,6 +206,8 @@ class Supervisor:
             argv = list(spec.argv)
             raise LaunchError(describe_launch_error(argv, env, error, shebang=_names_its_interpreter(argv))) from None
         self.children.append((spec, proc))
+        if "RANK" in dict(spec.env):  # a rank we start ourselves: its signal death is ours to report
+            self.rank_envs[proc.pid] = env
         for pipe, sink in ((proc.stdout, sys.stdout.buffer), (proc.stderr, sys.stderr.buffer)):
             # mpirun tags what its daemons read, cut anywhere: its lines are rejoined here.
             lines = TaggedLines() if "--tag-output" in spec.argv else None
@@ -286,6 +289,22 @@ class Supervisor:
         self.signal_all(signum, stop_request=True)
         self._kill_within(self.grace_period_s)
 
+    def _report_signal_death(self, spec: ProcessSpec, proc, signum: int) -> None:
+        """A rank we started ourselves (the parameter server's processes) that a signal killed
+        wrote no record; on a multi-host launch we write it for it, as torchrun's launcher does
+        for its ranks (rank/launch_torchrun.py): the job's root cause here and on every host."""
+        env = self.rank_envs.get(proc.pid)
+        if env is None or not env.get("BYOC_JOB_PORTS") or self.stopped_by is not None:
+            return  # one host: the exit code says it; a stop: the ranks were told to end
+        from entrypoint.rank.record_errors import build_root_cause_line, build_signal_root_cause, send_root_cause
+
+        record = build_signal_root_cause(env["RANK"], env.get("LOCAL_RANK", "0"), self.host or "this host", signum,
+                                         time.time())
+        self.collector.add_line_text(build_root_cause_line(record))
+        sender = threading.Thread(target=send_root_cause, args=(record, env), daemon=True)
+        sender.start()
+        self.pumps.append(sender)  # joined before wait() returns: sent before this host reports
+
     def wait(self) -> int:
         """Wait for every child; the exit code of the first that failed, else 0."""
         first_failure: int | None = None
@@ -297,6 +316,8 @@ class Supervisor:
                 if code is None:
                     continue
                 running.remove(item)
+                if code < 0:
+                    self._report_signal_death(spec, proc, -code)
                 code = 128 - code if code < 0 else code
                 if code != 0 and first_failure is None:
                     first_failure = code

@@ -398,7 +398,11 @@ def test_137_is_called_out_of_memory_only_when_the_cgroup_counted_an_oom_kill():
     assert "could not be read to tell" in describe_exit_code(137, oom_kills=None)
     ours = describe_exit_code(137, oom_kills=1, killed_by_us=True)
     assert "sent by this entrypoint when the grace period after the stop ran out" in ours
-    assert describe_exit_code(143) == "exit code 143: killed by SIGTERM"
+    assert describe_exit_code(143) == "exit code 143: killed by SIGTERM (signal 15): it was asked to stop"
+    assert describe_exit_code(134) == ("exit code 134: killed by SIGABRT (signal 6): the process aborted, often a C++ "
+                                       "assertion or `terminate` in a library")
+    assert describe_exit_code(135).startswith("exit code 135: killed by SIGBUS (signal 7): a bus error: often /dev/shm")
+    assert describe_exit_code(128 + 40) == "exit code 168: killed by signal 40"
 
 
 def test_the_oom_counter_is_found_for_cgroup_v1_v2_and_a_containers_own_namespace():

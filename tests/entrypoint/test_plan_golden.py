@@ -2,6 +2,7 @@
 
 import pytest
 
+from entrypoint.plan import LAUNCH_TORCHRUN
 from entrypoint.plan import RECORD_ERRORS as RE
 from support.jobs import CPU, GPU4, GPU8_EFA, PY, TRN1_EFA, make_job, plan_for
 
@@ -66,7 +67,7 @@ def test_no_launcher_master_port_setting_and_user_values_win():
 def test_one_host_torchrun_is_standalone():
     plan = plan_for(make_job(hps=TORCH), GPU4)
     assert plan.processes[0].argv == (
-        PY, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
+        PY, LAUNCH_TORCHRUN, "--standalone", "--nnodes", "1",
         "--nproc_per_node", "4", "--max_restarts", "0", RE, SCRIPT,
     )
 
@@ -76,7 +77,7 @@ def test_two_hosts_torchrun_same_command_node_rank_from_order(current, node_rank
     plan = plan_for(make_job(hosts=("algo-1", "algo-2"), current=current, hps={**TORCH, "lr": 1}), GPU8_EFA)
     assert plan.role == "torchrun"
     assert plan.processes[0].argv == (
-        PY, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", node_rank,
+        PY, LAUNCH_TORCHRUN, "--nnodes", "2", "--node_rank", node_rank,
         "--master_addr", "algo-1", "--master_port", "7777",
         "--nproc_per_node", "8", "--max_restarts", "0", RE, SCRIPT, "--lr", "1",
     )
@@ -93,12 +94,12 @@ def test_two_hosts_torchrun_with_restarts_uses_the_c10d_rendezvous_and_says_it_i
     job = make_job(hosts=("algo-1", "algo-2"), current="algo-2", hps=TORCH, environ={"BYOC_MAX_RESTARTS": "3"})
     plan = plan_for(job, GPU8_EFA)
     assert plan.processes[0].argv == (
-        PY, "-m", "torch.distributed.run", "--nnodes", "2", "--rdzv_backend", "c10d", "--rdzv_endpoint", "algo-1:7777",
+        PY, LAUNCH_TORCHRUN, "--nnodes", "2", "--rdzv_backend", "c10d", "--rdzv_endpoint", "algo-1:7777",
         "--rdzv_id", "byoc-job", "--nproc_per_node", "8", "--max_restarts", "3", RE, SCRIPT,
     )
     assert any(n.startswith("BYOC_MAX_RESTARTS=3 with torchrun on 2 hosts is best effort") for n in plan.notes)
     one_host = plan_for(make_job(hps=TORCH, environ={"BYOC_MAX_RESTARTS": "3"}), GPU8_EFA)
-    assert one_host.processes[0].argv[3:6] == ("--standalone", "--nnodes", "1")
+    assert one_host.processes[0].argv[2:5] == ("--standalone", "--nnodes", "1")
     assert not any("best effort" in n for n in one_host.notes)
 
 
@@ -123,7 +124,7 @@ ELEVEN = tuple(f"algo-{i}" for i in (1, 10, 11, 2, 3, 4, 5, 6, 7, 8, 9))  # Sage
 def test_eleven_hosts_keep_sagemaker_order_for_rank_and_leader():
     plan = plan_for(make_job(hosts=ELEVEN, current="algo-2", hps=TORCH), CPU)
     argv = plan.processes[0].argv
-    assert argv[3:11] == ("--nnodes", "11", "--node_rank", "3", "--master_addr", "algo-1", "--master_port", "7777")
+    assert argv[2:10] == ("--nnodes", "11", "--node_rank", "3", "--master_addr", "algo-1", "--master_port", "7777")
     assert plan.hosts == ELEVEN
 
 
@@ -172,7 +173,7 @@ def test_pytorchddp_one_rank_per_gpu():
 def test_smdataparallel_without_aws_library_falls_back_to_torchrun():
     plan = plan_for(make_job(hosts=("algo-1", "algo-2"), hps={"sagemaker_distributed_dataparallel_enabled": True}), GPU8_EFA)
     assert plan.role == "torchrun" and plan.launcher == "smdataparallel"
-    assert plan.processes[0].argv[:3] == (PY, "-m", "torch.distributed.run")
+    assert plan.processes[0].argv[:2] == (PY, LAUNCH_TORCHRUN)
     assert any("SMDDP library is not in this image" in n for n in plan.notes)
 
 
@@ -188,7 +189,7 @@ def test_trainium_torchrun_xla_settings_and_parallel_compile():
     job = make_job(hosts=("algo-1", "algo-2"), hps=TORCH, environ={"RUN_NEURON_PARALLEL_COMPILE": "1"})
     plan = plan_for(job, TRN1_EFA)
     assert plan.processes[0].argv == (
-        "neuron_parallel_compile", PY, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", "0",
+        "neuron_parallel_compile", PY, LAUNCH_TORCHRUN, "--nnodes", "2", "--node_rank", "0",
         "--master_addr", "algo-1", "--master_port", "7777", "--nproc_per_node", "32", "--max_restarts", "0", RE, SCRIPT,
     )
     assert non_sm_env(plan) == {
@@ -224,7 +225,7 @@ def test_heterogeneous_groups_leader_is_first_distribution_host():
     hps = {**TORCH, "sagemaker_distribution_instance_groups": ["train"]}
     plan = plan_for(make_job(hosts=("algo-1", "algo-2", "algo-3"), current="algo-3", hps=hps, resource_extra=HETERO), GPU8_EFA)
     assert plan.hosts == ("algo-2", "algo-3") and plan.leader == "algo-2"
-    assert plan.processes[0].argv[3:11] == ("--nnodes", "2", "--node_rank", "1", "--master_addr", "algo-2", "--master_port", "7777")
+    assert plan.processes[0].argv[2:10] == ("--nnodes", "2", "--node_rank", "1", "--master_addr", "algo-2", "--master_port", "7777")
 
 
 def test_heterogeneous_host_outside_distribution_runs_script_once_and_says_so():

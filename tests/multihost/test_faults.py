@@ -71,6 +71,39 @@ def test_rank_raises_on_a_worker_host_with_default_settings(launcher):
     assert_every_failure_leads_with(failures, "algo-2", 1)
 
 
+def assert_every_failure_leads_with_the_signal(failures, host, rank):
+    """A rank killed by SIGABRT (no Python exception): every host's reason names the signal,
+    the rank and its host first, never the healthy host that was stopped afterwards."""
+    assert sorted(failures) == HOSTS
+    for on_host, text in failures.items():
+        first = text[:1024].splitlines()[0]
+        assert f"rank {rank} " in first and f"on {host} was killed by SIGABRT (signal 6): the process aborted" in first, \
+            f"{on_host}: {text[:1024]}"
+
+
+@pytest.mark.parametrize("where, host, rank", [("leader", "algo-1", 0), ("worker", "algo-2", 1)])
+@pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
+def test_a_rank_killed_by_a_signal_is_named_first_on_every_host(launcher, where, host, rank):
+    result, took, failures, _ = run_with_fault(launcher, {"fail": f"abort-{where}"})
+    assert_every_host_failed(result, took)
+    assert_every_failure_leads_with_the_signal(failures, host, rank)
+
+
+@pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
+def test_two_hosts_failing_within_a_second_the_first_leads_everywhere(launcher):
+    """The leader's rank raises; 0.4 s later the worker's rank aborts (if it is still running)."""
+    result, took, failures, _ = run_with_fault(launcher, {"fail": "leader-then-abort-worker"})
+    assert_every_host_failed(result, took)
+    assert_every_failure_leads_with(failures, "algo-1", 0)
+
+
+def test_two_hosts_failing_within_a_second_a_signal_death_first_leads_everywhere():
+    """The worker's rank aborts; 0.4 s later the leader's rank raises: the abort came first."""
+    result, took, failures, _ = run_with_fault("torchrun", {"fail": "abort-worker-then-leader"})
+    assert_every_host_failed(result, took)
+    assert_every_failure_leads_with_the_signal(failures, "algo-2", 1)
+
+
 @pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
 def test_worker_host_dies_mid_run(launcher):
     result, took, failures, _ = run_with_fault(launcher, {"hold": 90}, lambda c, run: c.kill_host("algo-2"))

@@ -126,3 +126,18 @@ def test_a_worker_host_that_fails_mid_run_stops_the_leader_at_once_saying_so():
         assert "Host algo-2's part of the job failed (exit code 3), so this host's processes were stopped." in text[:1024], text
         assert "lost a host" not in text, text
         assert_nothing_left(cluster)
+
+
+def test_a_parameter_server_rank_killed_by_a_signal_is_named_first_on_every_host():
+    """A rank the entrypoint starts itself (no launcher to see it die) and that SIGABRT kills:
+    the entrypoint that saw it reports it, on its host and to every host's job port."""
+    hps = {"abort-early-on": "algo-2", "linger-on": "nobody"}
+    with EmulatedCluster(["algo-1", "algo-2"], job("ps_job.py", "parameter_server", **hps)) as cluster:
+        run = start(cluster)
+        result = run.wait(timeout=120, fail_fast=False)
+        assert {h: r.returncode != 0 for h, r in result.results.items()} == {"algo-1": True, "algo-2": True}
+        for host in ("algo-1", "algo-2"):
+            first = failure(cluster, host)[:1024].splitlines()[0]
+            assert first == ("SIGABRT: rank 3 (local rank 0) on algo-2 was killed by SIGABRT (signal 6): the process "
+                             "aborted, often a C++ assertion or `terminate` in a library"), f"{host}: {first}"
+        assert_nothing_left(cluster)

@@ -5,7 +5,10 @@ import signal
 import sys
 import time
 
-FAULTS = ("none", "leader", "worker", "worker-once", "hang-worker")
+FAULTS = ("none", "leader", "worker", "worker-once", "hang-worker", "abort-leader", "abort-worker",
+          "leader-then-abort-worker", "abort-worker-then-leader")
+# In the two-fault cases, the second comes this long after the first: two hosts failing within a second.
+SECOND_FAULT_AFTER_S = 0.4
 
 
 def add_fault_options(parser) -> None:
@@ -67,6 +70,21 @@ def inject_fault(args, model: str, rank: int, size: int, host: str) -> None:
     last = rank == size - 1
     if args.fail == "worker" and last or args.fail == "leader" and rank == 0:
         raise RuntimeError(f"injected failure on {host}")
+    if args.fail == "abort-worker" and last or args.fail == "abort-leader" and rank == 0:
+        sys.stdout.flush()
+        os.abort()  # a C++ abort in a library: no Python exception, no record of its own
+    if args.fail == "leader-then-abort-worker":
+        if rank == 0:
+            raise RuntimeError(f"injected failure on {host}")
+        if last:
+            time.sleep(SECOND_FAULT_AFTER_S)
+            os.abort()
+    if args.fail == "abort-worker-then-leader":
+        if last:
+            os.abort()
+        if rank == 0:
+            time.sleep(SECOND_FAULT_AFTER_S)
+            raise RuntimeError(f"injected failure on {host}")
     if args.fail == "hang-worker" and last:
         stuck_on_the_worker()
     once_marker = os.path.join(model, "failed-once")

@@ -2,7 +2,8 @@
 shard per host beside it): join the RPC group, leave it, then the worker on the host named by
 --linger-on stays --linger-s seconds longer, writes ended-<worker rank> (the time it ends) and
 exits with --exit-code: a host whose part ends after the leader's. --fail-early-on HOST: the
-worker there exits 3 before joining the RPC group (everyone else waits for it there)."""
+worker there exits 3 before joining the RPC group (everyone else waits for it there);
+--abort-early-on HOST: it dies of SIGABRT there instead."""
 import argparse
 import os
 import sys
@@ -17,7 +18,10 @@ parser.add_argument("--linger-on", default="")
 parser.add_argument("--linger-s", type=float, default=0.0)
 parser.add_argument("--exit-code", type=int, default=0)
 parser.add_argument("--fail-early-on", default="")
+parser.add_argument("--abort-early-on", default="")  # that host's worker: os.abort() before the RPC group forms
 args = parser.parse_args()
+if os.environ["SM_CURRENT_HOST"] == args.abort_early_on:
+    os.abort()
 if os.environ["SM_CURRENT_HOST"] == args.fail_early_on:
     print("[test-script] failing before the RPC group forms", flush=True)
     sys.exit(3)

@@ -1,0 +1,113 @@
+"""A rank killed by a signal writes no record of its own: whoever saw it die names it — rank,
+host, signal and what the signal means — as the job's root cause (issue: the leader's abort was
+reported as the healthy worker's SIGTERM). End to end on emulated hosts:
+tests/multihost/test_faults.py and test_jobs.py."""
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from entrypoint.failure import build_failure_report, describe_exit_code, guess_signal_death, parse_root_cause_line
+from entrypoint.rank.launch_torchrun import report_signal_death
+from entrypoint.rank.record_errors import MARKER, build_signal_root_cause, describe_signal
+
+
+def failure(pid, exitcode, timestamp, local_rank=0):
+    return SimpleNamespace(pid=pid, exitcode=exitcode, timestamp=timestamp, local_rank=local_rank)
+
+
+def test_torchruns_first_signal_death_becomes_the_root_cause_at_the_time_it_was_seen(capsys):
+    failures = {3: failure(30, -11, 100, local_rank=1), 2: failure(20, -6, 100), 1: failure(10, 1, 99)}
+    record = report_signal_death(failures, {"SM_CURRENT_HOST": "algo-2"}, {20: 100.25, 30: 100.75})
+    assert record == {"host": "algo-2", "rank": "2", "type": "SIGABRT", "time": 100.25, "where": "",
+                      "message": "rank 2 (local rank 0) on algo-2 was killed by SIGABRT (signal 6): the process "
+                                 "aborted, often a C++ assertion or `terminate` in a library"}
+    cause = parse_root_cause_line(capsys.readouterr().err.strip())  # what this host's entrypoint reads
+    assert cause is not None and cause.rank == "2" and cause.time == 100.25
+
+
+def test_a_death_the_watcher_missed_keeps_torchs_whole_second():
+    assert report_signal_death({0: failure(5, -9, 100)}, {"SM_CURRENT_HOST": "algo-1"}, {})["time"] == 100.0
+
+
+def test_exceptions_only_leave_nothing_to_report(capsys):
+    assert report_signal_death({0: failure(5, 1, 100)}, {}, {}) is None
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("signum, name, words", [
+    (6, "SIGABRT", "C++ assertion"), (11, "SIGSEGV", "invalid memory access"), (7, "SIGBUS", "/dev/shm too small"),
+    (9, "SIGKILL", "out-of-memory killer"), (15, "SIGTERM", "asked to stop"), (4, "SIGILL", "another CPU"),
+    (8, "SIGFPE", "division by zero"), (13, "SIGPIPE", "reader was gone"), (1, "SIGHUP", "session"), (2, "SIGINT", "Ctrl-C"),
+])  # fmt: skip
+def test_each_signal_says_what_it_usually_means(signum, name, words):
+    got_name, text = describe_signal(signum)
+    assert got_name == name and text.startswith(f"{name} (signal {signum}): ") and words in text
+    import signal
+
+    assert signal.Signals(signum).name == name  # the table's numbers are this machine's
+
+
+def test_an_unknown_signal_is_named_by_its_number():
+    assert describe_signal(40) == ("signal 40", "signal 40")
+
+
+def test_the_report_leads_with_the_signal_death_rank_and_host():
+    line = MARKER + json.dumps(build_signal_root_cause("0", "0", "algo-1", 6, 100.0))
+    report = build_failure_report(what="torchrun on 2 host(s)", exit_code=1, root_cause=parse_root_cause_line(line),
+                                  tail=["rank aborting"], current_host="algo-2", environ={}, stopped_by="SIGTERM",
+                                  stopped_at=101.0)
+    head = report[:1024]
+    assert head.startswith("SIGABRT: rank 0 (local rank 0) on algo-1 was killed by SIGABRT (signal 6): ")
+    assert "First failure: rank 0 on host algo-1" in head and "Then this host (algo-2) was stopped by SIGTERM." in head
+
+
+MPIRUN_NOTICE = [
+    "--------------------------------------------------------------------------",
+    "mpirun noticed that process rank 1 with PID 0 on node algo-2 exited on signal 6 (Aborted).",
+    "--------------------------------------------------------------------------",
+]
+
+
+def test_mpiruns_notice_of_a_signal_death_leads_the_report():
+    assert guess_signal_death(MPIRUN_NOTICE) == ("rank 1 on algo-2 was killed by SIGABRT (signal 6): the process "
+                                                 "aborted, often a C++ assertion or `terminate` in a library")
+    report = build_failure_report(what="mpirun on 2 host(s)", exit_code=134, root_cause=None, tail=MPIRUN_NOTICE,
+                                  current_host="algo-1", environ={})
+    assert report.startswith("rank 1 on algo-2 was killed by SIGABRT (signal 6): ")
+    assert "mpirun on 2 host(s) failed on host algo-1 with exit code 134: killed by SIGABRT (signal 6)" in report
+
+
+def test_one_process_killed_by_a_signal_is_described_by_its_exit_code():
+    assert describe_exit_code(139) == ("exit code 139: killed by SIGSEGV (signal 11): a segmentation fault: an invalid "
+                                       "memory access in native code")
+
+
+ABORTING_RANK = """
+import os, time, torch.distributed as dist
+dist.init_process_group("gloo")
+dist.barrier()
+time.sleep((0.6 - time.time() % 1) % 1)  # abort at x.6 s: torch's whole second would be 0.6 s early
+with open(os.path.join(os.environ["SM_MODEL_DIR"], "aborted-at"), "w") as f:
+    f.write(repr(time.time()))
+os.abort()
+"""
+
+
+def test_a_torchrun_rank_killed_by_a_signal_leads_output_failure_at_the_time_it_died(tmp_path):
+    import socket
+
+    from support.jobtree import failure_text, run_entrypoint, write_tree
+
+    host = socket.gethostname()
+    root = write_tree(tmp_path, script=ABORTING_RANK, hosts=(host,), current_host=host,
+                      hyperparameters={"sagemaker_torch_distributed_enabled": True})
+    done = run_entrypoint(root)
+    assert done.returncode == 1, done.stderr[-2000:]
+    first = failure_text(root).splitlines()[0]
+    assert first == (f"SIGABRT: rank 0 (local rank 0) on {host} was killed by SIGABRT (signal 6): the process aborted, "
+                     "often a C++ assertion or `terminate` in a library")
+    record = next(parse_root_cause_line(line) for line in done.stderr.splitlines() if line.startswith(MARKER))
+    aborted_at = float((root / "model" / "aborted-at").read_text())
+    assert 0 <= record.time - aborted_at < 0.3, (record.time, aborted_at)
