@@ -12,7 +12,12 @@ exception: on stderr (this host's entrypoint reads it) and to every host's job p
 every host's output/failure leads with it, also a worker host that docker-compose stops once the
 leader exits. Then torchrun ends as it would have (its summary, exit code 1).
 
-The time of the record is when the rank died: a small thread waits for children to exit
+The time of the record is when the rank died. A rank killed by SIGSEGV, SIGABRT, SIGBUS, SIGFPE or
+SIGILL says so itself: the rank wrapper has faulthandler write its Python stacks to a crash file
+in BYOC_CRASH_DIR (a folder made here) the moment the signal arrives, and the record takes the
+file's time and, as where it happened, its stacks. That matters: a peer's "connection closed"
+error is often dated a few ms before this launcher can see the rank's exit. For other signals
+(SIGKILL) a small thread waits for children to exit
 without collecting them (waitid with WNOWAIT: torch's agent still reaps them). torch's own
 record keeps whole seconds only, which would put a death before a failure on another host up
 to a second earlier; it is used only where the thread missed a death (two children exiting
@@ -61,8 +66,44 @@ def report_signal_death(failures: dict, environ, deaths: dict) -> dict | None:
     host = environ.get("SM_CURRENT_HOST") or os.uname().nodename
     record = record_errors.build_signal_root_cause(str(rank), str(failure.local_rank), host, -failure.exitcode,
                                                    when)
+    crash = load_crash_file(environ.get(record_errors.CRASH_DIR_ENV, ""), failure.pid)
+    if crash is not None:  # the rank's own word of its death: when, to the nanosecond, and where
+        record["time"], record["where"] = crash
+        sys.stderr.write(f"[launch_torchrun] rank {rank}'s Python stacks when {record['type']} arrived:\n{crash[1]}\n")
     record_errors.emit_root_cause(record)
     return record
+
+
+# How much of a crash file's stacks the record carries (the current thread's come first).
+CRASH_TEXT_CHARS = 1500
+
+
+def load_crash_file(folder: str, pid: int) -> tuple[float, str] | None:
+    """(when the rank wrote it, its stacks) from the crash file faulthandler wrote in the rank
+    (record_errors._record_fatal_signals); None when it wrote none."""
+    if not folder:
+        return None
+    path = record_errors.build_crash_file_path(folder, pid)
+    try:
+        with open(path, errors="replace") as f:
+            text = f.read(CRASH_TEXT_CHARS + 1)
+        when = os.stat(path).st_mtime_ns / 1e9
+    except OSError:
+        return None
+    if not text:
+        return None
+    text = build_crash_text(text)
+    return when, text[:CRASH_TEXT_CHARS] + ("\n..." if len(text) > CRASH_TEXT_CHARS else "")
+
+
+def build_crash_text(dump: str) -> str:
+    """faulthandler's dump with the crashing thread's stack first, and without the rank
+    wrapper's own line-flushing thread (record_errors.py): a reader looks for the first frame."""
+    blocks = dump.strip("\n").split("\n\n")
+    head, threads = blocks[0], blocks[1:]
+    current = [b for b in threads if b.startswith("Current thread")]
+    others = [b for b in threads if not b.startswith("Current thread") and "in flush_partial_lines" not in b]
+    return "\n\n".join([head, *current, *others]) + "\n"
 
 
 def main(argv: list) -> None:
@@ -71,11 +112,18 @@ def main(argv: list) -> None:
 
     sys.argv = ["torchrun", *argv]
     _thread.start_new_thread(_watch_children, ())
+    import shutil
+    import tempfile
+
+    crash_dir = tempfile.mkdtemp(prefix="byoc-crash-")  # the ranks inherit our environment
+    os.environ[record_errors.CRASH_DIR_ENV] = crash_dir
     try:
         run_torchrun(argv)
     except ChildFailedError as failed:
         report_signal_death(failed.failures, os.environ, dict(_deaths))
         raise
+    finally:
+        shutil.rmtree(crash_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":

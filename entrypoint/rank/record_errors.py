@@ -329,6 +329,37 @@ def _print_stacks_on_request() -> None:
     faulthandler.register(_signal.SIGUSR1, file=sys.stderr, all_threads=True, chain=False)
 
 
+# Where a rank killed by SIGSEGV, SIGABRT, SIGBUS, SIGFPE or SIGILL leaves its Python stacks, set
+# by the launcher that reports such deaths (launch_torchrun.py): crash-<pid>.txt in that folder.
+CRASH_DIR_ENV = "BYOC_CRASH_DIR"
+_crash_file = None  # open for the life of the rank: faulthandler writes to its descriptor
+
+
+def build_crash_file_path(folder: str, pid: int) -> str:
+    return os.path.join(folder, f"crash-{pid}.txt")
+
+
+def _record_fatal_signals() -> None:
+    """faulthandler writes the rank's Python stacks to its crash file the moment a fatal signal
+    arrives, before the process dies: the launcher takes the death's time from the file (its
+    own view comes later than the peers', whose "connection closed" errors would lead) and
+    where it happened from its text. A program that runs with faulthandler on already
+    (PYTHONFAULTHANDLER, -X faulthandler) keeps its own, on stderr."""
+    global _crash_file
+    folder = os.environ.get(CRASH_DIR_ENV)
+    if not folder:
+        return
+    import faulthandler
+
+    if faulthandler.is_enabled():
+        return
+    try:
+        _crash_file = open(build_crash_file_path(folder, os.getpid()), "w")
+    except OSError:
+        return
+    faulthandler.enable(file=_crash_file, all_threads=True)
+
+
 # A partial line (a prompt, `print(..., end="")` before a long step) is written after at most
 # this long; a whole line is written at once.
 PARTIAL_LINE_FLUSH_S = 0.2
@@ -462,6 +493,7 @@ def main(argv: list) -> int:
     _write_whole_lines()
     _apply_host_env()
     _print_stacks_on_request()
+    _record_fatal_signals()
     _log_torchrun_restart(os.environ)
     if argv[0] == "-m":
         if len(argv) < 2:

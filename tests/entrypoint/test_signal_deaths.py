@@ -4,6 +4,7 @@ reported as the healthy worker's SIGTERM). End to end on emulated hosts:
 tests/multihost/test_faults.py and test_jobs.py."""
 
 import json
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -111,3 +112,34 @@ def test_a_torchrun_rank_killed_by_a_signal_leads_output_failure_at_the_time_it_
     record = next(parse_root_cause_line(line) for line in done.stderr.splitlines() if line.startswith(MARKER))
     aborted_at = float((root / "model" / "aborted-at").read_text())
     assert 0 <= record.time - aborted_at < 0.3, (record.time, aborted_at)
+    # Where it happened: the rank's own stacks, written by faulthandler as the signal arrived.
+    assert "Fatal Python error: Aborted" in record.where and 'train.py", line 8 in <module>' in record.where
+    assert "Where:\nFatal Python error: Aborted" in failure_text(root)
+
+
+def test_the_crash_file_gives_the_time_and_the_stacks_and_is_bounded(tmp_path, capsys):
+    from entrypoint.rank.launch_torchrun import CRASH_TEXT_CHARS, load_crash_file
+
+    assert load_crash_file(str(tmp_path), 42) is None and load_crash_file("", 42) is None
+    path = tmp_path / "crash-42.txt"
+    path.write_text("")
+    assert load_crash_file(str(tmp_path), 42) is None  # opened at start, never written: no crash seen
+    path.write_text("Fatal Python error: Segmentation fault\n" + "x" * (2 * CRASH_TEXT_CHARS))
+    os.utime(path, ns=(1_000_000_000_123_456_789, 1_000_000_000_123_456_789))
+    when, text = load_crash_file(str(tmp_path), 42)
+    assert abs(when - 1_000_000_000.123456789) < 1e-6 and text.startswith("Fatal Python error: Segmentation fault")
+    assert len(text) == CRASH_TEXT_CHARS + 4 and text.endswith("\n...")
+    record = report_signal_death({1: failure(42, -11, 999_999_999)}, {"SM_CURRENT_HOST": "algo-2", "BYOC_CRASH_DIR": str(tmp_path)}, {})
+    assert record["time"] == when and record["where"] == text and record["type"] == "SIGSEGV"
+    assert "[launch_torchrun] rank 1's Python stacks when SIGSEGV arrived:" in capsys.readouterr().err
+
+
+def test_the_crashing_threads_stack_comes_first_and_the_wrappers_own_thread_is_left_out():
+    from entrypoint.rank.launch_torchrun import build_crash_text
+
+    dump = ("Fatal Python error: Aborted\n\nThread 0x1 (most recent call first):\n  File \"record_errors.py\", line 397 "
+            "in flush_partial_lines\n\nThread 0x2 (most recent call first):\n  File \"loader.py\", line 3 in fetch\n\n"
+            "Current thread 0x3 (most recent call first):\n  File \"train.py\", line 7 in <module>\n")
+    assert build_crash_text(dump) == ("Fatal Python error: Aborted\n\nCurrent thread 0x3 (most recent call first):\n"
+                                      "  File \"train.py\", line 7 in <module>\n\nThread 0x2 (most recent call first):\n"
+                                      "  File \"loader.py\", line 3 in fetch\n")

@@ -32,6 +32,7 @@ import argparse, json, os, socket, sys, time
 parser = argparse.ArgumentParser()
 parser.add_argument("--fail_host", type=int, default=-1)
 parser.add_argument("--hold", type=float, default=0.0)
+parser.add_argument("--abort", type=int, default=0)  # 1: the failing rank dies of SIGABRT, no exception
 args = parser.parse_args()
 hosts = json.loads(os.environ["SM_HOSTS"])
 me = os.environ["SM_CURRENT_HOST"]
@@ -47,6 +48,8 @@ else:
 barrier()
 print(f"ranks-ready on {me}", flush=True)
 if hosts.index(me) == args.fail_host:
+    if args.abort:
+        os.abort()  # a C++ abort in a library: no Python exception, no record of its own
     raise RuntimeError(f"injected failure on {me}")
 deadline = time.time() + args.hold
 while time.time() < deadline:
@@ -62,10 +65,10 @@ DISTRIBUTIONS = {
 FIT_BOUND_S = 60
 
 
-def run_fault_job(tmp_path, image, launcher, fail_host, name, hold=0.0, **kwargs):
+def run_fault_job(tmp_path, image, launcher, fail_host, name, hold=0.0, abort=False, **kwargs):
     return harness.run_v2_job(
         tmp_path, source_files={"fault.py": FAULT_SCRIPT}, entry_point="fault.py", instance_count=2,
-        distribution=DISTRIBUTIONS[launcher], hyperparameters={"fail_host": fail_host, "hold": hold},
+        distribution=DISTRIBUTIONS[launcher], hyperparameters={"fail_host": fail_host, "hold": hold, "abort": int(abort)},
         image=image, timeout_s=420, name=name, **kwargs,
     )
 
@@ -85,6 +88,19 @@ def test_a_failing_rank_fails_fit_fast_and_the_merged_failure_names_it(tmp_path,
     assert head.startswith(f"RuntimeError: injected failure on {failing}\n"), head
     assert f"rank {fail_host} on host {failing}" in head, head
     assert f"RuntimeError: injected failure on {failing}" in result.log
+    assert all(code != 0 for code in result.exit_codes.values()), result.exit_codes
+
+
+@pytest.mark.parametrize("fail_host", [0, 1], ids=["leader-rank-aborts", "worker-rank-aborts"])
+@pytest.mark.parametrize("launcher", sorted(DISTRIBUTIONS))
+def test_a_rank_killed_by_sigabrt_is_named_in_the_merged_failure(tmp_path, byoc_image, launcher, fail_host):
+    """The merged failure named the healthy host's SIGTERM (docker-compose stopped it once the
+    leader exited), not the rank, the host or the signal."""
+    result = run_fault_job(tmp_path, byoc_image, launcher, fail_host, f"{launcher}-abort-{fail_host}", abort=True)
+    assert not result.ok and not result.timed_out, result.log_tail()
+    failing = result.hosts[fail_host]
+    first = result.output_text("failure")[:1024].splitlines()[0]
+    assert f"rank {fail_host} " in first and f"on {failing} was killed by SIGABRT (signal 6)" in first, first
     assert all(code != 0 for code in result.exit_codes.values()), result.exit_codes
 
 
