@@ -239,8 +239,8 @@ class Supervisor:
         """One process failed or a host was lost: end the others within FAILURE_STOP_S."""
         if self.kill_at is None:
             log(f"{why}; stopping the other processes")
+        self._kill_within(min(self.grace_period_s, FAILURE_STOP_S))  # first: a rank that dies of this is ours
         self.signal_all(signal.SIGTERM)
-        self._kill_within(min(self.grace_period_s, FAILURE_STOP_S))
 
     def ask_ranks_for_stacks(self, gap_s: float = 0.0) -> list[str]:
         """SIGUSR1 to every Python rank below our children (each prints its stack); the
@@ -294,8 +294,8 @@ class Supervisor:
         wrote no record; on a multi-host launch we write it for it, as torchrun's launcher does
         for its ranks (rank/launch_torchrun.py): the job's root cause here and on every host."""
         env = self.rank_envs.get(proc.pid)
-        if env is None or not env.get("BYOC_JOB_PORTS") or self.stopped_by is not None:
-            return  # one host: the exit code says it; a stop: the ranks were told to end
+        if env is None or not env.get("BYOC_JOB_PORTS") or self.kill_at is not None or self.stopped_by is not None:
+            return  # one host: the exit code says it; we were stopping them: a consequence, not a cause
         from entrypoint.rank.record_errors import build_root_cause_line, build_signal_root_cause, send_root_cause
 
         record = build_signal_root_cause(env["RANK"], env.get("LOCAL_RANK", "0"), self.host or "this host", signum,
