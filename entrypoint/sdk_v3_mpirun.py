@@ -19,7 +19,8 @@ only in a v3 MPI job. It rewrites exactly those two things and execs the image's
 - the value of `-mca btl_tcp_if_include` / `-mca oob_tcp_if_include` / `-x NCCL_SOCKET_IFNAME=`
   when it is one interface name that does not exist here: the interface our launcher would use
   instead (entrypoint.topology.choose_interface: eth0, else the first non-loopback one).
-Anything else passes through untouched; each change is one line on stderr.
+Anything else passes through untouched; each change is one line on stderr. `-x BYOC_WHOLE_LINES=1`
+goes first: every host's Python ranks write whole lines (record_errors.start_whole_lines).
 """
 
 from __future__ import annotations
@@ -88,6 +89,12 @@ def decide_mpirun_argv(argv: Sequence[str], interfaces: tuple[str, ...]) -> tupl
     return out, notes
 
 
+def build_whole_lines_argv(argv: Sequence[str]) -> list[str]:
+    """Every host's ranks write whole lines (record_errors.start_whole_lines, through the
+    image's .pth): mpirun passes the setting to the other hosts' ranks only when told to."""
+    return ["-x", "BYOC_WHOLE_LINES=1", *argv]
+
+
 def decide_real_mpirun(path: str, shim_dir: str, is_executable) -> str | None:
     """The first `mpirun` on PATH that is not this shim."""
     shim = os.path.realpath(shim_dir)
@@ -114,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     fixed, notes = decide_mpirun_argv(args, probe_interfaces())
     for note in notes:
         print(f"{LOG_PREFIX} {note}", file=sys.stderr, flush=True)
-    os.execv(real, [real, *fixed])
+    os.execv(real, [real, *build_whole_lines_argv(fixed)])
     return 127  # not reached
 
 

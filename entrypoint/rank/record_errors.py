@@ -365,7 +365,12 @@ def _record_fatal_signals() -> None:
 PARTIAL_LINE_FLUSH_S = 0.2
 
 
-def _write_whole_lines() -> None:
+# Set where no rank wrapper runs the ranks (SageMaker SDK v3's drivers): the image's
+# byoc-whole-lines.pth then calls start_whole_lines in every Python process.
+WHOLE_LINES_ENV = "BYOC_WHOLE_LINES"
+
+
+def start_whole_lines() -> None:
     """Make stdout and stderr write each line with one write(2): launchers tag what each write
     delivers (mpirun's `[1,0]<stdout>:`), so a line written in pieces is cut, and glued to
     another rank's line. print() writes its text and its newline as two calls, and the images'
@@ -375,7 +380,11 @@ def _write_whole_lines() -> None:
     write_through): one write per line, or per group of whole lines. A line longer than the text
     layer's 8 KiB chunk, or than what a pipe takes at once (PIPE_BUF, 4 KiB), may still arrive
     in pieces. A partial line is written by a small thread after PARTIAL_LINE_FLUSH_S, and at
-    exit; the thread stops first at exit (atexit), so it never writes while the interpreter ends."""
+    exit; the thread stops first at exit (atexit), so it never writes while the interpreter ends.
+    Once per process: the image's .pth file may have started it before this wrapper runs."""
+    if getattr(sys, "_byoc_whole_lines", False):
+        return
+    sys._byoc_whole_lines = True
     streams = []
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -490,7 +499,7 @@ def main(argv: list) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         sys.stderr.write(__doc__)
         return 2
-    _write_whole_lines()
+    start_whole_lines()
     _apply_host_env()
     _print_stacks_on_request()
     _record_fatal_signals()

@@ -234,3 +234,10 @@ def test_a_peer_that_never_serves_ssh_is_reported_after_the_deadline(tmp_path):
     assert v3ssh.run_trust_exchange(here, ["localhost"], 1, lambda line: None, port=free_port()) == ["localhost"]
     assert time.monotonic() - started < 10
     assert not os.path.exists(here.authorized_keys)
+
+
+def test_every_hosts_ranks_are_told_to_write_whole_lines():
+    """mpirun passes BYOC_WHOLE_LINES to the other hosts' ranks only with -x; the image's .pth
+    then makes each Python rank write a line per write (test_cpu_image.py runs it)."""
+    assert shim.build_whole_lines_argv(["--host", "algo-1,algo-2", "-np", "2", "python3", "x.py"]) == [
+        "-x", "BYOC_WHOLE_LINES=1", "--host", "algo-1,algo-2", "-np", "2", "python3", "x.py"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -120,6 +121,30 @@ def test_bash_env_prepares_sshd_for_drivers_that_bypass_the_entrypoint(cpu_image
         assert result.returncode == 0, result.stdout + result.stderr
         fingerprints.append(result.stdout.split()[1])
     assert fingerprints[0] != fingerprints[1]
+
+
+# Two ranks started without our rank wrapper (as SDK v3's drivers start them), printing to one
+# pipe through a slow reader: lines glue unless each line is one write. The inner bash reads
+# BASH_ENV once the v3 driver folder exists, as v3's `bash -c` driver scripts do.
+V3_PRINTER = "import sys\nfor i in range(3000):\n    print('LINE', sys.argv[1], i, 'x' * (i % 200), 'END')\n"
+SLOW_READER = "import sys, time\nwhile chunk := sys.stdin.buffer.read1(4096):\n    sys.stdout.buffer.write(chunk)\n    time.sleep(0.0005)\n"
+V3_JOB = ("mkdir -p /opt/ml/input/data/sm_drivers && : > /opt/ml/input/data/sm_drivers/sm_train.sh && exec bash -c '"
+          "{ python3 /t/printer.py a & python3 /t/printer.py b & wait; } | python3 /t/slow.py; "
+          "echo BYOC_WHOLE_LINES=$BYOC_WHOLE_LINES'")
+
+
+def test_ranks_an_sdk_v3_driver_starts_write_whole_lines(cpu_image, tmp_path):
+    """In a v3 job (its sm_drivers present) bash-env.sh sets BYOC_WHOLE_LINES=1 and the image's
+    byoc-whole-lines.pth makes every Python process write a line per write."""
+    (tmp_path / "printer.py").write_text(V3_PRINTER)
+    (tmp_path / "slow.py").write_text(SLOW_READER)
+    argv = build_run_argv(cpu_image.tag, mounts=[(tmp_path, "/t:ro")], entrypoint="/bin/bash", command=["-c", V3_JOB])
+    result = run_docker(argv, timeout_s=120)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "BYOC_WHOLE_LINES=1" in result.stdout
+    lines = [line for line in result.stdout.splitlines() if "LINE" in line or "END" in line]
+    bad = [line for line in lines if not re.fullmatch(r"LINE [ab] (\d+) x* END", line)]
+    assert len(lines) == 6000 and not bad, bad[:3]
 
 
 @pytest.mark.parametrize("how", ["entrypoint", "bash-c"], ids=["docker-run-image-train", "sdk-v3-bash-c-train"])

@@ -9,7 +9,9 @@
 #     written to the container's writable layer, so `docker export` of a stopped container
 #     finds no key. mkdir is the once-per-container guard, as below; ssh-keygen never reads
 #     the caller's stdin.
-# In an SDK v3 MPI job (ModelTrainer(distributed=MPI()): its sm_train.sh runs mpi_driver.py),
+# In any SDK v3 job, BYOC_WHOLE_LINES=1: its ranks write whole lines (docker/scripts/
+# install-our-packages.sh). In an SDK v3 MPI job (ModelTrainer(distributed=MPI()): its
+# sm_train.sh runs mpi_driver.py),
 # also, once per container:
 #   - /usr/local/byoc/sdk-v3/bin first on PATH: an `mpirun` that corrects v3's process count
 #     and its nonexistent "ethwe" interface (entrypoint/sdk_v3_mpirun.py);
@@ -26,6 +28,9 @@ if [ "${EUID:-}" = 0 ]; then
         && ssh-keygen -q -t ed25519 -N '' -C "root@${HOSTNAME:-byoc}" -f /dev/shm/byoc-sshd/ssh_host_ed25519_key </dev/null; \
     } >/dev/null 2>&1 || :
     _byoc_v3=/opt/ml/input/data/sm_drivers
+    # Any v3 job: its drivers start the ranks without our rank wrapper; every Python process
+    # writes whole lines instead (the image's byoc-whole-lines.pth).
+    if [ -f "$_byoc_v3/sm_train.sh" ]; then export BYOC_WHOLE_LINES=1; fi
     # BYOC_SDK_V3_MPI: decided once; the bash processes below this one inherit it (and PATH).
     if [ -z "${BYOC_SDK_V3_MPI:-}" ] && [ -f "$_byoc_v3/sm_train.sh" ] \
         && grep -qs 'distributed_drivers/mpi_driver\.py' "$_byoc_v3/sm_train.sh"; then
