@@ -142,7 +142,7 @@ def test_ranks_an_sdk_v3_driver_starts_write_whole_lines(cpu_image, tmp_path):
     result = run_docker(argv, timeout_s=120)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert "BYOC_WHOLE_LINES=1" in result.stdout
-    lines = [line for line in result.stdout.splitlines() if "LINE" in line or "END" in line]
+    lines = [line for line in result.stdout.splitlines() if "LINE " in line or " END" in line]
     bad = [line for line in lines if not re.fullmatch(r"LINE [ab] (\d+) x* END", line)]
     assert len(lines) == 6000 and not bad, bad[:3]
 
