@@ -59,16 +59,21 @@ def report_signal_death(failures: dict, environ, deaths: dict) -> dict | None:
     """The record of the first rank in failures (torchrun's: global rank -> ProcessFailure) that
     a signal killed, sent as a rank's root cause; None when none was (an exception: the rank
     reported it itself). deaths: pid -> when it was seen exited (torch's whole second if not)."""
-    killed = sorted((deaths.get(f.pid, float(f.timestamp)), rank, f) for rank, f in failures.items() if f.exitcode < 0)
+    folder = environ.get(record_errors.CRASH_DIR_ENV, "")
+    killed = []
+    for rank, f in failures.items():
+        if f.exitcode < 0:
+            # The rank's own word of its death first (when, to the nanosecond, and where), then ours.
+            crash = load_crash_file(folder, f.pid)
+            killed.append((crash[0] if crash else deaths.get(f.pid, float(f.timestamp)), rank, f, crash))
     if not killed:
         return None
-    when, rank, failure = killed[0]
+    when, rank, failure, crash = min(killed, key=lambda k: (k[0], k[1]))
     host = environ.get("SM_CURRENT_HOST") or os.uname().nodename
     record = record_errors.build_signal_root_cause(str(rank), str(failure.local_rank), host, -failure.exitcode,
                                                    when)
-    crash = load_crash_file(environ.get(record_errors.CRASH_DIR_ENV, ""), failure.pid)
-    if crash is not None:  # the rank's own word of its death: when, to the nanosecond, and where
-        record["time"], record["where"] = crash
+    if crash is not None:
+        record["where"] = crash[1]
         sys.stderr.write(f"[launch_torchrun] rank {rank}'s Python stacks when {record['type']} arrived:\n{crash[1]}\n")
     record_errors.emit_root_cause(record)
     return record

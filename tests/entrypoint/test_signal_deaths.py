@@ -143,3 +143,11 @@ def test_the_crashing_threads_stack_comes_first_and_the_wrappers_own_thread_is_l
     assert build_crash_text(dump) == ("Fatal Python error: Aborted\n\nCurrent thread 0x3 (most recent call first):\n"
                                       "  File \"train.py\", line 7 in <module>\n\nThread 0x2 (most recent call first):\n"
                                       "  File \"loader.py\", line 3 in fetch\n")
+
+
+def test_of_two_signal_deaths_the_one_that_crashed_first_by_its_own_word_is_reported(tmp_path, capsys):
+    (tmp_path / "crash-20.txt").write_text("Fatal Python error: Segmentation fault\n")
+    os.utime(tmp_path / "crash-20.txt", (100.1, 100.1))
+    failures = {0: failure(10, -9, 100), 1: failure(20, -11, 100)}  # rank 0: SIGKILL, seen at 100.5
+    record = report_signal_death(failures, {"SM_CURRENT_HOST": "algo-1", "BYOC_CRASH_DIR": str(tmp_path)}, {10: 100.5, 20: 100.6})
+    assert (record["rank"], record["type"]) == ("1", "SIGSEGV") and abs(record["time"] - 100.1) < 1e-6
