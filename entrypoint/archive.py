@@ -77,6 +77,14 @@ def _safe_mode(member: tarfile.TarInfo) -> int:
     return mode | (0o700 if member.isdir() else 0o600)
 
 
+def _nearest_existing(path: str) -> str:
+    """path, or the closest folder above it that exists: the disk it will be made on."""
+    path = os.path.abspath(path)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return path
+
+
 def extract_tar(archive: str, dest: str) -> None:
     """Extract `archive` into `dest` after checking every member; nothing is written when
     any member is unsafe (UnsafeArchiveError names it)."""
@@ -98,7 +106,7 @@ def extract_tar(archive: str, dest: str) -> None:
         extra = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
         # The room is measured before anything is written: once the disk is full, it reads 0.
         needed = sum(m.size for m in members if m.isfile())
-        disk = os.statvfs(dest)
+        disk = os.statvfs(_nearest_existing(dest))  # tarfile makes dest when it is not there yet
         free, total = disk.f_bavail * disk.f_frsize, disk.f_blocks * disk.f_frsize
         if needed > free:
             raise NoRoomError(errno.ENOSPC, describe_no_room(archive, dest, needed, free, total, f"{os.strerror(errno.ENOSPC)}, found before unpacking"))

@@ -88,6 +88,14 @@ def test_extracts_files_folders_and_inner_links_with_safe_modes(tmp_path):
     assert (dest / "pkg").stat().st_mode & 0o777 == 0o755
 
 
+def test_a_destination_not_made_yet_is_made_as_tarfile_makes_it(tmp_path):
+    """The room is measured on the disk it will be made on (test_main_job extracts model.tar.gz
+    into a new folder: statvfs of the folder itself raised FileNotFoundError)."""
+    archive = _archive(tmp_path / "model.tar.gz", [(_member("model.pt"), b"weights")])
+    extract_tar(str(archive), str(tmp_path / "new" / "model"))
+    assert (tmp_path / "new" / "model" / "model.pt").read_bytes() == b"weights"
+
+
 @pytest.mark.parametrize("bad", [
     [(_member("../evil.py"), b"x")],
     [(_member("out", tarfile.SYMTYPE, "/tmp"), b""), (_member("out/evil.py"), b"x")],
