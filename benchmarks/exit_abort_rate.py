@@ -77,6 +77,9 @@ def main() -> int:
                 counts[mode][0] += 1
                 counts[mode][1] += not ok
                 counts[mode][2] += aborted
+            if (i + 1) % 10 == 0:  # progress a person can follow on a long loop
+                print(f"after {i + 1} runs each, {time.monotonic() - started:.0f} s: "
+                      + ", ".join(f"{m} aborted {c[2]}, failed {c[1]}" for m, c in counts.items()), flush=True)
         for mode, (runs, failed, aborted) in counts.items():
             bound = f"< {3 / runs:.1%} (95%)" if aborted == 0 else f"{aborted / runs:.1%}"
             print(f"{mode:8s} runs {runs}  failed {failed}  aborted (SIGABRT) {aborted}  rate {bound}")
