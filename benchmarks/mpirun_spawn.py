@@ -78,7 +78,7 @@ def main() -> int:
         code_dir = Path(tmp) / "code"
         write_code(code_dir)
         seed = Path(tmp) / "ssh-seed"
-        # The key exchange our client configuration prefers (entrypoint/ssh.py).
+        # The key exchange our client configuration prefers (entrypoint/hosts/ssh.py).
         write_ssh_seed(seed, kex_algorithms="curve25519-sha256")
         for count in args.hosts:
             hosts = build_host_names(count)

@@ -8,17 +8,18 @@ import signal
 import sys
 from typing import NamedTuple
 
-from entrypoint import execute, runtime_dirs, supervise
-from entrypoint.config import JobConfig, build_json, find_missing_channel_dirs, load_job
-from entrypoint.distribution import parse_distribution, parse_launch_settings
+from entrypoint.run import execute, runtime_dirs, supervise
+from entrypoint.job.config import JobConfig, build_json, find_missing_channel_dirs, load_job
+from entrypoint.decide.distribution import parse_distribution
+from entrypoint.decide.settings import parse_launch_settings
 from entrypoint.errors import EXIT_BAD_JOB, JobDefinitionError
-from entrypoint.failure import build_job_definition_report, redact, secret_values
+from entrypoint.report.failure import build_job_definition_report, redact, secret_values
 from entrypoint.log import log
-from entrypoint.outcome import clear_previous_outcome, write_failure, write_outcome
-from entrypoint.paths import MlPaths, build_paths
-from entrypoint.plan import LaunchPlan, Runtime, decide
-from entrypoint.probe import MachineFacts, probe_machine
-from entrypoint.program import check_program_name, decide_code_source, fetch_code, inspect_code
+from entrypoint.report.outcome import Outcome, clear_previous_outcome, write_outcome
+from entrypoint.job.paths import MlPaths, build_paths
+from entrypoint.decide.plan import LaunchPlan, Runtime, decide
+from entrypoint.job.probe import MachineFacts, probe_machine
+from entrypoint.job.program import check_program_name, decide_code_source, fetch_code, inspect_code
 
 
 class Args(NamedTuple):
@@ -102,103 +103,134 @@ def render_plan(plan: LaunchPlan, environ: dict[str, str]) -> str:
     return redact(text, secrets)
 
 
-def report_bad_job(paths: MlPaths, message: str, environ: dict[str, str], dry_run: bool) -> int:
+def build_bad_job(message: str, environ: dict[str, str]) -> Outcome:
+    """A bad job definition: its whole paragraph goes to the log now and to output/failure."""
     report = build_job_definition_report(message, environ)
     log(report.strip())
-    if not dry_run:
-        write_outcome(paths, EXIT_BAD_JOB, report)
-    return EXIT_BAD_JOB
+    return Outcome(EXIT_BAD_JOB, report, logged=True)
+
+
+def build_startup_stopped(stop: supervise.StartupStopped) -> Outcome:
+    code = 128 + stop.signum
+    log(f"stopped by {stop} during start-up")
+    return Outcome(code, f"Stopped by {stop} during start-up, before the training processes started; "
+                         f"nothing was trained. Exit code {code}.\n", logged=True)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     environ = dict(os.environ)
     paths = build_paths(environ)
-    if not args.dry_run:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, supervise.on_startup_signal)
-        signal.signal(signal.SIGUSR1, supervise.on_stack_request_without_ranks)
-        try:
-            return run(args, environ, paths)
-        except supervise.StartupStopped as stop:
-            code = 128 + stop.signum
-            write_outcome(paths, code, (
-                f"Stopped by {stop} during start-up, before the training processes started; "
-                f"nothing was trained. Exit code {code}.\n"))
-            log(f"stopped by {stop} during start-up")
-            return code
-    return run(args, environ, paths)
-
-
-def run(args, environ: dict[str, str], paths) -> int:
-    if not args.dry_run:
-        clear_previous_outcome(paths)
+    if args.dry_run:
+        return print_plan(environ, paths)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, supervise.on_startup_signal)
+    signal.signal(signal.SIGUSR1, supervise.on_stack_request_without_ranks)
+    clear_previous_outcome(paths)
+    launch = execute.Launch()
     try:
-        job = load_job(paths, environ)
-        runtime = load_runtime(environ, decide_job_id_of(job))
-        facts = probe_machine()
-        plan = load_plan(job, facts, runtime)
-    except JobDefinitionError as exc:
-        return report_bad_job(paths, str(exc), environ, args.dry_run)
+        outcome = run(environ, paths, launch)
+    except supervise.StartupStopped as stop:
+        outcome = build_startup_stopped(stop)
+    except BaseException:
+        launch.close(Outcome(1))  # an error of ours (its traceback follows): no other host waits on
+        raise
+    try:
+        write_outcome(paths, outcome)  # the one place output/ is written
+    finally:
+        launch.close(outcome)  # after it: an MPI leader tells its workers what it wrote
+    return outcome.exit_code
 
+
+def print_plan(environ: dict[str, str], paths: MlPaths) -> int:
+    """--dry-run: the plan as JSON on stdout; nothing is written, nothing runs."""
+    try:
+        job, _facts, _runtime, plan = load_job_and_plan(environ, paths)
+    except JobDefinitionError as exc:
+        log(build_job_definition_report(str(exc), environ).strip())
+        return EXIT_BAD_JOB
     for note in plan.notes:
         log(f"note: {note}")
-    if args.dry_run:
-        print(render_plan(plan, environ))
-        return 0
+    print(render_plan(plan, environ))
+    return 0
 
-    if plan.code.kind != "code_dir":
-        log(f"fetching the source directory from {plan.code.uri}")
-        try:
-            fetch_code(plan.code, paths.code_dir)
-        except OSError as exc:
-            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):  # else: a bad archive or address, reported below
-                return report_bad_job(paths, f"could not fetch sagemaker_submit_directory {plan.code.uri}: {exc}", environ, False)
-            from entrypoint.archive import NoRoomError  # imported already: fetch_code unpacks with it
 
-            # A full disk: the definition is fine. NoRoomError says how much was needed and free.
-            text = exc.strerror if isinstance(exc, NoRoomError) else (
-                f"no room to fetch sagemaker_submit_directory {plan.code.uri} into {paths.code_dir}: {exc}")
-            return write_failure(paths, EXIT_BAD_JOB, f"The training never started: {text}\n")
-        except Exception as exc:  # noqa: BLE001 - reported in output/failure, not as a traceback
-            return report_bad_job(paths, f"could not fetch sagemaker_submit_directory {plan.code.uri}: {exc}", environ, False)
-        try:
-            plan = load_plan(job, facts, runtime)  # now the code folder tells the entry point's kind
-        except JobDefinitionError as exc:
-            return report_bad_job(paths, str(exc), environ, False)
-    code = run_preflight(job, facts, plan, paths)
-    if code:
-        return code
-    folders = runtime.files.folders
+def load_job_and_plan(environ: dict[str, str], paths: MlPaths):
+    job = load_job(paths, environ)
+    runtime = load_runtime(environ, decide_job_id_of(job))
+    facts = probe_machine()
+    return job, facts, runtime, load_plan(job, facts, runtime)
+
+
+def run(environ: dict[str, str], paths: MlPaths, launch: execute.Launch) -> Outcome:
+    """Read, decide, fetch the code (and decide again), pre-flight, make the job's folders,
+    run: the job's outcome, whichever step ended it."""
     try:
-        for folder in folders:
-            runtime_dirs.start_job_folder(folder)
-    except (runtime_dirs.RuntimeDirError, OSError) as exc:
-        for folder in folders:
-            runtime_dirs.remove_job_folder(folder)
-        text = str(exc) if isinstance(exc, runtime_dirs.RuntimeDirError) else f"cannot make the job's runtime folder: {exc}"
-        log(f"FAILED: {text}")
-        write_outcome(paths, EXIT_BAD_JOB, f"The training never started: {text}\n")
-        return EXIT_BAD_JOB
+        job, facts, runtime, plan = load_job_and_plan(environ, paths)
+    except JobDefinitionError as exc:
+        return build_bad_job(str(exc), environ)
+    for note in plan.notes:
+        log(f"note: {note}")
+    if plan.code.kind != "code_dir":
+        plan = fetch_code_and_decide_again(job, facts, runtime, plan, paths, environ)
+        if isinstance(plan, Outcome):
+            return plan
+    outcome = run_preflight(job, facts, plan, paths)
+    if outcome is None:
+        launch.folders = tuple(runtime.files.folders)
+        outcome = start_job_folders(launch.folders)
+    if outcome is not None:
+        return outcome
     try:
         # Where the job's files for output.tar.gz go, and NCCL's flight recorder its dumps
         # (gpu_env.py): SageMaker makes it; a bare local tree may not have it.
         os.makedirs(paths.output_data_dir, exist_ok=True)
     except OSError:
         pass  # a read-only output folder: the job still runs (outcome.py says so at the end)
+    return execute.run_plan(plan, paths, environ, launch)
+
+
+def fetch_code_and_decide_again(job: JobConfig, facts: MachineFacts, runtime: Runtime, plan: LaunchPlan,
+                                paths: MlPaths, environ: dict[str, str]) -> LaunchPlan | Outcome:
+    """sagemaker_submit_directory: fetch the code, then decide again (only the fetched folder
+    tells the entry point's kind)."""
+    log(f"fetching the source directory from {plan.code.uri}")
     try:
-        return execute.run_plan(plan, paths, environ)
-    finally:
+        fetch_code(plan.code, paths.code_dir)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):  # else: a bad archive or address, reported below
+            return build_bad_job(f"could not fetch sagemaker_submit_directory {plan.code.uri}: {exc}", environ)
+        from entrypoint.job.archive import NoRoomError  # imported already: fetch_code unpacks with it
+
+        # A full disk: the definition is fine. NoRoomError says how much was needed and free.
+        text = exc.strerror if isinstance(exc, NoRoomError) else (
+            f"no room to fetch sagemaker_submit_directory {plan.code.uri} into {paths.code_dir}: {exc}")
+        return Outcome(EXIT_BAD_JOB, f"The training never started: {text}\n")
+    except Exception as exc:  # noqa: BLE001 - reported in output/failure, not as a traceback
+        return build_bad_job(f"could not fetch sagemaker_submit_directory {plan.code.uri}: {exc}", environ)
+    try:
+        return load_plan(job, facts, runtime)  # now the code folder tells the entry point's kind
+    except JobDefinitionError as exc:
+        return build_bad_job(str(exc), environ)
+
+
+def start_job_folders(folders: tuple[str, ...]) -> Outcome | None:
+    """The job's runtime folders (runtime_dirs.py); an Outcome when one cannot be made."""
+    try:
         for folder in folders:
-            runtime_dirs.remove_job_folder(folder)
+            runtime_dirs.start_job_folder(folder)
+    except (runtime_dirs.RuntimeDirError, OSError) as exc:
+        text = str(exc) if isinstance(exc, runtime_dirs.RuntimeDirError) else f"cannot make the job's runtime folder: {exc}"
+        return Outcome(EXIT_BAD_JOB, f"The training never started: {text}\n")
+    return None
 
 
-def run_preflight(job: JobConfig, facts: MachineFacts, plan: LaunchPlan, paths: MlPaths) -> int:
-    """The machine checks of entrypoint/preflight.py; a fatal finding ends the job before it
+def run_preflight(job: JobConfig, facts: MachineFacts, plan: LaunchPlan, paths: MlPaths) -> Outcome | None:
+    """The machine checks of entrypoint/decide/preflight.py; a fatal finding ends the job before it
     starts (exit EXIT_BAD_JOB: the script never ran), with every finding in output/failure."""
     import time
 
-    from entrypoint import preflight
+    from entrypoint.decide import preflight
 
     started = time.monotonic()
     # The folders whose lack of room costs the run: the model (written at the end) and
@@ -211,8 +243,8 @@ def run_preflight(job: JobConfig, facts: MachineFacts, plan: LaunchPlan, paths: 
         log(f"pre-flight {'FAILED' if finding.fatal else 'warning'}: {finding.text}")
     fatal = [f.text for f in found if f.fatal]
     log(f"pre-flight: {len(fatal)} fatal, {len(found) - len(fatal)} warning(s), "
-                f"{(time.monotonic() - started) * 1000:.1f} ms")
+        f"{(time.monotonic() - started) * 1000:.1f} ms")
     if not fatal:
-        return 0
-    write_outcome(paths, EXIT_BAD_JOB, "Pre-flight check failed, the training never started: " + " ".join(fatal) + "\n")
-    return EXIT_BAD_JOB
+        return None
+    return Outcome(EXIT_BAD_JOB, "Pre-flight check failed, the training never started: " + " ".join(fatal) + "\n",
+                   logged=True)

@@ -8,7 +8,7 @@
 #  - CUDA forward compatibility: the cuda-compat libraries (nvidia/cuda installs
 #    cuda-compat-<major>-<minor>) must be there, with libcuda.so.1 naming its driver version:
 #    the launcher puts them first on LD_LIBRARY_PATH when the host's driver is older
-#    (entrypoint/gpu_env.py), as the AWS images' start-up does.
+#    (entrypoint/decide/gpu_env.py), as the AWS images' start-up does.
 # usage: configure-cuda.sh [CUDA_HOME]   (default /usr/local/cuda; another root for tests,
 #        where the loader check is left out)
 set -euo pipefail

@@ -27,12 +27,15 @@ import time
 MARKER = "BYOC-ROOT-CAUSE "
 # A report sent to a job port is `BYOC-SIGNED <hmac> BYOC-ROOT-CAUSE {json}`: the HMAC-SHA256
 # of the record line with the job's report key (BYOC_JOB_REPORT_KEY, hex; made by the
-# entrypoint, entrypoint/liveness.py), so a host's port takes root causes only from this job's ranks.
+# entrypoint), so a host's port takes root causes only from this job's ranks. These words are a
+# standard-library copy of entrypoint/hosts/job_port.py's, the protocol's own module (a test
+# holds the two to the same words).
 SIGNED = "BYOC-SIGNED "
 REPORT_KEY_ENV = "BYOC_JOB_REPORT_KEY"
+JOB_PORTS_ENV = "BYOC_JOB_PORTS"  # where every host's job port is: host:port,host:port
 MESSAGE_LIMIT = 2000
 # Environment variables whose names hold one of these words carry secrets: their values are
-# masked in every report, in every form (entrypoint/failure.py uses the same rule).
+# masked in every report, in every form (entrypoint/report/failure.py uses the same rule).
 SECRET_NAME_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "SESSION")
 MIN_SECRET_CHARS = 6  # a shorter value (or form of one) is not masked: it would mask ordinary text
 MASK = "****"
@@ -95,7 +98,7 @@ def build_secret_pattern(values):
     """One regular expression that finds every form of every secret (build_secret_forms), also
     where the text breaks it over lines between any two of its characters (SECRET_LINE_BREAK),
     whatever its length; None when there is nothing to mask. The one masking mechanism: the
-    ranks' records here, the entrypoint's reports and output tail (entrypoint/failure.py).
+    ranks' records here, the entrypoint's reports and output tail (entrypoint/report/failure.py).
     It matches (empty) at every place a secret starts, the secret as group 1: overlapping
     occurrences are all found (find_secret_spans)."""
     forms = build_secret_forms(values) if values else []
@@ -221,12 +224,12 @@ def emit_root_cause(record: dict) -> None:
 
 
 def _report_to_hosts(line: str, environ=None) -> None:
-    """Send the record to every host's job port (entrypoint/liveness.py), if the launch has
+    """Send the record to every host's job port (entrypoint/hosts/job_port.py), if the launch has
     them (environ: the rank's, default ours): each host's output/failure then leads with the
     job's first failure, wherever it happened. In parallel and bounded: a dead host must not
     hold up a failing rank."""
     environ = os.environ if environ is None else environ
-    addresses = [a for a in environ.get("BYOC_JOB_PORTS", "").split(",") if a]
+    addresses = [a for a in environ.get(JOB_PORTS_ENV, "").split(",") if a]
     key = environ.get(REPORT_KEY_ENV, "")
     if not addresses or not key:
         return  # a port takes only signed reports: without the key, the stderr record must do

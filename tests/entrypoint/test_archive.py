@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from entrypoint.archive import UnsafeArchiveError, decide_unsafe_member, extract_tar
+from entrypoint.job.archive import UnsafeArchiveError, decide_unsafe_member, extract_tar
 from support.jobtree import failure_text, run_entrypoint, write_tree
 
 
@@ -128,7 +128,7 @@ def test_an_unsafe_submit_directory_ends_the_job_with_one_clear_line(tmp_path):
 def test_nothing_else_in_the_repository_extracts_tar_archives_itself():
     """tarfile's extract()/extractall() with filter= fails on Debian 12's Python 3.11.2 (a fresh
     machine's, and the CPU image's), and without it is unsafe: everything extracts through
-    entrypoint.archive.extract_tar (the tests' harnesses too)."""
+    entrypoint.job.archive.extract_tar (the tests' harnesses too)."""
     import re
     from pathlib import Path
 
@@ -137,7 +137,7 @@ def test_nothing_else_in_the_repository_extracts_tar_archives_itself():
     offenders = []
     for folder in ("entrypoint", "train", "localcluster", "tests", "benchmarks", "scripts", "docker"):
         for path in (repo / folder).rglob("*.py"):
-            if path == repo / "entrypoint" / "archive.py":
+            if path == repo / "entrypoint" / "job" / "archive.py":
                 continue
             for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
                 if calls.search(line) and not line.lstrip().startswith("#") and "`" not in line:  # prose

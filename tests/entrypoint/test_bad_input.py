@@ -9,24 +9,24 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from entrypoint.config import (
+from entrypoint.job.config import (
     parse_checkpoint_config,
     parse_hyperparameters,
     parse_input_data_config,
     parse_json_document,
     parse_resource_config,
 )
-from entrypoint.distribution import (
+from entrypoint.decide.distribution import (
     MPIRUN_OPTION_VALUES,
     MPIRUN_OWNED_MCA,
     MPIRUN_OWNED_OPTIONS,
     parse_distribution,
-    parse_launch_settings,
     parse_mpi_option_tokens,
     parse_mpi_options,
 )
+from entrypoint.decide.settings import parse_launch_settings
 from entrypoint.errors import EXIT_BAD_JOB, JobDefinitionError
-from entrypoint.paths import MlPaths
+from entrypoint.job.paths import MlPaths
 from support.jobs import make_job
 from support.jobtree import PYTHON, entrypoint_env, failure_text, run_entrypoint, write_tree
 
@@ -428,7 +428,7 @@ def test_a_program_the_kernel_will_not_start_is_one_clear_line_not_a_traceback(t
 def test_launch_error_descriptions_for_what_the_kernel_says():
     import errno
 
-    from entrypoint.launch_errors import describe_launch_error
+    from entrypoint.report.launch_errors import describe_launch_error
 
     argv, env = ["/opt/ml/code/train"], {"PATH": "/bin"}
     assert describe_launch_error(argv, env, PermissionError(errno.EACCES, "denied")) == (
@@ -454,7 +454,7 @@ def test_a_configuration_file_nested_too_deeply_is_a_clear_error(tmp_path):
 
 
 def test_a_configuration_file_larger_than_sagemaker_writes_is_refused_unread(tmp_path):
-    from entrypoint.config import MAX_CONFIG_BYTES
+    from entrypoint.job.config import MAX_CONFIG_BYTES
 
     root = write_tree(tmp_path, script="print('must not run')\n")
     with open(root / "input/config/hyperparameters.json", "w") as f:
@@ -466,12 +466,12 @@ def test_a_configuration_file_larger_than_sagemaker_writes_is_refused_unread(tmp
 
 
 def test_deep_values_inside_a_hyperparameter_or_a_ranks_output_are_just_text():
-    from entrypoint.config import decode_hyperparameter
-    from entrypoint.failure import parse_root_cause_line
+    from entrypoint.job.config import decode_hyperparameter
+    from entrypoint.hosts.job_port import parse_root_cause_line
 
     deep = "[" * 100_000 + "]" * 100_000
     assert decode_hyperparameter(deep) == deep  # the toolkit's rule: not JSON, so the raw value
-    from entrypoint.failure import MARKER
+    from entrypoint.hosts.job_port import ROOT_CAUSE as MARKER
 
     assert parse_root_cause_line("noise " + MARKER + deep) is None
 

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from entrypoint.config import (JSON_DEPTH_LIMIT, JsonTooDeep, build_json, canonical_json, decode_hyperparameter,
+from entrypoint.job.config import (JSON_DEPTH_LIMIT, JsonTooDeep, build_json, canonical_json, decode_hyperparameter,
                                decode_json, measure_json_depth, parse_json_document)
 from entrypoint.errors import EXIT_BAD_JOB, JobDefinitionError
 from entrypoint.rank.record_errors import build_readable_text
@@ -137,13 +137,13 @@ def test_any_text_comes_out_readable_and_printable_text_unchanged(text):
 def test_any_text_through_the_real_writers_arrives_readable(tmp_path_factory, text, exit_code):
     """output/failure (outcome.write_outcome), the log (log.log) and train/'s own failure file."""
     from entrypoint.log import log
-    from entrypoint.outcome import write_outcome
-    from entrypoint.paths import build_paths
+    from entrypoint.report.outcome import Outcome, write_outcome
+    from entrypoint.job.paths import build_paths
     from train.script import write_failure as train_write_failure
 
     root = tmp_path_factory.mktemp("ml")
     paths = build_paths({"SAGEMAKER_BASE_DIR": str(root)})
-    write_outcome(paths, exit_code, text)
+    write_outcome(paths, Outcome(exit_code, text))
     if exit_code:
         written = (root / "output/failure").read_bytes().decode("utf-8")
         assert written == build_readable_text(text)
@@ -168,7 +168,8 @@ def test_any_text_through_the_real_writers_arrives_readable(tmp_path_factory, te
 @given(st.text(alphabet=st.characters(codec=None, categories=None), max_size=2500))
 def test_any_exception_text_through_the_job_port_arrives_readable(message):
     """A rank's report (record_errors' wire form) parsed by the leader and written as its report."""
-    from entrypoint.failure import build_failure_report, parse_root_cause_line
+    from entrypoint.hosts.job_port import parse_root_cause_line
+    from entrypoint.report.failure import build_failure_report
     from entrypoint.rank.record_errors import MARKER
 
     record = {"host": "algo-2", "rank": "1", "type": "ValueError", "message": message, "time": 1.0, "where": ""}
@@ -217,7 +218,7 @@ def test_a_lone_surrogate_in_a_hyperparameter_is_refused_naming_it(tmp_path, whe
 
 
 def test_a_name_that_is_not_utf8_is_not_called_a_lone_surrogate():
-    from entrypoint.launch_errors import describe_launch_error
+    from entrypoint.report.launch_errors import describe_launch_error
 
     error = UnicodeEncodeError("utf-8", "x\ud800", 1, 2, "surrogates not allowed")
     text = describe_launch_error(["python", "caf\udce9.py", "x\ud800"], {"A": "caf\udce9", "B": "\ud800"}, error)

@@ -13,8 +13,11 @@ import time
 
 import pytest
 
-from entrypoint import processes, ssh
-from entrypoint.failure import RootCause, build_failure_report
+from entrypoint.run import processes
+
+from entrypoint.hosts import ssh
+from entrypoint.hosts.job_port import RootCause
+from entrypoint.report.failure import build_failure_report
 from support.jobs import make_job, plan_for
 from support.jobtree import PYTHON, REPO
 
@@ -57,7 +60,7 @@ REAPER = textwrap.dedent(
     """
     import ctypes, json, os, subprocess, sys, time
     sys.path.insert(0, sys.argv[1])
-    from entrypoint import processes
+    from entrypoint.run import processes
     ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: orphans come to us, as to PID 1
     child = subprocess.Popen([sys.executable, "-c", "import time, sys; time.sleep(0.5); sys.exit(7)"])
     # sh exits at once; its background sleep is orphaned and adopted by us.
@@ -86,8 +89,8 @@ SUPERVISE = textwrap.dedent(
     """
     import json, sys, time
     sys.path.insert(0, sys.argv[1])
-    from entrypoint.supervise import OutputCollector, run_processes
-    from entrypoint.plan import ProcessSpec
+    from entrypoint.run.supervise import OutputCollector, run_processes
+    from entrypoint.decide.plan import ProcessSpec
     specs = [ProcessSpec(s["name"], tuple(s["argv"]), signal_ranks=s.get("signal_ranks", False)) for s in json.loads(sys.argv[2])]
     started = time.monotonic()
     run = run_processes(tuple(specs), {"PATH": "/usr/bin:/bin"}, sys.argv[3], float(sys.argv[4]), OutputCollector())
@@ -104,7 +107,7 @@ def supervise(tmp_path, specs, grace_s):
 @pytest.mark.slow
 def test_one_failed_process_stops_the_others_within_the_failure_bound_not_the_grace_period(tmp_path):
     """A parameter-server host: the worker raises, the shard ignores SIGTERM. With the default
-    90 s grace period the host still ends within FAILURE_STOP_S (10 s)."""
+    90 s grace period the host still ends within settings.failure_stop_s (10 s)."""
     specs = [
         {"name": "worker", "argv": [sys.executable, "-c", "import time, sys; time.sleep(1); sys.exit(3)"]},
         {"name": "shard", "argv": [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(300)"]},
@@ -211,7 +214,7 @@ def test_byoc_runtime_dir_separates_the_jobs_memory_backed_folder_too():
     """Two entrypoints of one job definition on one machine, told apart with BYOC_RUNTIME_DIR,
     must not share /dev/shm/byoc-job-<id> (the private key, the host's environment); every
     host of one job, with one setting, gets the same path."""
-    from entrypoint.runtime_dirs import decide_runtime_files
+    from entrypoint.run.runtime_dirs import decide_runtime_files
 
     mounts = ssh.parse_mounts(DOCKER_MOUNTS)
     default = decide_runtime_files("/run/byoc", "ab12", mounts)
@@ -248,7 +251,7 @@ def test_the_key_lives_apart_from_the_configuration_and_is_removed(tmp_path):
 
 
 def test_host_env_is_the_hosts_own_environment_under_the_plans_values():
-    from entrypoint.mpi_hosts import build_host_env
+    from entrypoint.hosts.mpi import build_host_env
 
     environ = {"MY_SETTING": "user", "SM_CURRENT_HOST": "stale", "OMPI_COMM_WORLD_RANK": "0",
                "PMIX_RANK": "0", "PWD": "/x", "AWS_REGION": "us-west-2"}
@@ -257,7 +260,7 @@ def test_host_env_is_the_hosts_own_environment_under_the_plans_values():
 
 
 def test_host_env_file_is_the_same_path_on_every_host_and_beside_the_key():
-    from entrypoint.ssh import decide_host_env_file
+    from entrypoint.hosts.ssh import decide_host_env_file
 
     # In the job's own memory-backed folder (its id is the same on every host, so the path
     # mpirun gives every rank is right on every host), beside the key, never shared by jobs.
@@ -280,8 +283,8 @@ def test_a_worker_with_its_outcome_waits_for_the_leaders_session_to_close():
     worker waits for it (no false "closed by remote host" on the leader), but never long."""
     import time
 
-    from entrypoint import processes
-    from entrypoint.processes import wait_for_descendants_to_end as wait_for_sessions_to_close
+    from entrypoint.run import processes
+    from entrypoint.run.processes import wait_for_descendants_to_end as wait_for_sessions_to_close
 
     sshd = _fake_sshd(1.0)
     try:
@@ -312,7 +315,7 @@ def test_a_worker_with_its_outcome_waits_for_the_leaders_session_to_close():
 
 
 def test_the_leaders_sessions_to_workers_run_in_parallel_but_at_most_the_cap_at_once(monkeypatch):
-    from entrypoint import mpi_hosts
+    from entrypoint.hosts import mpi as mpi_hosts
 
     monkeypatch.setattr(mpi_hosts, "MAX_PARALLEL_SESSIONS", 3)
     lock, running, peak = threading.Lock(), [0], [0]
@@ -391,7 +394,7 @@ def _has_signal_handler(pid: int, sig: int) -> bool:
 # --- 137: out-of-memory only when the kernel says so -------------------------------------------
 
 def test_137_is_called_out_of_memory_only_when_the_cgroup_counted_an_oom_kill():
-    from entrypoint.failure import describe_exit_code
+    from entrypoint.report.failure import describe_exit_code
 
     assert "by the kernel's out-of-memory killer (2 OOM kill(s)" in describe_exit_code(137, oom_kills=2)
     assert "not by the out-of-memory killer on this host" in describe_exit_code(137, oom_kills=0)
@@ -406,7 +409,7 @@ def test_137_is_called_out_of_memory_only_when_the_cgroup_counted_an_oom_kill():
 
 
 def test_the_oom_counter_is_found_for_cgroup_v1_v2_and_a_containers_own_namespace():
-    from entrypoint.probe import decide_oom_event_files, parse_oom_kill_count
+    from entrypoint.job.probe import decide_oom_event_files, parse_oom_kill_count
 
     v1 = "4:memory:/process_api/abc\n1:cpu:/\n0::/\n"
     assert decide_oom_event_files(v1, "/c")[:3] == [

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint.gpu_env import build_gpu_env, build_nccl_hang_env, decide_cuda_compat, parse_driver_version
-from entrypoint.probe import (
+from entrypoint.decide.gpu_env import build_gpu_env, build_nccl_hang_env, decide_cuda_compat, parse_driver_version
+from entrypoint.job.probe import (
     CUDA_COMPAT_DIR,
     parse_nvidia_proc_version,
     probe_cuda_compat_driver_version,

@@ -7,10 +7,10 @@ import sys
 import time
 from pathlib import Path
 
-from entrypoint.failure import parse_root_cause_line
-from entrypoint.liveness import JobPort
-from entrypoint.plan import RECORD_ERRORS
-from entrypoint.ssh import can_connect
+from entrypoint.hosts.job_port import parse_root_cause_line
+from entrypoint.hosts.job_port import JobPort
+from entrypoint.decide.plan import RECORD_ERRORS
+from entrypoint.hosts.ssh import can_connect
 
 
 def free_port() -> int:
@@ -49,7 +49,7 @@ def test_worker_waits_until_the_leaders_job_port_closes():
     soon as one exits): the wait ends when the leader closes its port, or at the bound."""
     import threading
 
-    from entrypoint.liveness import wait_until_port_closes
+    from entrypoint.hosts.job_port import wait_until_port_closes
 
     port = free_port()
     leader = JobPort(port)
@@ -118,9 +118,9 @@ def test_the_report_key_is_the_same_on_every_host_and_differs_between_jobs(tmp_p
                           script="pass\n", hosts=("algo-1", "algo-2"), current_host=host,
                           hyperparameters={"sagemaker_torch_distributed_enabled": True, "lr": 0.1})
         from entrypoint.cli import load_runtime, load_plan
-        from entrypoint.config import load_job
-        from entrypoint.paths import build_paths
-        from entrypoint.probe import probe_machine
+        from entrypoint.job.config import load_job
+        from entrypoint.job.paths import build_paths
+        from entrypoint.job.probe import probe_machine
 
         environ = {"SAGEMAKER_BASE_DIR": str(root), "TRAINING_JOB_NAME": "job-a", **env}
         plan = load_plan(load_job(build_paths(environ), environ), probe_machine(), load_runtime(environ, "0" * 16))
@@ -168,7 +168,7 @@ def test_the_signatures_remembered_are_bounded():
     from hypothesis import given
     from hypothesis import strategies as st
 
-    from entrypoint.liveness import SeenSignatures
+    from entrypoint.hosts.job_port import SeenSignatures
 
     @given(st.lists(st.text(alphabet="0123456789abcdef", min_size=1, max_size=4), max_size=60),
            st.integers(min_value=1, max_value=8))
@@ -187,7 +187,7 @@ def test_the_signatures_remembered_are_bounded():
 def test_a_worker_hosts_outcome_reaches_the_leader_signed_and_once():
     """send_host_done delivers (host, exit code) to the leader's on_host_done; with another
     job's key, or sent again as it was (a replay), it is refused."""
-    from entrypoint.liveness import send_host_done
+    from entrypoint.hosts.job_port import send_host_done
 
     port, done, refused = free_port(), [], []
     job_port = JobPort(port, on_report=lambda line: None, report_key=KEY, on_host_done=lambda h, c: done.append((h, c)),
@@ -210,7 +210,7 @@ def test_the_leader_waits_for_every_worker_host_or_its_silence():
     still answering without a word keeps it waiting until the bound; a signal ends it."""
     import threading
 
-    from entrypoint.liveness import HostOutcomes
+    from entrypoint.hosts.job_port import HostOutcomes
 
     outcomes = HostOutcomes()
     quiet = socket.create_server(("127.0.0.1", 0))  # a worker host still running: answers, no word yet

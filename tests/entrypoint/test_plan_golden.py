@@ -2,8 +2,8 @@
 
 import pytest
 
-from entrypoint.plan import LAUNCH_TORCHRUN
-from entrypoint.plan import RECORD_ERRORS as RE
+from entrypoint.decide.plan import LAUNCH_TORCHRUN
+from entrypoint.decide.plan import RECORD_ERRORS as RE
 from support.jobs import CPU, GPU4, GPU8_EFA, PY, TRN1_EFA, make_job, plan_for
 
 SCRIPT = "/opt/ml/code/train.py"
@@ -36,7 +36,7 @@ def non_sm_env(plan):
 # (sagemaker_pytorch_container.training: _set_distributed_environment, _set_nccl_environment).
 RENDEZVOUS_ALGO_1 = {"MASTER_ADDR": "algo-1", "MASTER_PORT": "7777", "NCCL_SOCKET_IFNAME": "eth0"}
 # Every GPU job: torch's NCCL watchdog fails a rank stuck in a collective, the flight recorder's
-# trace goes to the job's output (entrypoint/gpu_env.py).
+# trace goes to the job's output (entrypoint/decide/gpu_env.py).
 NCCL_HANG = {"TORCH_NCCL_DUMP_ON_TIMEOUT": "1", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/opt/ml/output/data/nccl_trace_rank_"}
 
 
@@ -247,7 +247,7 @@ def test_heterogeneous_groups_without_a_launcher_master_is_the_first_host():
 
 
 def test_shell_and_package_entry_points():
-    from entrypoint.program import CodeFacts
+    from entrypoint.job.program import CodeFacts
 
     sh = plan_for(make_job(hps={"sagemaker_program": "run.sh", "a": "x"}), CPU, CodeFacts(known=True, program_exists=True))
     assert sh.processes[0].argv == ("/bin/sh", "/opt/ml/code/run.sh", "-a", "x")
@@ -281,7 +281,7 @@ def test_hostname_shim_preloaded_when_the_container_name_differs():
 
 
 def test_failure_report_names_a_lost_mpi_host():
-    from entrypoint.failure import build_failure_report
+    from entrypoint.report.failure import build_failure_report
 
     tail = [
         "ORTE has lost communication with a remote daemon.",

@@ -1,4 +1,4 @@
-"""Pre-flight checks (entrypoint/preflight.py): each a pure decision on probed facts, tested on
+"""Pre-flight checks (entrypoint/decide/preflight.py): each a pure decision on probed facts, tested on
 both sides, and the whole run end to end: a fatal finding stops the job before the script."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from entrypoint.errors import EXIT_BAD_JOB
-from entrypoint.preflight import MIB, PreflightFacts, decide_preflight, probe_preflight_facts
+from entrypoint.decide.preflight import MIB, PreflightFacts, decide_preflight, probe_preflight_facts
 from support.jobtree import PYTHON, entrypoint_env, failure_text, write_tree
 
 HEALTHY = PreflightFacts(host="algo-1", instance_type="ml.p4d.24xlarge", shm_bytes=64 * 1024 * MIB,
@@ -88,7 +88,7 @@ def test_every_neuron_instance_type_is_checked_for_its_cores(instance_type, core
 
 
 def test_the_instance_tables_hold_only_plausible_counts():
-    from entrypoint.preflight import GPUS, NEURON_CORES
+    from entrypoint.decide.preflight import GPUS, NEURON_CORES
 
     assert all(name.startswith("ml.") and count in (1, 2, 4, 8) for name, count in GPUS.items())
     assert all(name.startswith("ml.") and count % 2 == 0 for name, count in NEURON_CORES.items())

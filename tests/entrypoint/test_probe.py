@@ -4,8 +4,8 @@ import os
 
 import pytest
 
-from entrypoint.probe import parse_neuron_ls_json, parse_nvidia_smi_list, probe_efa, probe_interfaces, probe_machine
-from entrypoint.topology import choose_interface
+from entrypoint.job.probe import parse_neuron_ls_json, parse_nvidia_smi_list, probe_efa, probe_interfaces, probe_machine
+from entrypoint.decide.topology import choose_interface
 
 
 def test_efa_from_sysfs_driver_link(tmp_path):
@@ -58,7 +58,7 @@ def test_gethostname_shim_answers_current_host(tmp_path):
     import subprocess
     import sys
 
-    from entrypoint.probe import probe_gethostname_shim
+    from entrypoint.job.probe import probe_gethostname_shim
 
     shim = probe_gethostname_shim()
     assert shim is not None  # sagemaker-training is a dependency

@@ -1,4 +1,4 @@
-"""Restart in place (entrypoint/restarts.py, BYOC_MAX_RESTARTS): which endings are restarted,
+"""Restart in place (entrypoint/decide/restarts.py, BYOC_MAX_RESTARTS): which endings are restarted,
 and a real single-process job that crashes once, or every time."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from support.jobtree import run_entrypoint, write_tree  # noqa: E402
 
-from entrypoint.distribution import parse_launch_settings  # noqa: E402
+from entrypoint.decide.settings import parse_launch_settings  # noqa: E402
 from entrypoint.errors import JobDefinitionError  # noqa: E402
-from entrypoint.restarts import RunEnding, build_earlier_failures_note, decide_restart  # noqa: E402
+from entrypoint.decide.restarts import RunEnding, build_earlier_failures_note, decide_restart  # noqa: E402
 from entrypoint.rank.record_errors import build_restart_note  # noqa: E402
 
 
@@ -31,7 +31,10 @@ from entrypoint.rank.record_errors import build_restart_note  # noqa: E402
     ("mpi-worker", RunEnding(1), 0, False),  # the leader relaunches, not the workers
 ])
 def test_which_endings_are_restarted(role, ending, done, restarted):
-    why_not = decide_restart(role, 2, done, ending)
+    from entrypoint.decide.plan import Role
+    from entrypoint.run.roles import RELAUNCHED_ROLES
+
+    why_not = decide_restart(Role(role) in RELAUNCHED_ROLES, 2, done, ending)
     assert (why_not is None) == restarted, why_not
 
 

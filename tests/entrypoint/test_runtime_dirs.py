@@ -1,4 +1,4 @@
-"""Per-job runtime folders (entrypoint/runtime_dirs.py): one per job, the same name on every
+"""Per-job runtime folders (entrypoint/run/runtime_dirs.py): one per job, the same name on every
 host, created exclusively with mode 0700, removed on every way out; a live job's folder is
 never shared or taken, a killed one's is."""
 
@@ -18,8 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from support.jobtree import PYTHON, REPO, entrypoint_env, run_entrypoint, write_tree  # noqa: E402
 
-from entrypoint import runtime_dirs  # noqa: E402
-from entrypoint.runtime_dirs import Owner, RuntimeDirError, decide_job_id, decide_takeover, start_job_folder  # noqa: E402
+from entrypoint.run import runtime_dirs  # noqa: E402
+from entrypoint.run.runtime_dirs import Owner, RuntimeDirError, decide_job_id, decide_takeover, start_job_folder  # noqa: E402
 
 
 def test_the_job_id_is_the_same_on_every_host_and_differs_between_jobs():
@@ -184,14 +184,14 @@ def test_the_built_in_sha256_is_hashlibs():
     """Job ids and report keys must be the same on every host, whichever SHA-256 each finds."""
     import hashlib
 
-    from entrypoint.runtime_dirs import build_sha256_hex
+    from entrypoint.run.runtime_dirs import build_sha256_hex
 
     for data in (b"", b"byoc-job-id-v1\0[\"job\", [\"algo-1\"], \"{}\"]", bytes(range(256)) * 50):
         assert build_sha256_hex(data) == hashlib.sha256(data).hexdigest()
 
 
 def test_removing_a_job_folder_removes_links_and_never_follows_them(tmp_path):
-    from entrypoint.runtime_dirs import remove_tree
+    from entrypoint.run.runtime_dirs import remove_tree
 
     outside = tmp_path / "outside"
     (outside / "keep").mkdir(parents=True)
@@ -208,7 +208,7 @@ def test_removing_a_job_folder_removes_links_and_never_follows_them(tmp_path):
 
 
 def test_a_job_folder_that_is_a_link_is_removed_not_its_target(tmp_path):
-    from entrypoint.runtime_dirs import remove_tree
+    from entrypoint.run.runtime_dirs import remove_tree
 
     target = tmp_path / "somewhere-else"
     target.mkdir()

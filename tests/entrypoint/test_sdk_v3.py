@@ -1,5 +1,5 @@
 """SageMaker SDK v3 support: the SSH trust exchange for its MPI driver and the `mpirun` shim
-that corrects its process count and interface (entrypoint/sdk_v3_ssh.py, sdk_v3_mpirun.py).
+that corrects its process count and interface (entrypoint/sdk_v3/ssh.py, sdk_v3_mpirun.py).
 The images and real v3 jobs: tests/localmode/test_v3_*.py."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import time
 
 import pytest
 
-from entrypoint import sdk_v3_mpirun as shim
-from entrypoint import sdk_v3_ssh as v3ssh
-from entrypoint.config import parse_resource_config
+from entrypoint.sdk_v3 import mpirun as shim
+from entrypoint.sdk_v3 import ssh as v3ssh
+from entrypoint.job.config import parse_resource_config
 from support.ports import free_port
 
 # The argv SDK v3 3.27.0's mpi_utils.get_mpirun_command builds for 2 hosts, 2 processes each,
@@ -104,7 +104,7 @@ def test_anything_but_v3s_shape_passes_through(argv):
 def test_an_interface_that_exists_is_kept_and_the_fallback_is_the_launchers():
     argv = ["-mca", "btl_tcp_if_include", "ethwe", "python3"]
     assert shim.decide_mpirun_argv(argv, ("ethwe", "lo"))[0] == argv
-    # no eth0: the first non-loopback interface, as entrypoint.topology.choose_interface decides
+    # no eth0: the first non-loopback interface, as entrypoint.decide.topology.choose_interface decides
     assert shim.decide_mpirun_argv(argv, ("ens5", "lo"))[0] == ["-mca", "btl_tcp_if_include", "ens5", "python3"]
 
 

@@ -15,8 +15,8 @@ from urllib.parse import quote, quote_plus
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from entrypoint.supervise import TAIL_LINE_CHARS, TAIL_LINES, OutputCollector, _pump
-from entrypoint.failure import build_failure_report, redact, secret_values
+from entrypoint.run.supervise import TAIL_LINE_CHARS, TAIL_LINES, OutputCollector, _pump
+from entrypoint.report.failure import build_failure_report, redact, secret_values
 from entrypoint.rank.record_errors import MESSAGE_LIMIT, MIN_SECRET_CHARS, build_root_cause, mask_secrets
 from support.jobtree import PYTHON, entrypoint_env, failure_text, write_tree
 
@@ -208,7 +208,7 @@ def test_the_output_pumps_may_make_their_masks_at_the_same_moment():
     probe = f"""
 import sys, threading
 sys.path.insert(0, {str(package_root)!r})
-from entrypoint.supervise import OutputCollector
+from entrypoint.run.supervise import OutputCollector
 assert "urllib.parse" not in sys.modules
 collector = OutputCollector(["AKIAFAKESECRETVALUE1234", "another-secret-token-987"])
 errors, start = [], threading.Barrier(32)

@@ -9,7 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from entrypoint.failure import build_failure_report, describe_exit_code, guess_signal_death, parse_root_cause_line
+from entrypoint.hosts.job_port import parse_root_cause_line
+from entrypoint.report.failure import build_failure_report, describe_exit_code, guess_signal_death
 from entrypoint.rank.launch_torchrun import report_signal_death
 from entrypoint.rank.record_errors import MARKER, build_signal_root_cause, describe_signal
 

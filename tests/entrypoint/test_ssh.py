@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from entrypoint import ssh
+from entrypoint.hosts import ssh
 
 
 def test_keyscan_output_to_public_key():

@@ -12,7 +12,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 # dataclasses brings inspect, ast, dis and tokenize (~12 ms) and each frozen dataclass costs
 # ~1 ms to define: the launch path's records are typing.NamedTuple classes instead.
-NOT_AT_START = ("entrypoint.mpi_hosts", "concurrent.futures", "logging", "tarfile", "tomllib", "secrets",
+NOT_AT_START = ("entrypoint.hosts.mpi", "concurrent.futures", "logging", "tarfile", "tomllib", "secrets",
                 "tempfile", "random", "hashlib", "boto3", "dataclasses", "inspect", "ast", "dis", "tokenize",
                 "traceback")
 # What every rank's wrapper (entrypoint/rank/record_errors.py) leaves to the failure path.
@@ -41,10 +41,12 @@ def test_a_rank_imports_only_what_running_the_program_needs(tmp_path):
 # What a whole 1-host run (read, decide, pre-flight, folders, run, outcome) leaves out: hashlib
 # loads OpenSSL (~2 ms; the job id uses CPython's built-in SHA-256), argparse is only for
 # usage and errors, difflib only for a "Did you mean" message, shutil (bz2, lzma) only to copy a
-# local source directory, socket and liveness only for a multi-host launch.
-NOT_ON_A_ONE_HOST_RUN = ("hashlib", "_hashlib", "argparse", "gettext", "difflib", "entrypoint.mpi_hosts",
+# local source directory, socket and the multi-host roles only for a multi-host launch (the job
+# port's module is read for its words, but opens nothing: no socket, no hmac).
+NOT_ON_A_ONE_HOST_RUN = ("hashlib", "_hashlib", "argparse", "gettext", "difflib", "entrypoint.hosts.mpi",
                          "concurrent.futures", "logging", "dataclasses", "inspect", "tarfile", "tempfile", "shutil",
-                         "bz2", "lzma", "socket", "entrypoint.liveness")
+                         "bz2", "lzma", "socket", "hmac", "entrypoint.hosts.roles",
+                         "entrypoint.hosts.mpi")
 
 
 def test_a_whole_one_host_run_imports_none_of_the_rarely_needed_modules(tmp_path):
@@ -61,5 +63,5 @@ def test_a_whole_one_host_run_imports_none_of_the_rarely_needed_modules(tmp_path
     assert done.returncode == 0, done.stderr[-2000:]
     assert "trivial" in done.stdout
     imported = {line.rsplit("|", 1)[1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
-    assert "entrypoint.execute" in imported  # the probe sees the run's imports
+    assert "entrypoint.run.execute" in imported  # the probe sees the run's imports
     assert sorted(m for m in NOT_ON_A_ONE_HOST_RUN if m in imported) == []

@@ -3,7 +3,7 @@
 Two causes, both tested here with real processes: print() under PYTHONUNBUFFERED=1 writes its
 text and its newline as two writes (the rank wrapper now writes whole lines), and mpirun's
 daemons tag whatever each read of a rank's pipe returns, cut anywhere (the entrypoint rejoins
-mpirun's tagged pieces: entrypoint/tagged_lines.py).
+mpirun's tagged pieces: entrypoint/run/tagged_lines.py).
 """
 
 import os
@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from entrypoint.rank import record_errors
-from entrypoint.tagged_lines import MAX_PENDING_BYTES, TaggedLines
+from entrypoint.run.tagged_lines import MAX_PENDING_BYTES, TaggedLines
 from support.jobtree import PYTHON, run_entrypoint, write_tree
 
 RECORD_ERRORS = record_errors.__file__  # this checkout's, or the image's installed one

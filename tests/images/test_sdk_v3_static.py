@@ -21,7 +21,7 @@ def test_shim_is_an_executable_clean_shell_script_that_runs_our_module():
     done = subprocess.run([binary, str(SHIM)], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
     # -I: the user's code folder (v3's cwd) must not shadow the image's `entrypoint` package
-    assert 'exec python3 -I -m entrypoint.sdk_v3_mpirun "$@"' in SHIM.read_text()
+    assert 'exec python3 -I -m entrypoint.sdk_v3.mpirun "$@"' in SHIM.read_text()
 
 
 def test_the_shim_folder_is_not_on_the_images_path():

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from entrypoint.archive import extract_tar
+from entrypoint.job.archive import extract_tar
 from support.docker import decide_image_tag, load_docker_env, run_build_image
 
 REPO = Path(__file__).resolve().parents[2]

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from entrypoint.archive import extract_tar
+from entrypoint.job.archive import extract_tar
 from localmode.harness import COMPOSE_FILE
 from support.docker import load_docker_env
 from support.docker import run_build_image as build_local_image

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from entrypoint.archive import extract_tar
+from entrypoint.job.archive import extract_tar
 from support.multihost import needs_root
 
 pytestmark = [needs_root, pytest.mark.slow]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from entrypoint.config import (
+from entrypoint.job.config import (
     JobConfig,
     frozen_mapping,
     parse_hyperparameters,
@@ -10,12 +10,13 @@ from entrypoint.config import (
     parse_program,
     parse_resource_config,
 )
-from entrypoint.distribution import parse_distribution, parse_launch_settings
-from entrypoint.paths import MlPaths
-from entrypoint.plan import Runtime, decide
-from entrypoint.probe import MachineFacts
-from entrypoint.program import CodeFacts, CodeSource
-from entrypoint.runtime_dirs import RuntimeFiles
+from entrypoint.decide.distribution import parse_distribution
+from entrypoint.decide.settings import parse_launch_settings
+from entrypoint.job.paths import MlPaths
+from entrypoint.decide.plan import Runtime, decide
+from entrypoint.job.probe import MachineFacts
+from entrypoint.job.program import CodeFacts, CodeSource
+from entrypoint.run.runtime_dirs import RuntimeFiles
 
 PY = "/usr/bin/python3"
 RUNTIME = Runtime(python=PY, files=RuntimeFiles("/tmp/byoc"))

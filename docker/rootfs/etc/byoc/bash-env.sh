@@ -14,10 +14,10 @@
 # sm_train.sh runs mpi_driver.py),
 # also, once per container:
 #   - /usr/local/byoc/sdk-v3/bin first on PATH: an `mpirun` that corrects v3's process count
-#     and its nonexistent "ethwe" interface (entrypoint/sdk_v3_mpirun.py);
+#     and its nonexistent "ethwe" interface (entrypoint/sdk_v3/mpirun.py);
 #   - in the background, the per-job SSH trust exchange v3's driver needs (root's client key is
 #     this container's host key; the peers' keys are learnt with ssh-keyscan and authorized
-#     only from their addresses: entrypoint/sdk_v3_ssh.py, docs/multi-host.md).
+#     only from their addresses: entrypoint/sdk_v3/ssh.py, docs/multi-host.md).
 # Quiet, fast and never fails (not even under `bash -e` or `bash -u`): it runs before whatever
 # the caller asked bash to do, in the caller's shell. Hence builtins only on the common path
 # ($EUID, not `id -u`), every name it sets starts with _byoc_ and is unset at the end, and the
@@ -43,9 +43,9 @@ if [ "${EUID:-}" = 0 ]; then
         # writes to the job's log; otherwise to a file, so it holds no caller's pipe open.
         if { mkdir -p /run/byoc && mkdir /run/byoc/sdk-v3; } 2>/dev/null; then
             if [ "$$" = 1 ]; then
-                ( python3 -I -m entrypoint.sdk_v3_ssh </dev/null & ) || :
+                ( python3 -I -m entrypoint.sdk_v3.ssh </dev/null & ) || :
             else
-                ( python3 -I -m entrypoint.sdk_v3_ssh </dev/null >>/run/byoc/sdk-v3/ssh.log 2>&1 & ) 2>/dev/null || :
+                ( python3 -I -m entrypoint.sdk_v3.ssh </dev/null >>/run/byoc/sdk-v3/ssh.log 2>&1 & ) 2>/dev/null || :
             fi
         fi
     fi

@@ -18,12 +18,6 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from entrypoint.plan import Role
-
-# Roles whose every process is started by this host's entrypoint, so a relaunch here is a
-# relaunch of the whole job.
-RELAUNCHED_ROLES = (Role.SINGLE, Role.OUTSIDE_DISTRIBUTION, Role.MPI_LEADER)
-
 
 class RunEnding(NamedTuple):
     """What decide_restart needs to know of a finished run."""
@@ -34,12 +28,14 @@ class RunEnding(NamedTuple):
     lost_host: str | None = None  # a host is gone: the cluster it needs no longer exists
 
 
-def decide_restart(role: Role, max_restarts: int, restarts_done: int, ending: RunEnding) -> str | None:
-    """Why the job is not restarted, or None when it is."""
+def decide_restart(relaunched: bool, max_restarts: int, restarts_done: int, ending: RunEnding) -> str | None:
+    """Why the job is not restarted, or None when it is. relaunched: this host's entrypoint
+    starts every process of the job, so a relaunch here is a relaunch of the whole job
+    (run/roles.py RELAUNCHED_ROLES)."""
     if ending.exit_code == 0:
         return "it succeeded"
-    if role not in RELAUNCHED_ROLES:
-        return f"the {role} role is not relaunched by the entrypoint"
+    if not relaunched:
+        return "its processes are not relaunched by the entrypoint"
     if ending.stopped_by:
         return f"it was stopped by {ending.stopped_by}"
     if ending.launch_error:

@@ -25,8 +25,8 @@ from __future__ import annotations
 import re
 from typing import Mapping
 
-from entrypoint.paths import build_paths
-from entrypoint.probe import CUDA_COMPAT_DIR, MachineFacts
+from entrypoint.job.paths import build_paths
+from entrypoint.job.probe import CUDA_COMPAT_DIR, MachineFacts
 
 _VERSION = re.compile(r"^\d+(\.\d+)*$")
 NCCL_TRACE_FILE_PREFIX = "nccl_trace_rank_"  # torch appends the rank

@@ -215,7 +215,7 @@ def _inspect_tar(tar_path: str, program: str) -> CodeFacts:
 def fetch_code(source: CodeSource, code_dir: str) -> None:
     """Put the user's code into code_dir: a copy of a local folder, or an archive (local or
     S3) extracted with the checks of archive.py."""
-    from entrypoint.archive import extract_tar  # only jobs whose code arrives as an archive
+    from entrypoint.job.archive import extract_tar  # only jobs whose code arrives as an archive
 
     os.makedirs(code_dir, exist_ok=True)
     if source.kind == "local_dir":

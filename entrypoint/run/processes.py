@@ -21,7 +21,8 @@ import subprocess
 import time
 from typing import NamedTuple
 
-POLL_S = 0.05
+from entrypoint.decide.settings import DEFAULTS
+
 
 # The rsh agent mpirun uses to start its daemons: not a rank, and signalling it would look to
 # mpirun like a lost daemon.
@@ -190,13 +191,13 @@ def is_zombie_or_gone(pid: int) -> bool:
         return True
 
 
-def stop_process(proc: subprocess.Popen | None) -> None:
-    """SIGTERM, then SIGKILL after 5 s; waited for."""
+def stop_process(proc: subprocess.Popen | None, grace_s: float = DEFAULTS.thread_join_s) -> None:
+    """SIGTERM, then SIGKILL after grace_s; waited for."""
     if proc is None or proc.poll() is not None:
         return
     proc.terminate()
     try:
-        proc.wait(timeout=5)
+        proc.wait(timeout=grace_s)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
@@ -218,11 +219,11 @@ def stop_process_and_descendants(proc: subprocess.Popen | None, grace_s: float) 
         deadline = time.monotonic() + wait_s
         while wait_s and time.monotonic() < deadline and not all(is_zombie_or_gone(p) for p in left):
             reap_orphans(set())
-            time.sleep(0.1)
+            time.sleep(DEFAULTS.wait_poll_s)
     reap_orphans(set())
 
 
-def wait_for_descendants_to_end(pid: int, timeout_s: float) -> bool:
+def wait_for_descendants_to_end(pid: int, timeout_s: float, poll_s: float = DEFAULTS.wait_poll_s) -> bool:
     """Wait until pid (a listening sshd) has no live descendants (each connection is a child
     sshd), at most timeout_s; True when they all ended."""
     deadline = time.monotonic() + timeout_s
@@ -234,4 +235,4 @@ def wait_for_descendants_to_end(pid: int, timeout_s: float) -> bool:
         if time.monotonic() >= deadline:
             return False
         reap_orphans(set())
-        time.sleep(POLL_S)
+        time.sleep(poll_s)

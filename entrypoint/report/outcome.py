@@ -5,12 +5,13 @@ this module writes them and reads back what the script wrote itself."""
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
-from entrypoint.failure import build_failure_report, first_root_cause
+from entrypoint.report.failure import build_failure_report, first_root_cause
 from entrypoint.log import log
-from entrypoint.paths import MlPaths
+from entrypoint.job.paths import MlPaths
 from entrypoint.rank.record_errors import build_readable_text
-from entrypoint.restarts import build_earlier_failures_note
+from entrypoint.decide.restarts import build_earlier_failures_note
 
 
 def clear_previous_outcome(paths: MlPaths) -> None:
@@ -26,12 +27,29 @@ def clear_previous_outcome(paths: MlPaths) -> None:
                 log(f"cannot remove the previous run's {path}: {exc.strerror or exc}")
 
 
-def write_outcome(paths: MlPaths, exit_code: int, report: str | None) -> None:
-    """output/success or output/failure. A read-only or full /opt/ml/output does not change
-    the job's exit code: the reason goes to stderr (the job's log) instead. The reason is
+class Outcome(NamedTuple):
+    """How the job ended on this host: every way a job ends (a bad definition, a failed
+    pre-flight, a start problem, the script's exit, a stop, a lost host, a worker's word)
+    becomes one of these, and cli.main hands it to write_outcome, the one writer of output/."""
+
+    exit_code: int
+    report: str | None = None  # the reason output/failure gives (None: success, or nothing to say)
+    logged: bool = False  # the whole reason is in the log already (write_outcome adds no FAILED line)
+
+
+SUCCESS = Outcome(0)
+
+
+def write_outcome(paths: MlPaths, outcome: Outcome) -> None:
+    """output/success or output/failure, and one FAILED line in the log. A read-only or full
+    /opt/ml/output does not change the job's exit code: the reason goes to stderr (the job's
+    log) instead. A failure file the script wrote itself stays as it is. The reason is
     written readable (record_errors.build_readable_text): any text a rank raised, a file name
     that is not UTF-8 or a terminal escape included, arrives, never an encoding error instead."""
-    report = build_readable_text(report) if report else report
+    exit_code = outcome.exit_code
+    report = build_readable_text(outcome.report) if outcome.report else outcome.report
+    if exit_code != 0 and report and not outcome.logged:
+        log(f"FAILED: {report.splitlines()[0]}")
     try:
         os.makedirs(paths.output_dir, exist_ok=True)
         if exit_code == 0:
@@ -55,13 +73,6 @@ def load_failure_file(paths: MlPaths) -> str | None:
             return f.read()
     except OSError:
         return None
-
-
-def write_failure(paths: MlPaths, exit_code: int, text: str) -> int:
-    """The job failed: output/failure, one line in the log; returns the exit code."""
-    write_outcome(paths, exit_code, text)
-    log(f"FAILED: {text.splitlines()[0]}")
-    return exit_code
 
 
 def build_run_report(what: str, exit_code: int, collector, current_host: str, environ: dict[str, str],

@@ -14,37 +14,11 @@ import json
 import re
 from typing import Iterable, Mapping, NamedTuple
 
-from entrypoint.rank.record_errors import (MARKER, build_masked, build_secret_forms, build_secret_pattern,
+from entrypoint.hosts.job_port import ROOT_CAUSE, RootCause
+from entrypoint.rank.record_errors import (build_masked, build_secret_forms, build_secret_pattern,
                                            build_secret_values, describe_signal, find_secret_spans)
 
 EXCEPTION_LINE = re.compile(r"^(?:\[[^\]]*\]<std(?:out|err)>:)?\s*([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Fault|Warning)\b[^\n]*)$")
-
-
-class RootCause(NamedTuple):
-    host: str
-    rank: str
-    type: str
-    message: str
-    time: float
-    where: str = ""
-
-
-def parse_root_cause_line(line: str) -> RootCause | None:
-    at = line.find(MARKER)
-    if at < 0:
-        return None
-    try:
-        data = json.loads(line[at + len(MARKER):])
-        return RootCause(
-            host=str(data["host"]),
-            rank=str(data["rank"]),
-            type=str(data["type"]),
-            message=str(data["message"]),
-            time=float(data["time"]),
-            where=str(data.get("where", "")),
-        )
-    except (ValueError, KeyError, TypeError, RecursionError):  # a rank's output is any text
-        return None
 
 
 def first_root_cause(causes: Iterable[RootCause]) -> RootCause | None:
@@ -85,7 +59,7 @@ def guess_exception_from_tail(lines: list[str]) -> str | None:
     """For programs that did not run under record_errors (shell scripts, executables): the
     last line that looks like a Python exception."""
     for line in reversed(lines):
-        if MARKER in line:
+        if ROOT_CAUSE in line:
             continue
         match = EXCEPTION_LINE.match(line.strip())
         if match:
@@ -242,7 +216,7 @@ def build_failure_report(
     elif stopped_by:
         head = f"Training was stopped by {stopped_by}. " + head
     lines = [head.rstrip(), "", f"Last {len(tail)} lines of output:" if tail else "No output."]
-    lines += [line for line in tail if MARKER not in line]
+    lines += [line for line in tail if ROOT_CAUSE not in line]
     return redact("\n".join(lines).rstrip() + "\n", secret_values(environ))
 
 

@@ -21,7 +21,7 @@ from types import MappingProxyType
 from typing import Any, Mapping, NamedTuple
 
 from entrypoint.errors import JobDefinitionError
-from entrypoint.paths import MlPaths
+from entrypoint.job.paths import MlPaths
 
 RESOURCE_CONFIG = "resourceconfig.json"
 HYPERPARAMETERS = "hyperparameters.json"

@@ -17,11 +17,9 @@ import re
 from typing import NamedTuple
 
 HANG_EXIT_CODE = 124  # what timeout(1) and train/watchdog.py use
-# How long the ranks get to print their stacks before the job is stopped.
-STACK_WAIT_S = 3.0
-# Between two local ranks' stack requests: ranks sharing one pipe (torchrun's, a single
-# process's) would otherwise interleave their dumps, which faulthandler writes piecewise.
-STACK_REQUEST_GAP_S = 0.1
+# How long the ranks get to print their stacks, and the gap between two local ranks' requests
+# (ranks sharing one pipe would interleave their dumps, which faulthandler writes piecewise):
+# settings.py, stack_wait_s and stack_request_gap_s.
 
 # mpirun --tag-output: `[jobid,rank]<stderr>:`
 _TAG = re.compile(r"^\[\d+,(\d+)\]<std(?:out|err)>:\s?")

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple
 
-from entrypoint.config import JobConfig
+from entrypoint.job.config import JobConfig
 
 if TYPE_CHECKING:  # sdk_v3_mpirun imports choose_interface alone: keep its start light
-    from entrypoint.distribution import Distribution
-    from entrypoint.probe import MachineFacts
+    from entrypoint.decide.distribution import Distribution
+    from entrypoint.job.probe import MachineFacts
 
 # Framework parameters whose truthiness makes the current group a distribution group when
 # sagemaker_distribution_instance_groups is absent (the toolkit's list, kept for parity).

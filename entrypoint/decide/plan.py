@@ -1,7 +1,7 @@
 """Decide how to launch: one pure function from what was read to a LaunchPlan.
 
 The plan holds exact argv tuples and the environment to add; `--dry-run` prints it and
-entrypoint.execute runs it. Nothing here touches the machine.
+entrypoint.run.execute runs it. Nothing here touches the machine.
 """
 
 from __future__ import annotations
@@ -10,14 +10,15 @@ import os
 from enum import StrEnum
 from typing import NamedTuple
 
-from entrypoint import topology
-from entrypoint.config import JobConfig, build_json
-from entrypoint.distribution import MPI_BASED, Distribution, LaunchSettings
+from entrypoint.decide import topology
+from entrypoint.job.config import JobConfig, build_json
+from entrypoint.decide.distribution import MPI_BASED, Distribution
+from entrypoint.decide.settings import LaunchSettings
 from entrypoint.errors import JobDefinitionError
-from entrypoint.gpu_env import build_gpu_env
-from entrypoint.probe import MachineFacts
-from entrypoint.runtime_dirs import RuntimeFiles, build_sha256_hex
-from entrypoint.program import (
+from entrypoint.decide.gpu_env import build_gpu_env
+from entrypoint.job.probe import MachineFacts
+from entrypoint.run.runtime_dirs import RuntimeFiles, build_sha256_hex
+from entrypoint.job.program import (
     CodeFacts,
     CodeSource,
     EntryPoint,
@@ -25,9 +26,10 @@ from entrypoint.program import (
     build_program_argv,
     decide_entry_point,
 )
-from entrypoint.smenv import build_sm_env, build_user_args
+from entrypoint.decide.smenv import build_sm_env, build_user_args
+from entrypoint.hosts.job_port import JOB_PORTS_ENV, REPORT_KEY_ENV
 
-RECORD_ERRORS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank", "record_errors.py")
+RECORD_ERRORS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "rank", "record_errors.py")
 # torchrun itself, run by path: it also reports a rank killed by a signal as the root cause.
 LAUNCH_TORCHRUN = os.path.join(os.path.dirname(RECORD_ERRORS), "launch_torchrun.py")
 NEURON_ROOT_COMM_PORT = 46820
@@ -116,7 +118,6 @@ class LaunchPlan(NamedTuple):
         return (self.leader,)
 
 
-REPORT_KEY_ENV = "BYOC_JOB_REPORT_KEY"  # rank/record_errors.py signs its reports with it
 
 
 def build_report_key(job: JobConfig, hosts: tuple[str, ...]) -> str:
@@ -411,7 +412,7 @@ def decide(
             np_ = dist.num_processes
         if len(dist_hosts) > 1 and runtime.files.key_note:
             notes.append(runtime.files.key_note)
-        # Each host's ranks take that host's own SM_* values (entrypoint/mpi_hosts.py).
+        # Each host's ranks take that host's own SM_* values (entrypoint/hosts/mpi.py).
         launcher_env["BYOC_HOST_ENV_FILE"] = runtime.files.host_env
         if not topo.is_leader:
             return plan(Role.MPI_WORKER, (), launcher_env)
@@ -421,11 +422,11 @@ def decide(
         argv = build_mpirun_argv(topo, np_, forwarded, dist.custom_mpi_options, program_argv, runtime, efa=facts.efa)
         return plan(Role.MPI_LEADER, (ProcessSpec("mpirun", argv, signal_ranks=True),), launcher_env)
 
-    if len(dist_hosts) > 1 and "BYOC_JOB_PORTS" not in job.environ:
-        # Ranks report their exception to every host's job port (entrypoint/liveness.py), the
+    if len(dist_hosts) > 1 and JOB_PORTS_ENV not in job.environ:
+        # Ranks report their exception to every host's job port (entrypoint/hosts/job_port.py), the
         # leader's first: each host's output/failure can then lead with the job's first failure.
-        launcher_env["BYOC_JOB_PORTS"] = ",".join(f"{h}:{settings.job_port}" for h in dist_hosts)
-    if "BYOC_JOB_PORTS" in launcher_env or "BYOC_JOB_PORTS" in job.environ:
+        launcher_env[JOB_PORTS_ENV] = ",".join(f"{h}:{settings.job_port}" for h in dist_hosts)
+    if JOB_PORTS_ENV in launcher_env or JOB_PORTS_ENV in job.environ:
         launcher_env[REPORT_KEY_ENV] = build_report_key(job, dist_hosts)
 
     if launcher_kind == "torch_distributed":

@@ -11,7 +11,7 @@ model in docs/multi-host.md, "SDK v3 ModelTrainer with MPI()"):
   ed25519 host key in /dev/shm (the image's sshd HostKey: no private key in the writable
   layer) and, in a v3 MPI job, starts this module once, in the background.
 - This container's ed25519 host key is also root's client identity (`/root/.ssh/id_ed25519`
-  is a link to it), as in entrypoint/ssh.py: what a peer learns with ssh-keyscan is exactly
+  is a link to it), as in entrypoint/hosts/ssh.py: what a peer learns with ssh-keyscan is exactly
   the key this host will log in with.
 - Each host polls `ssh-keyscan -t ed25519` on the peers it must trust until their sshd
   (started by v3's driver) answers, then authorizes exactly that key, only from that peer's
@@ -31,8 +31,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
-from entrypoint import ssh
-from entrypoint.config import ResourceConfig, parse_json_document, parse_resource_config
+from entrypoint.hosts import ssh
+from entrypoint.job.config import ResourceConfig, parse_json_document, parse_resource_config
 from entrypoint.errors import JobDefinitionError
 
 # v3's mpi_utils.DEFAULT_SSH_PORT: its driver starts sshd with the image's configuration.

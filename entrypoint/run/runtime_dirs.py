@@ -22,7 +22,7 @@ import os
 import stat
 from typing import NamedTuple
 
-from entrypoint import ssh
+from entrypoint.hosts import ssh
 
 OWNER_FILE = "owner"
 RUNTIME_BASE = "/run/byoc"  # BYOC_RUNTIME_DIR replaces it

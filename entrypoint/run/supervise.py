@@ -20,18 +20,19 @@ import threading
 import time
 from typing import NamedTuple
 
-from entrypoint import processes
+from entrypoint.run import processes
 from entrypoint.errors import EXIT_BAD_JOB
-from entrypoint.failure import SecretLines, parse_root_cause_line
+from entrypoint.hosts.job_port import ROOT_CAUSE, parse_root_cause_line
+from entrypoint.report.failure import SecretLines
 from entrypoint.log import log
-from entrypoint.plan import ProcessSpec
-from entrypoint.probe import load_oom_kill_count
-from entrypoint.tagged_lines import TaggedLines
+from entrypoint.decide.plan import ProcessSpec
+from entrypoint.decide.settings import DEFAULTS, LaunchSettings
+from entrypoint.job.probe import load_oom_kill_count
+from entrypoint.run.tagged_lines import TaggedLines
 
 TAIL_LINES = 100
 TAIL_LINE_CHARS = 500
 MAX_CAPTURED_LINES = 50000  # the ranks' stack dumps when a hang is suspected
-POLL_S = 0.01
 
 
 class OutputCollector:
@@ -81,7 +82,7 @@ class OutputCollector:
         """keep_end: the tail keeps the line's last TAIL_LINE_CHARS, not its first (a very long
         line's latest part)."""
         line = line.rstrip("\r\n")
-        cause = parse_root_cause_line(line) if "BYOC-ROOT-CAUSE" in line else None
+        cause = parse_root_cause_line(line) if ROOT_CAUSE in line else None
         with self.lock:
             self.last_output = time.monotonic()
             if self.capture is not None and len(self.capture) < MAX_CAPTURED_LINES:
@@ -112,13 +113,9 @@ class OutputCollector:
         return slot[0]
 
 
-# How long a tagged line's first piece waits for the rest before it is written as it is.
-QUIET_LINE_S = 0.5
-
-
-def _read_chunks(pipe, lines):
+def _read_chunks(pipe, lines, quiet_s: float):
     """The pipe's bytes as they come; with `lines` (tagged_lines.TaggedLines: mpirun's tagged
-    output), rejoined into whole lines, a waiting piece written after QUIET_LINE_S of quiet."""
+    output), rejoined into whole lines, a waiting piece written after quiet_s of quiet."""
     if lines is None:
         while chunk := pipe.read1(65536):
             yield chunk
@@ -127,7 +124,7 @@ def _read_chunks(pipe, lines):
 
     fd = pipe.fileno()  # read unbuffered: select must see every byte not yet read
     while True:
-        if lines.has_partial and not select.select([fd], [], [], QUIET_LINE_S)[0]:
+        if lines.has_partial and not select.select([fd], [], [], quiet_s)[0]:
             yield lines.flush_partial()
             continue
         chunk = os.read(fd, 65536)
@@ -137,11 +134,11 @@ def _read_chunks(pipe, lines):
         yield lines.feed(chunk)
 
 
-def _pump(pipe, sink, collector: OutputCollector, lines=None) -> None:
+def _pump(pipe, sink, collector: OutputCollector, lines=None, quiet_s: float = DEFAULTS.quiet_line_s) -> None:
     partial = b""
     stream = collector.open_stream()  # this pipe's lines: a secret split over two is masked in both
     try:
-        for chunk in _read_chunks(pipe, lines):
+        for chunk in _read_chunks(pipe, lines, quiet_s):
             if not chunk:
                 continue
             sink.write(chunk)
@@ -163,16 +160,12 @@ def _pump(pipe, sink, collector: OutputCollector, lines=None) -> None:
         pipe.close()
 
 
-# When one of the job's processes fails (or a host is lost), the others are stopped: SIGTERM,
-# then SIGKILL after this long. It is not the grace period: that one is for a stop the platform
-# asked for (StopTrainingJob, spot interruption), where scripts checkpoint. A failed job only
-# needs its processes gone, and every failure path must end within a minute.
-FAILURE_STOP_S = 10.0
-
-
 class Supervisor:
     def __init__(self, grace_period_s: float, collector: OutputCollector, hang_timeout_s: float = 0.0,
-                 host: str = "this host", ask_other_hosts=None):
+                 host: str = "this host", ask_other_hosts=None, on_rank_killed=None,
+                 settings: LaunchSettings = DEFAULTS):
+        self.settings = settings
+        self.on_rank_killed = on_rank_killed  # the role's: a rank we started died of a signal
         self.grace_period_s = grace_period_s
         self.collector = collector
         self.hang_timeout_s = hang_timeout_s  # 0: off (hangs.py)
@@ -201,7 +194,7 @@ class Supervisor:
                 start_new_session=True,
             )
         except (OSError, ValueError) as error:
-            from entrypoint.launch_errors import describe_launch_error  # only when a start fails
+            from entrypoint.report.launch_errors import describe_launch_error  # only when a start fails
 
             argv = list(spec.argv)
             raise LaunchError(describe_launch_error(argv, env, error, shebang=_names_its_interpreter(argv))) from None
@@ -211,7 +204,8 @@ class Supervisor:
         for pipe, sink in ((proc.stdout, sys.stdout.buffer), (proc.stderr, sys.stderr.buffer)):
             # mpirun tags what its daemons read, cut anywhere: its lines are rejoined here.
             lines = TaggedLines() if "--tag-output" in spec.argv else None
-            t = threading.Thread(target=_pump, args=(pipe, sink, self.collector, lines), daemon=True)
+            t = threading.Thread(target=_pump, args=(pipe, sink, self.collector, lines, self.settings.quiet_line_s),
+                                 daemon=True)
             t.start()
             self.pumps.append(t)
 
@@ -235,11 +229,16 @@ class Supervisor:
         kill_at = time.monotonic() + delay_s
         self.kill_at = kill_at if self.kill_at is None else min(self.kill_at, kill_at)
 
+    def is_running(self) -> bool:
+        return any(proc.poll() is None for _, proc in self.children)
+
     def stop_after_failure(self, why: str) -> None:
-        """One process failed or a host was lost: end the others within FAILURE_STOP_S."""
+        """One process failed or a host was lost: end the others within settings.failure_stop_s
+        (not the grace period: that one is for a stop the platform asked for, where scripts
+        checkpoint; a failed job only needs its processes gone, within a minute)."""
         if self.kill_at is None:
             log(f"{why}; stopping the other processes")
-        self._kill_within(min(self.grace_period_s, FAILURE_STOP_S))  # first: a rank that dies of this is ours
+        self._kill_within(min(self.grace_period_s, self.settings.failure_stop_s))  # first: a rank that dies of this is ours
         self.signal_all(signal.SIGTERM)
 
     def ask_ranks_for_stacks(self, gap_s: float = 0.0) -> list[str]:
@@ -258,9 +257,9 @@ class Supervisor:
             threading.Thread(target=self.ask_other_hosts, daemon=True).start()  # ssh: not in a signal handler
 
     def check_for_hang(self) -> None:
-        """No line from any child for hang_timeout_s: ask every rank for its stack; STACK_WAIT_S
-        later, stop the job naming where the ranks were (hangs.py)."""
-        from entrypoint import hangs  # only jobs that set BYOC_HANG_TIMEOUT_S
+        """No line from any child for hang_timeout_s: ask every rank for its stack;
+        settings.stack_wait_s later, stop the job naming where the ranks were (hangs.py)."""
+        from entrypoint.report import hangs  # only jobs that set BYOC_HANG_TIMEOUT_S
 
         now = time.monotonic()
         if self.hang_asked_at is None:
@@ -273,9 +272,9 @@ class Supervisor:
             if self.ask_other_hosts is not None:
                 threading.Thread(target=self.ask_other_hosts, daemon=True).start()
             ranks = processes.load_rank_pids_below([proc.pid for _, proc in self.children])
-            gap = min(hangs.STACK_REQUEST_GAP_S, 2.0 / max(1, len(ranks)))
+            gap = min(self.settings.stack_request_gap_s, 2.0 / max(1, len(ranks)))
             self.hang_rank_order = self.ask_ranks_for_stacks(gap)
-        elif now - self.hang_asked_at >= hangs.STACK_WAIT_S and self.hang_reason is None:
+        elif now - self.hang_asked_at >= self.settings.stack_wait_s and self.hang_reason is None:
             places = hangs.parse_stack_dumps(self.collector.captured(), self.hang_rank_order)
             self.hang_reason = hangs.build_hang_reason(self.hang_timeout_s, self.host, places)
             self.stop_after_failure(self.hang_reason.rstrip("."))
@@ -289,21 +288,16 @@ class Supervisor:
         self.signal_all(signum, stop_request=True)
         self._kill_within(self.grace_period_s)
 
-    def _report_signal_death(self, spec: ProcessSpec, proc, signum: int) -> None:
-        """A rank we started ourselves (the parameter server's processes) that a signal killed
-        wrote no record; on a multi-host launch we write it for it, as torchrun's launcher does
-        for its ranks (rank/launch_torchrun.py): the job's root cause here and on every host."""
+    def _report_signal_death(self, proc, signum: int) -> None:
+        """A rank we started ourselves died of a signal and wrote no record: the role may write
+        it (on_rank_killed; a thread it returns is joined before wait() returns). Not when we
+        were stopping the processes: the death is then a consequence, not a cause."""
         env = self.rank_envs.get(proc.pid)
-        if env is None or not env.get("BYOC_JOB_PORTS") or self.kill_at is not None or self.stopped_by is not None:
-            return  # one host: the exit code says it; we were stopping them: a consequence, not a cause
-        from entrypoint.rank.record_errors import build_root_cause_line, build_signal_root_cause, send_root_cause
-
-        record = build_signal_root_cause(env["RANK"], env.get("LOCAL_RANK", "0"), self.host or "this host", signum,
-                                         time.time())
-        self.collector.add_line_text(build_root_cause_line(record))
-        sender = threading.Thread(target=send_root_cause, args=(record, env), daemon=True)
-        sender.start()
-        self.pumps.append(sender)  # joined before wait() returns: sent before this host reports
+        if env is None or self.on_rank_killed is None or self.kill_at is not None or self.stopped_by is not None:
+            return
+        sender = self.on_rank_killed(env, signum)
+        if sender is not None:
+            self.pumps.append(sender)
 
     def wait(self) -> int:
         """Wait for every child; the exit code of the first that failed, else 0."""
@@ -317,7 +311,7 @@ class Supervisor:
                     continue
                 running.remove(item)
                 if code < 0:
-                    self._report_signal_death(spec, proc, -code)
+                    self._report_signal_death(proc, -code)
                 code = 128 - code if code < 0 else code
                 if code != 0 and first_failure is None:
                     first_failure = code
@@ -335,12 +329,12 @@ class Supervisor:
                 # As PID 1 of a container we inherit orphans (a rank whose launcher died):
                 # reap them so none stays a zombie.
                 processes.reap_orphans({proc.pid for _, proc in running})
-                time.sleep(POLL_S)
+                time.sleep(self.settings.process_poll_s)
         # Orphans (data-loader workers, a forked server, ranks in groups of their own) die too.
         self.signal_all(signal.SIGKILL)
         processes.reap_orphans(set())
         for t in self.pumps:
-            t.join(timeout=5)
+            t.join(timeout=self.settings.thread_join_s)
         return first_failure or 0
 
 
@@ -416,8 +410,10 @@ def run_processes(
     hang_timeout_s: float = 0.0,
     host: str = "this host",
     ask_other_hosts=None,
+    on_rank_killed=None,
+    settings: LaunchSettings = DEFAULTS,
 ) -> RunResult:
-    supervisor = Supervisor(grace_period_s, collector, hang_timeout_s, host, ask_other_hosts)
+    supervisor = Supervisor(grace_period_s, collector, hang_timeout_s, host, ask_other_hosts, on_rank_killed, settings)
     oom_before = load_oom_kill_count()
     previous = {s: signal.signal(s, supervisor.on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     previous[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, supervisor.on_stack_request)
@@ -439,7 +435,7 @@ def run_processes(
     oom_after = load_oom_kill_count() if code else None  # only a failure needs telling apart
     oom_kills = oom_after - oom_before if oom_after is not None and oom_before is not None else None
     if supervisor.hang_reason is not None:
-        from entrypoint.hangs import HANG_EXIT_CODE
+        from entrypoint.report.hangs import HANG_EXIT_CODE
 
         code = HANG_EXIT_CODE
     return RunResult(code, supervisor.stopped_by, supervisor.stopped_at,

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from entrypoint.config import JobConfig, build_json, canonical_json
-from entrypoint.probe import MachineFacts
-from entrypoint.topology import Topology
+from entrypoint.job.config import JobConfig, build_json, canonical_json
+from entrypoint.job.probe import MachineFacts
+from entrypoint.decide.topology import Topology
 
 # logging.INFO: the toolkit's default SM_LOG_LEVEL; logging itself is not imported for one number.
 LOG_LEVEL_INFO = 20

@@ -18,7 +18,7 @@ only in a v3 MPI job. It rewrites exactly those two things and execs the image's
   two hosts with the same slot count s, and n == s: n becomes the sum of the slots;
 - the value of `-mca btl_tcp_if_include` / `-mca oob_tcp_if_include` / `-x NCCL_SOCKET_IFNAME=`
   when it is one interface name that does not exist here: the interface our launcher would use
-  instead (entrypoint.topology.choose_interface: eth0, else the first non-loopback one).
+  instead (entrypoint.decide.topology.choose_interface: eth0, else the first non-loopback one).
 Anything else passes through untouched; each change is one line on stderr. `-x BYOC_WHOLE_LINES=1`
 goes first: every host's Python ranks write whole lines (record_errors.start_whole_lines).
 """
@@ -29,8 +29,8 @@ import os
 import sys
 from typing import Sequence
 
-from entrypoint.probe import probe_interfaces
-from entrypoint.topology import choose_interface
+from entrypoint.job.probe import probe_interfaces
+from entrypoint.decide.topology import choose_interface
 
 SHIM_DIR = "/usr/local/byoc/sdk-v3/bin"
 INTERFACE_PARAMS = ("btl_tcp_if_include", "oob_tcp_if_include")

@@ -20,23 +20,24 @@ import subprocess
 import time
 from dataclasses import dataclass
 
-from entrypoint import processes, ssh
-from entrypoint.failure import build_job_outcome_report
-from entrypoint.log import log as log_line
-from entrypoint.plan import LaunchPlan
-from entrypoint.rank.record_errors import build_readable_text
-from entrypoint.supervise import StopRequest, stop_signals_set
+from entrypoint.run import processes
 
-POLL_S = 0.05
-# How long a worker that has its outcome waits for the leader's SSH sessions (the one that
-# delivered the outcome among them) to close before it stops sshd.
-SESSION_CLOSE_WAIT_S = 5.0
+from entrypoint.hosts import ssh
+from entrypoint.report.failure import build_job_outcome_report
+from entrypoint.log import log as log_line
+from entrypoint.decide.plan import LaunchPlan
+from entrypoint.decide.settings import DEFAULTS
+from entrypoint.hosts.job_port import PeerWatch
+from entrypoint.rank.record_errors import build_readable_text
+from entrypoint.run.supervise import StopRequest, stop_signals_set
+
 # The leader's SSH sessions to its workers (probes, telling the outcome) run this many at a
 # time: each is an ssh process (~5 MB, a key exchange), and a small leader instance with
 # 255 workers should not start 255 at once. Open MPI's own orted launch has its own limit
 # (plm_rsh_num_concurrent, 128 by default).
 MAX_PARALLEL_SESSIONS = 64
-MAX_REPORT_BYTES = 256 * 1024
+# The leader's output/failure as it is written on each worker (over SSH, not the job port).
+LEADER_REPORT_MAX_BYTES = 256 * 1024
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,7 @@ def start_leader(plan: LaunchPlan, stop: StopRequest, log) -> tuple[subprocess.P
     pending = list(workers)
     log(f"waiting for SSH on {', '.join(workers)}")
     while pending:
-        accepted = probe_workers(files, pending, plan.settings.ssh_port)
+        accepted = probe_workers(files, pending, plan.settings.ssh_port, plan.settings.ssh_probe_timeout_s)
         pending = [h for h in pending if h not in accepted]
         if not pending:
             break
@@ -114,7 +115,7 @@ def start_leader(plan: LaunchPlan, stop: StopRequest, log) -> tuple[subprocess.P
                 f"host(s) {', '.join(pending)} did not accept SSH within "
                 f"{plan.settings.peer_wait_timeout_s:g} s (BYOC_PEER_WAIT_TIMEOUT_S)"
             )
-        time.sleep(POLL_S)
+        time.sleep(plan.settings.wait_poll_s)
     log(f"every worker accepts SSH ({len(workers)} host(s), {time.monotonic() - started:.2f} s)")
     return sshd, None
 
@@ -125,13 +126,14 @@ def stop_leader(plan: LaunchPlan, sshd: subprocess.Popen | None) -> None:
     ssh.remove_private_key(plan.files.ssh)
 
 
-def probe_workers(files: ssh.SshFiles, hosts: list[str], port: int) -> set[str]:
+def probe_workers(files: ssh.SshFiles, hosts: list[str], port: int,
+                  timeout_s: float = DEFAULTS.ssh_probe_timeout_s) -> set[str]:
     """The hosts that accept our SSH login now, probed in parallel (at most
     MAX_PARALLEL_SESSIONS at a time), so the wait does not grow with the host count the way
     one-after-another probes did (0.3-0.4 s each). A host whose port does not answer yet
     costs a TCP connect, not an ssh process."""
     def accepts(host: str) -> bool:
-        if not ssh.can_connect(host, port, timeout_s=1.0):
+        if not ssh.can_connect(host, port, timeout_s=timeout_s):
             return False
         done = subprocess.run(ssh_argv(files, host, "true"), capture_output=True, stdin=subprocess.DEVNULL)
         return done.returncode == 0
@@ -162,41 +164,36 @@ def build_tell_command(plan: LaunchPlan, exit_code: int) -> str:
 
 
 def tell_workers(plan: LaunchPlan, exit_code: int, report: str | None, log) -> None:
-    """Write the job's outcome on every worker, in parallel (MAX_PARALLEL_SESSIONS at a
-    time); a dead worker is skipped."""
-    files = plan.files.ssh
-    command = build_tell_command(plan, exit_code)
+    """Write the job's outcome on every worker; a dead worker is skipped."""
     # Readable first (record_errors.build_readable_text): a lone surrogate arrives escaped, not as "?".
-    payload = build_readable_text(report or "").encode("utf-8")[:MAX_REPORT_BYTES] if exit_code != 0 else b""
-
-    def tell(host: str) -> None:
-        try:
-            done = subprocess.run(ssh_argv(files, host, command), input=payload, capture_output=True, timeout=30)
-            if done.returncode != 0:
-                log(f"could not tell {host} the outcome: {done.stderr.decode(errors='replace').strip()}")
-        except subprocess.TimeoutExpired:
-            log(f"could not tell {host} the outcome: timed out")
-
-    run_per_host(tell, list(plan.peers))
+    payload = build_readable_text(report or "").encode("utf-8")[:LEADER_REPORT_MAX_BYTES] if exit_code != 0 else b""
+    run_on_workers(plan, build_tell_command(plan, exit_code), payload, "tell {host} the outcome", log)
 
 
 def ask_workers_for_stacks(plan: LaunchPlan, log) -> None:
     """SIGUSR1 to every worker's entrypoint (its PID is in its job folder's owner file, the
     same path on every host), which passes it to its ranks; their stacks reach the leader's
     log through mpirun. Only our constant path appears in the command."""
-    files = plan.files.ssh
     owner = shlex.quote(plan.files.owner)
-    command = f"kill -USR1 \"$(cut -d' ' -f1 {owner})\""
+    run_on_workers(plan, f"kill -USR1 \"$(cut -d' ' -f1 {owner})\"", b"", "ask {host} for its ranks' stacks", log)
 
-    def ask(host: str) -> None:
+
+def run_on_workers(plan: LaunchPlan, command: str, payload: bytes, what: str, log) -> None:
+    """One SSH session to every worker, running `command` with `payload` on its stdin, in
+    parallel (MAX_PARALLEL_SESSIONS at a time); a worker that fails or times out is logged
+    ("could not " + what) and skipped."""
+    files = plan.files.ssh
+    timeout_s = plan.settings.ssh_session_timeout_s
+
+    def on(host: str) -> None:
         try:
-            done = subprocess.run(ssh_argv(files, host, command), capture_output=True, timeout=30)
+            done = subprocess.run(ssh_argv(files, host, command), input=payload, capture_output=True, timeout=timeout_s)
             if done.returncode != 0:
-                log(f"could not ask {host} for its ranks' stacks: {done.stderr.decode(errors='replace').strip()}")
+                log(f"could not {what.format(host=host)}: {done.stderr.decode(errors='replace').strip()}")
         except subprocess.TimeoutExpired:
-            log(f"could not ask {host} for its ranks' stacks: timed out")
+            log(f"could not {what.format(host=host)}: timed out")
 
-    run_per_host(ask, list(plan.peers))
+    run_per_host(on, list(plan.peers))
 
 
 # --- worker ------------------------------------------------------------------------------------
@@ -264,7 +261,7 @@ def run_worker(plan: LaunchPlan, stop: StopRequest, log) -> WorkerOutcome:
                     f"the leader {plan.leader} did not serve SSH within {settings.peer_wait_timeout_s:g} s "
                     f"(BYOC_PEER_WAIT_TIMEOUT_S)"
                 ))
-            time.sleep(POLL_S)
+            time.sleep(settings.wait_poll_s)
         addresses = ssh.resolve_addresses(plan.leader)
         write_host_env(plan)
         ssh.authorize(files, key, addresses)
@@ -276,10 +273,10 @@ def run_worker(plan: LaunchPlan, stop: StopRequest, log) -> WorkerOutcome:
             # The outcome file appears while the leader's session that wrote it is still
             # closing; stopping sshd then cuts that session and the leader logs a false
             # "could not tell algo-N the outcome: Connection ... closed by remote host".
-            processes.wait_for_descendants_to_end(sshd.pid, SESSION_CLOSE_WAIT_S)
+            processes.wait_for_descendants_to_end(sshd.pid, settings.ssh_session_close_wait_s, settings.wait_poll_s)
         return outcome
     finally:
-        processes.stop_process_and_descendants(sshd, min(plan.settings.grace_period_s, 10.0))
+        processes.stop_process_and_descendants(sshd, min(plan.settings.grace_period_s, plan.settings.failure_stop_s))
         ssh.remove_private_key(files)
 
 
@@ -303,13 +300,21 @@ def load_leader_report(plan: LaunchPlan) -> str | None:
 
 def _wait_for_outcome(plan: LaunchPlan, stop: StopRequest, log, sshd: subprocess.Popen) -> WorkerOutcome:
     settings = plan.settings
-    path = plan.files.outcome
-    last_contact = time.monotonic()
-    next_check = 0.0
+    lost: list[str] = []
+    watch = PeerWatch([plan.leader], settings.ssh_port, settings.host_lost_timeout_s, settings.host_lost_timeout_s,
+                      lambda host, reason: lost.append(host), seen_at_start=True, settings=settings)
+    try:
+        return _serve_until_outcome(plan, stop, log, sshd, lost)
+    finally:
+        watch.close()
+
+
+def _serve_until_outcome(plan: LaunchPlan, stop: StopRequest, log, sshd: subprocess.Popen, lost: list[str]) -> WorkerOutcome:
+    settings = plan.settings
     stop_deadline = None
     while True:
-        if os.path.exists(path):
-            with open(path) as f:
+        if os.path.exists(plan.files.outcome):
+            with open(plan.files.outcome) as f:
                 text = f.read().strip()
             code = int(text) if text.lstrip("-").isdigit() else 1
             return WorkerOutcome(code, None, load_leader_report(plan) if code != 0 else None)
@@ -320,18 +325,14 @@ def _wait_for_outcome(plan: LaunchPlan, stop: StopRequest, log, sshd: subprocess
             stop_deadline = now + settings.grace_period_s
         if stop_deadline is not None and now >= stop_deadline:
             return WorkerOutcome(143, f"stopped by {stop.signal_name}; the leader did not report an outcome within the grace period")
-        if now >= next_check:
-            if ssh.can_connect(plan.leader, settings.ssh_port, timeout_s=2.0):
-                last_contact = time.monotonic()
-            elif time.monotonic() - last_contact > settings.host_lost_timeout_s:
-                return WorkerOutcome(1, (
-                    f"lost the leader {plan.leader}: no answer on its SSH port for "
-                    f"{settings.host_lost_timeout_s:g} s (BYOC_HOST_LOST_TIMEOUT_S)"
-                ))
-            next_check = time.monotonic() + 1.0
+        if lost:
+            return WorkerOutcome(1, (
+                f"lost the leader {plan.leader}: no answer on its SSH port for "
+                f"{settings.host_lost_timeout_s:g} s (BYOC_HOST_LOST_TIMEOUT_S)"
+            ))
         # As subreaper (and PID 1 in a container) we inherit orted, the ranks and the leader's
         # ended SSH sessions: collect them while the job runs, or they stay defunct until it ends.
         # sshd is Popen's to collect (poll), and an exited one must not block the others.
         sshd.poll()
         processes.reap_orphans(set() if sshd.returncode is not None else {sshd.pid})
-        time.sleep(POLL_S)
+        time.sleep(settings.wait_poll_s)

@@ -8,7 +8,7 @@ import re
 import shlex
 from typing import Any, Mapping, NamedTuple
 
-from entrypoint.config import GROUP_NAME, HYPERPARAMETERS, JobConfig, canonical_json
+from entrypoint.job.config import GROUP_NAME, HYPERPARAMETERS, JobConfig, canonical_json
 from entrypoint.errors import JobDefinitionError
 
 # launcher name -> the key that enables it
@@ -65,24 +65,6 @@ class Distribution(NamedTuple):
     custom_mpi_options: tuple[str, ...]
     instance_groups: tuple[str, ...] | None
     notes: tuple[str, ...] = ()
-
-
-# Restarts in place are for transient crashes; a job failing the same way a hundred times is
-# not transient.
-MAX_RESTARTS_LIMIT = 100
-
-
-class LaunchSettings(NamedTuple):
-    master_port: int = 7777
-    max_restarts: int = 0  # restarts in place after a rank fails (BYOC_MAX_RESTARTS; see decide_restart)
-    grace_period_s: float = 90.0
-    host_resolution_timeout_s: float = 300.0
-    neuron_parallel_compile: bool = False
-    ssh_port: int = 22
-    peer_wait_timeout_s: float = 300.0
-    host_lost_timeout_s: float = 30.0
-    job_port: int = 7778
-    hang_timeout_s: float = 0.0  # BYOC_HANG_TIMEOUT_S: silence after which the job is hung (hangs.py); 0: off
 
 
 def _as_bool(key: str, value: Any) -> bool:
@@ -344,37 +326,4 @@ def parse_distribution(job: JobConfig) -> Distribution:
         custom_mpi_options=options,
         instance_groups=groups,
         notes=tuple(notes),
-    )
-
-
-def parse_launch_settings(environ: Mapping[str, str]) -> LaunchSettings:
-    def number(name: str, default: float, kind: type, low: float, high: float | None = None):
-        raw = environ.get(name)
-        if raw is None or raw == "":
-            return default
-        try:
-            value = kind(raw)
-        except ValueError:
-            value = None
-        if value is None or value < low or (high is not None and value > high):
-            bound = f"between {low} and {high}" if high is not None else f"at least {low}"
-            raise JobDefinitionError(
-                f"The environment variable {name}={raw!r} must be a {kind.__name__} {bound}."
-            )
-        return value
-
-    master_port = number("BYOC_MASTER_PORT", 7777, int, 1, 65535)
-    # BYOC_TORCHRUN_MAX_RESTARTS: the name from before restarts covered every launcher.
-    restarts_name = "BYOC_MAX_RESTARTS" if environ.get("BYOC_MAX_RESTARTS") else "BYOC_TORCHRUN_MAX_RESTARTS"
-    return LaunchSettings(
-        master_port=master_port,
-        max_restarts=number(restarts_name, 0, int, 0, MAX_RESTARTS_LIMIT),
-        grace_period_s=number("BYOC_GRACE_PERIOD_S", 90.0, float, 0.0),
-        host_resolution_timeout_s=number("BYOC_HOST_RESOLUTION_TIMEOUT_S", 300.0, float, 0.0),
-        neuron_parallel_compile=environ.get("RUN_NEURON_PARALLEL_COMPILE") == "1",
-        ssh_port=number("BYOC_SSH_PORT", 22, int, 1, 65535),
-        peer_wait_timeout_s=number("BYOC_PEER_WAIT_TIMEOUT_S", 300.0, float, 0.0),
-        host_lost_timeout_s=number("BYOC_HOST_LOST_TIMEOUT_S", 30.0, float, 1.0, 60.0),
-        job_port=number("BYOC_JOB_PORT", master_port + 1 if master_port < 65535 else 7778, int, 1, 65535),
-        hang_timeout_s=number("BYOC_HANG_TIMEOUT_S", 0.0, float, 0.0),
     )

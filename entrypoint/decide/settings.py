@@ -1,0 +1,117 @@
+"""Every timeout, interval and port of a launch, in one record (pure).
+
+The first group comes from the job's environment (BYOC_* variables, checked here: a bad value
+is a bad job definition); the second group is fixed. A module that waits, polls or gives up
+takes its number from a LaunchSettings (the plan's, `plan.settings`) or, where no plan
+reaches it (a helper that runs without one), from DEFAULTS, so no number hides as a module
+constant or a bare literal.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, NamedTuple
+
+from entrypoint.errors import JobDefinitionError
+
+# Restarts in place are for transient crashes; a job failing the same way a hundred times is
+# not transient.
+MAX_RESTARTS_LIMIT = 100
+
+
+class LaunchSettings(NamedTuple):
+    # --- from the job's environment (parse_launch_settings) -------------------------------------
+    master_port: int = 7777  # BYOC_MASTER_PORT: torchrun's rendezvous, MASTER_PORT
+    max_restarts: int = 0  # BYOC_MAX_RESTARTS: restarts in place after a rank fails (restarts.py)
+    grace_period_s: float = 90.0  # BYOC_GRACE_PERIOD_S: SIGTERM to SIGKILL on a stop
+    host_resolution_timeout_s: float = 300.0  # BYOC_HOST_RESOLUTION_TIMEOUT_S
+    neuron_parallel_compile: bool = False  # RUN_NEURON_PARALLEL_COMPILE=1
+    ssh_port: int = 22  # BYOC_SSH_PORT
+    peer_wait_timeout_s: float = 300.0  # BYOC_PEER_WAIT_TIMEOUT_S: a peer's first answer, a host's last word
+    host_lost_timeout_s: float = 30.0  # BYOC_HOST_LOST_TIMEOUT_S: silence that makes a host lost
+    job_port: int = 7778  # BYOC_JOB_PORT (default: BYOC_MASTER_PORT + 1)
+    hang_timeout_s: float = 0.0  # BYOC_HANG_TIMEOUT_S: output silence that makes a job hung; 0: off
+
+    # --- fixed ----------------------------------------------------------------------------------
+    # How often this host's process tree is polled (exits, deadlines, hang checks).
+    process_poll_s: float = 0.01
+    # How often a wait on something outside the process tree is polled (a file the leader
+    # writes over SSH, a worker's SSH, a process group that is ending).
+    wait_poll_s: float = 0.05
+    # How often a wait that nothing else wakes checks whether a stop signal arrived, or
+    # retries a word to a peer.
+    stop_check_s: float = 0.2
+    # How often a peer's port is probed (host-lost watch, a worker's last word, a closed port),
+    # and how long one probe may take.
+    peer_probe_every_s: float = 1.0
+    peer_probe_timeout_s: float = 2.0
+    # A worker host counts as gone (its part over, no word from it) when its port has not
+    # answered for this long: one missed probe under load is not enough, and a word sent just
+    # before the worker exited is read by then.
+    worker_gone_after_s: float = 5.0
+    # A worker retries this long to tell its leader that its part succeeded (not a refused
+    # port: that leader has ended); a failing worker tries for host_done_failed_send_s, since its
+    # leader may be what failed.
+    host_done_send_s: float = 3.0
+    host_done_failed_send_s: float = 1.0
+    # A report signed before the job port opened is a replay; this much clock difference
+    # between hosts is allowed.
+    report_clock_skew_s: float = 60.0
+    # How long the job port reads one connection's report.
+    report_read_timeout_s: float = 5.0
+    # The leader's probe of a worker's SSH port while it waits for the workers to accept it.
+    ssh_probe_timeout_s: float = 1.0
+    # One SSH session of the leader to a worker (telling the outcome, asking for stacks).
+    ssh_session_timeout_s: float = 30.0
+    # How long a worker that has its outcome waits for the leader's SSH sessions to close.
+    ssh_session_close_wait_s: float = 5.0
+    # When one of the job's processes fails (or a host is lost), the others get SIGTERM, then
+    # SIGKILL after this long. Not the grace period: that one is for a stop the platform asked
+    # for (StopTrainingJob), where scripts checkpoint; every failure path ends within a minute.
+    failure_stop_s: float = 10.0
+    # How long a tagged line's first piece (mpirun's output) waits for the rest.
+    quiet_line_s: float = 0.5
+    # A hung job: how long the ranks have to print their stacks, and the gap between asking
+    # one rank and the next (their dumps would interleave).
+    stack_wait_s: float = 3.0
+    stack_request_gap_s: float = 0.1
+    # How long a helper thread (an output pump, a watch) may take to end once told to.
+    thread_join_s: float = 5.0
+
+
+DEFAULTS = LaunchSettings()
+
+
+def _parse_number(environ: Mapping[str, str], name: str, default: float, kind: type, low: float,
+                  high: float | None = None):
+    raw = environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = kind(raw)
+    except ValueError:
+        value = None
+    if value is None or value < low or (high is not None and value > high):
+        bound = f"between {low} and {high}" if high is not None else f"at least {low}"
+        raise JobDefinitionError(f"The environment variable {name}={raw!r} must be a {kind.__name__} {bound}.")
+    return value
+
+
+def parse_launch_settings(environ: Mapping[str, str]) -> LaunchSettings:
+    def number(name: str, default: float, kind: type, low: float, high: float | None = None):
+        return _parse_number(environ, name, default, kind, low, high)
+
+    master_port = number("BYOC_MASTER_PORT", 7777, int, 1, 65535)
+    # BYOC_TORCHRUN_MAX_RESTARTS: the name from before restarts covered every launcher.
+    restarts_name = "BYOC_MAX_RESTARTS" if environ.get("BYOC_MAX_RESTARTS") else "BYOC_TORCHRUN_MAX_RESTARTS"
+    return LaunchSettings(
+        master_port=master_port,
+        max_restarts=number(restarts_name, 0, int, 0, MAX_RESTARTS_LIMIT),
+        grace_period_s=number("BYOC_GRACE_PERIOD_S", 90.0, float, 0.0),
+        host_resolution_timeout_s=number("BYOC_HOST_RESOLUTION_TIMEOUT_S", 300.0, float, 0.0),
+        neuron_parallel_compile=environ.get("RUN_NEURON_PARALLEL_COMPILE") == "1",
+        ssh_port=number("BYOC_SSH_PORT", 22, int, 1, 65535),
+        peer_wait_timeout_s=number("BYOC_PEER_WAIT_TIMEOUT_S", 300.0, float, 0.0),
+        host_lost_timeout_s=number("BYOC_HOST_LOST_TIMEOUT_S", 30.0, float, 1.0, 60.0),
+        job_port=number("BYOC_JOB_PORT", master_port + 1 if master_port < 65535 else 7778, int, 1, 65535),
+        hang_timeout_s=number("BYOC_HANG_TIMEOUT_S", 0.0, float, 0.0),
+    )

@@ -1,0 +1,327 @@
+"""The multi-host roles: what one host does beside its processes, from the first word with the
+other hosts to the last. Each role owns its ordering rules; run/roles.py chooses one from the
+plan and describes the lifecycle every role shares (start, run, finish, close).
+
+- MpiLeader: sshd, then waits until every worker accepts its SSH; runs mpirun; after its
+  outcome is written, writes that outcome on every worker (hosts/mpi.py), then stops sshd.
+- MpiWorker: its whole part is serving SSH until the leader writes the outcome (hosts/mpi.py).
+- JobPortLeader (torchrun, parameter server): opens its job port (hosts/job_port.py); once its
+  own part succeeded, waits for every worker's word before its outcome is written, then
+  closes the port.
+- JobPortWorker: opens its job port; after its outcome is written, tells the leader, then
+  waits for the leader's port to close (SDK v2 local mode stops every container when the
+  first one exits: a worker that ended first would stop a leader still saving the model).
+Imported only by multi-host jobs: a 1-host job never pays for SSH, sockets or threads here.
+"""
+
+from __future__ import annotations
+
+import time
+
+from entrypoint.decide.plan import LaunchPlan
+from entrypoint.hosts import job_port
+from entrypoint.hosts.job_port import REPORT_KEY_ENV, HostOutcomes, JobPort, PeerWatch
+from entrypoint.log import log
+from entrypoint.report.failure import build_worker_host_failure_report, first_root_cause
+from entrypoint.report.outcome import SUCCESS, Outcome, load_failure_file
+from entrypoint.run.roles import HostRole
+from entrypoint.run.supervise import RunResult, StopRequest, stop_signals_set
+
+MAX_REFUSED_LOGGED = 5
+
+
+def wait_for_hosts(hosts: tuple[str, ...], timeout_s: float) -> list[str]:
+    """Hosts that still do not resolve after timeout_s (SageMaker's DNS can lag at start)."""
+    import socket
+
+    deadline = time.monotonic() + timeout_s
+    pending = list(hosts)
+    delay = 0.1
+    while True:
+        for host in list(pending):
+            try:
+                socket.getaddrinfo(host, None)
+                pending.remove(host)
+            except OSError:
+                pass
+        if not pending or time.monotonic() >= deadline:
+            return pending
+        time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+        delay = min(delay * 2, 5.0)
+
+
+def describe_port_problem(port: int, host: str, error: OSError) -> str:
+    """One line for a job port we could not open, naming the setting that moves it."""
+    import errno
+
+    if error.errno == errno.EADDRINUSE:
+        return (f"port {port} on {host} is already in use by another process: the job's peers reach each "
+                f"other there; set BYOC_JOB_PORT to a free port (or BYOC_MASTER_PORT, which it follows)")
+    return f"cannot listen on port {port} on {host} (BYOC_JOB_PORT): {error.strerror or error}"
+
+
+class MultiHostRole(HostRole):
+    """What the roles of a multi-host launch share: the other hosts' names resolved first, a
+    watch on the peers from the first run on (it spans the restarts of a job), and a lost
+    host ending the current run."""
+
+    watch_port_name = ""
+
+    def __init__(self, plan: LaunchPlan, collector, env: dict[str, str], paths, what: str, relaunchable: bool):
+        super().__init__(plan, collector, env, paths, what, relaunchable)
+        self.watches: list[PeerWatch] | None = None
+
+    def start(self) -> Outcome | None:
+        settings = self.plan.settings
+        unresolved = wait_for_hosts(self.plan.hosts, settings.host_resolution_timeout_s)
+        if not unresolved:
+            return self.start_beside()
+        self.collector.tail.append(f"host(s) {', '.join(unresolved)} did not resolve within "
+                                   f"{settings.host_resolution_timeout_s:g} s (BYOC_HOST_RESOLUTION_TIMEOUT_S)")
+        return Outcome(1, self.build_report("waiting for the other hosts' names to resolve", RunResult(1)))
+
+    def start_beside(self) -> Outcome | None:
+        """What runs beside the processes; an Outcome when the launch cannot start."""
+        return None
+
+    def start_problem(self, problem: str, stopped_by: str | None) -> Outcome:
+        self.collector.tail.append(problem)
+        return Outcome(1, self.build_report(f"{self.what}: starting the workers", RunResult(1, stopped_by)))
+
+    def on_processes_started(self, supervisor) -> None:
+        self.supervisor = supervisor
+        if self.watches is None:
+            self.watches = self.start_watches()
+
+    def start_watches(self) -> list[PeerWatch]:
+        return []
+
+    def on_lost(self, host: str, reason: str) -> None:
+        self.lost = reason
+        self.supervisor.stop_after_failure(f"{reason}: the job cannot go on")
+
+    def close_watches(self) -> None:
+        for watch in self.watches or ():
+            watch.close()  # this host's part is over: a peer leaving now is not a lost host
+        self.watches = []
+
+
+class MpiLeader(MultiHostRole):
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        self.sshd = None
+        from entrypoint.hosts import mpi
+
+        self.mpi = mpi
+
+    def start_beside(self) -> Outcome | None:
+        stop = StopRequest()
+        with stop_signals_set(stop):
+            self.sshd, problem = self.mpi.start_leader(self.plan, stop, log)
+        return self.start_problem(problem, stop.signal_name) if problem else None
+
+    def start_watches(self) -> list[PeerWatch]:
+        plan, settings = self.plan, self.plan.settings
+        # seen_at_start: start_leader has just reached every worker over SSH.
+        return [PeerWatch(plan.peers, settings.ssh_port, settings.host_lost_timeout_s, settings.peer_wait_timeout_s,
+                          self.on_lost, seen_at_start=True, settings=settings)]
+
+    def ask_other_hosts(self) -> None:
+        """Each worker's entrypoint (SIGUSR1 over SSH) has its ranks print their stacks, which
+        reach this host's log through mpirun."""
+        self.mpi.ask_workers_for_stacks(self.plan, log)
+
+    def close(self, outcome: Outcome) -> None:
+        """The outcome is written here first: a worker exits as soon as it has the outcome, and
+        SDK v2 local mode then stops this container. Workers are told what this host reports:
+        the script's own failure file if it wrote one, else ours."""
+        self.close_watches()
+        try:
+            report = (load_failure_file(self.paths) or outcome.report) if outcome.exit_code else None
+            self.mpi.tell_workers(self.plan, outcome.exit_code, report, log)
+        finally:
+            self.mpi.stop_leader(self.plan, self.sshd)
+
+
+class MpiWorker(HostRole):
+    def run(self, launch) -> Outcome:
+        """Not the plan's processes: mpirun on the leader starts this host's ranks over SSH."""
+        from entrypoint.hosts import mpi
+
+        code, text = mpi.run_worker_host(self.plan, self.env)
+        return SUCCESS if code == 0 else Outcome(code, text)
+
+
+class JobPortRole(MultiHostRole):
+    """torchrun and the parameter server: every host opens its job port, which also takes
+    root-cause reports from ranks on every host, so each host's output/failure can lead with
+    the job's first failure (SDK v2 local mode keeps only the last host's)."""
+
+    def __init__(self, *args, watch_rendezvous: bool = False) -> None:
+        super().__init__(*args)
+        self.port: JobPort | None = None
+        self.refused_reports = 0
+        self.watch_rendezvous = watch_rendezvous
+
+    def start_beside(self) -> Outcome | None:
+        plan = self.plan
+        try:
+            self.port = JobPort(plan.settings.job_port, self.collector.add_line_text,
+                                report_key=plan.env_dict.get(REPORT_KEY_ENV, ""), on_refused=self.on_refused_report,
+                                on_host_done=self.on_host_done, settings=plan.settings)
+        except OSError as exc:
+            return self.start_problem(describe_port_problem(plan.settings.job_port, plan.current_host, exc), None)
+        return None
+
+    def on_host_done(self, host: str, exit_code: int) -> None:
+        """A host's outcome on a worker's port: only the leader waits for those."""
+
+    def on_refused_report(self, address: str, why: str) -> None:
+        """A report on the job port that is not this job's: logged (the first few), dropped."""
+        if why.startswith("a host's outcome"):  # always logged: the leader waits for these
+            log(f"ignored a report on the job port from {address}: {why}")
+            return
+        self.refused_reports += 1
+        if self.refused_reports <= MAX_REFUSED_LOGGED:
+            log(f"ignored a report on the job port from {address}: {why}"
+                + (" (further ones are not logged)" if self.refused_reports == MAX_REFUSED_LOGGED else ""))
+
+    def on_rank_killed(self, env: dict[str, str], signum: int):
+        """A rank this host started itself (the parameter server's processes) was killed by a
+        signal and wrote no record: write it for it, as torchrun's launcher does for its ranks
+        (rank/launch_torchrun.py), here and on every host's port. Returns the sending thread."""
+        import threading
+
+        from entrypoint.rank.record_errors import build_root_cause_line, build_signal_root_cause, send_root_cause
+
+        record = build_signal_root_cause(env["RANK"], env.get("LOCAL_RANK", "0"), self.plan.current_host, signum,
+                                         time.time())
+        self.collector.add_line_text(build_root_cause_line(record))
+        sender = threading.Thread(target=send_root_cause, args=(record, env), daemon=True)
+        sender.start()
+        return sender
+
+    def close(self, outcome: Outcome) -> None:
+        self.close_watches()
+        if self.port is not None:
+            self.port.close()
+
+
+class JobPortLeader(JobPortRole):
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.worker_outcomes = HostOutcomes()
+
+    def start_watches(self) -> list[PeerWatch]:
+        plan, settings = self.plan, self.plan.settings
+        return [PeerWatch(plan.peers, settings.job_port, settings.host_lost_timeout_s, settings.peer_wait_timeout_s,
+                          self.on_lost, settings=settings)]
+
+    def on_processes_started(self, supervisor) -> None:
+        super().on_processes_started(supervisor)
+        for host, code in self.worker_outcomes.codes().items():
+            self.on_host_done(host, code)  # a worker that failed before this run started
+
+    def on_host_done(self, host: str, exit_code: int) -> None:
+        """A worker host's part ended. One that failed while this host still runs ends the
+        job now, not when its port is missed."""
+        if host not in self.plan.peers:
+            self.on_refused_report(host, "an outcome from a host that is not one of this leader's workers")
+            return
+        self.worker_outcomes.add(host, exit_code)
+        supervisor = self.supervisor
+        if exit_code == 0 or supervisor is None or self.lost is not None or self.peer_failed is not None:
+            return
+        # Only a run still going, and not already being stopped (SIGTERM to every host, or a
+        # failure here): the worker's failure is then a consequence, not news.
+        if supervisor.kill_at is None and supervisor.is_running():
+            self.peer_failed = f"Host {host}'s part of the job failed (exit code {exit_code})"
+            supervisor.stop_after_failure(f"host {host}'s part of the job failed (exit code {exit_code}): "
+                                          f"the job cannot go on")
+
+    def finish(self, outcome: Outcome) -> Outcome:
+        """This host's part succeeded: wait until every worker host's part has ended too (each
+        tells this host's job port), and the job failed if one of theirs did. Not when this
+        host was stopped (StopTrainingJob stops every host, and compose stops the rest once one
+        has exited): a worker's 143 then is the same stop, not a failure of the job. Bounded
+        by BYOC_PEER_WAIT_TIMEOUT_S; a worker that stops answering without a word is not waited
+        for; SIGTERM ends the wait."""
+        if outcome.exit_code != 0 or (self.supervisor is not None and self.supervisor.stopped_by):
+            return outcome
+        self.close_watches()
+        failed = self.wait_for_workers()
+        if failed is None:
+            return outcome
+        host, code = failed
+        return Outcome(code, build_worker_host_failure_report(
+            what=self.what, host=host, exit_code=code, root_cause=first_root_cause(self.collector.root_causes),
+            current_host=self.plan.current_host, environ=self.env))
+
+    def wait_for_workers(self) -> tuple[str, int] | None:
+        """The first worker that failed, as (host, exit code), or None."""
+        plan, settings = self.plan, self.plan.settings
+        pending = [h for h in plan.peers if h not in self.worker_outcomes.codes()]
+        if pending:
+            log(f"{plan.current_host}: waiting for {len(pending)} worker host(s) to finish: {', '.join(pending)}")
+        stop = StopRequest()
+        with stop_signals_set(stop):
+            codes, gone, how = self.worker_outcomes.wait_for(
+                plan.peers, settings.job_port, settings.peer_wait_timeout_s,
+                stopped=lambda: stop.signal_name is not None, settings=settings)
+        for host in gone:
+            log(f"{plan.current_host}: worker host {host} stopped answering without reporting its outcome "
+                f"(its own output/failure has it)")
+        if how == "timeout":
+            silent = ", ".join(h for h in plan.peers if h not in codes and h not in gone)
+            log(f"{plan.current_host}: worker host(s) {silent} had not reported the end of their part after "
+                f"{settings.peer_wait_timeout_s:g} s (BYOC_PEER_WAIT_TIMEOUT_S); ending without their outcome")
+        failed = [(h, codes[h]) for h in plan.peers if codes.get(h, 0) != 0]
+        return failed[0] if failed else None
+
+
+class JobPortWorker(JobPortRole):
+    def start_watches(self) -> list[PeerWatch]:
+        plan, settings = self.plan, self.plan.settings
+        watches = [PeerWatch(plan.peers, settings.job_port, settings.host_lost_timeout_s,
+                             settings.peer_wait_timeout_s, self.on_lost, settings=settings)]
+        if self.watch_rendezvous:
+            # torchrun here waits for the leader's rendezvous store with no limit of its own
+            # (seen: > 10 min, silent) when the leader's host is up but its torchrun never
+            # listens; the job port alone cannot tell.
+            watches.append(PeerWatch([plan.leader], settings.master_port, settings.host_lost_timeout_s,
+                                     settings.peer_wait_timeout_s, self.on_lost, until_first_contact=True,
+                                     port_name=" (torchrun's rendezvous, BYOC_MASTER_PORT)", settings=settings))
+        return watches
+
+    def close(self, outcome: Outcome) -> None:
+        """Tell the leader this host's part ended (a failing host tries for less long: its
+        leader may be what failed); after a success, wait for the leader to finish before
+        exiting, this host's job port still open. Bounded by BYOC_PEER_WAIT_TIMEOUT_S; SIGTERM
+        (the leader exited, compose stops this container) ends the wait."""
+        self.close_watches()
+        try:
+            stop = StopRequest()
+            with stop_signals_set(stop):  # from the first word to the leader on: it may exit at once
+                if self.tell_leader(outcome.exit_code, stop) and outcome.exit_code == 0:
+                    self.wait_for_leader(stop)
+        finally:
+            super().close(outcome)
+
+    def tell_leader(self, exit_code: int, stop: StopRequest) -> bool:
+        plan, settings = self.plan, self.plan.settings
+        delivered = job_port.send_host_done(
+            plan.leader, settings.job_port, plan.env_dict.get(REPORT_KEY_ENV, ""), plan.current_host, exit_code,
+            within_s=settings.host_done_send_s if exit_code == 0 else settings.host_done_failed_send_s,
+            stopped=lambda: stop.signal_name is not None, settings=settings)
+        if not delivered:
+            log(f"{plan.current_host}: could not tell the leader {plan.leader} (port {settings.job_port}) "
+                f"that this host's part ended (it has ended, or is unreachable); it will notice this host go")
+        return delivered
+
+    def wait_for_leader(self, stop: StopRequest) -> None:
+        plan, settings = self.plan, self.plan.settings
+        how = job_port.wait_until_port_closes(plan.leader, settings.job_port, settings.peer_wait_timeout_s,
+                                              stopped=lambda: stop.signal_name is not None, settings=settings)
+        if how == "timeout":
+            log(f"{plan.current_host}: the leader {plan.leader} was still running after "
+                f"{settings.peer_wait_timeout_s:g} s (BYOC_PEER_WAIT_TIMEOUT_S); exiting")

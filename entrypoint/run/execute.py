@@ -1,0 +1,102 @@
+"""Run a LaunchPlan on this host, one straight line: install steps, then this host's role
+(run/roles.py: start, run with restarts, finish); the Outcome goes back to cli.main, which
+writes it (the one writer of output/) and then closes the role and the job's folders (Launch).
+
+The one layer that acts, and a thin one: supervise.py starts and watches the processes,
+the role owns what runs beside them and its ordering rules, restarts.py decides whether a
+crashed run is started again, and report/ words the outcome.
+"""
+
+from __future__ import annotations
+
+import time
+
+from entrypoint.decide.plan import LaunchPlan, ProcessSpec
+from entrypoint.decide.restarts import RunEnding, build_restart_line, decide_restart
+from entrypoint.job.paths import MlPaths
+from entrypoint.log import log
+from entrypoint.report.failure import describe_exit_code, describe_root_cause, first_root_cause, secret_values
+from entrypoint.report.outcome import SUCCESS, Outcome, build_job_failure_text, clear_previous_outcome
+from entrypoint.run import runtime_dirs
+from entrypoint.run.roles import HostRole, choose_role
+from entrypoint.run.supervise import OutputCollector, RunResult, mark_training_started, run_processes
+
+
+class Launch:
+    """What cli.main closes once the outcome is written, whatever happened before: this
+    host's role, once chosen, and the job's runtime folders, once made."""
+
+    def __init__(self) -> None:
+        self.role: HostRole | None = None
+        self.folders: tuple[str, ...] = ()
+
+    def close(self, outcome: Outcome) -> None:
+        try:
+            if self.role is not None:
+                self.role.close(outcome)
+        finally:
+            for folder in self.folders:
+                runtime_dirs.remove_job_folder(folder)
+
+
+def run_plan(plan: LaunchPlan, paths: MlPaths, environ: dict[str, str], launch: Launch) -> Outcome:
+    """This host's part of the job; returns its outcome, written by the caller."""
+    env = {**environ, **plan.env_dict}
+    collector = OutputCollector(secret_values(env))
+    role = launch.role = choose_role(plan, collector, env, paths)
+    outcome = run_install_steps(plan, env, role) or role.start()
+    if outcome is not None:
+        return outcome
+    log(f"{plan.current_host}: running {role.what} ({plan.role})")
+    mark_training_started()
+    started = time.monotonic()
+    outcome = role.finish(role.run(lambda: run_with_restarts(plan, env, role, paths)))
+    if outcome.exit_code == 0:
+        log(f"{plan.current_host}: {role.what} succeeded in {time.monotonic() - started:.1f} s")
+    return outcome
+
+
+def run_install_steps(plan: LaunchPlan, env: dict[str, str], role: HostRole) -> Outcome | None:
+    """requirements.txt and a source directory that is a package, before the role starts;
+    an Outcome when one fails."""
+    for step in plan.install:
+        what = "installing requirements.txt" if "-r" in step else "installing the source directory as a package"
+        log(what)
+        run = run_processes((ProcessSpec("pip", step),), env, plan.cwd, plan.settings.grace_period_s, role.collector,
+                            settings=plan.settings)
+        if run.launch_error:
+            return Outcome(run.exit_code, f"{what}: {run.launch_error}")
+        if run.exit_code != 0:
+            return Outcome(run.exit_code, role.build_report(what, run))
+    return None
+
+
+def run_with_restarts(plan: LaunchPlan, env: dict[str, str], role: HostRole, paths: MlPaths) -> Outcome:
+    """Run the plan's processes; after a crash, again, as long as decide_restart allows
+    (restarts.py). The last run's outcome, its report naming the failures restarted before it."""
+    earlier: list[str] = []
+    collector = role.collector
+    while True:
+        run = run_processes(plan.processes, env, plan.cwd, plan.settings.grace_period_s, collector,
+                            on_started=role.on_processes_started, hang_timeout_s=plan.settings.hang_timeout_s,
+                            host=plan.current_host, ask_other_hosts=role.ask_other_hosts,
+                            on_rank_killed=role.on_rank_killed, settings=plan.settings)
+        ending = RunEnding(run.exit_code, run.stopped_by, run.launch_error, role.lost or role.peer_failed)
+        if decide_restart(role.relaunchable, plan.settings.max_restarts, len(earlier), ending) is not None:
+            return build_run_outcome(role, run, earlier)
+        cause = first_root_cause(collector.root_causes)
+        summary = describe_root_cause(cause) if cause else describe_exit_code(run.exit_code, run.oom_kills)
+        log(build_restart_line(len(earlier), plan.settings.max_restarts, role.what, run.exit_code, summary))
+        earlier.append(summary)
+        # The next attempt's failure, if any, is reported on its own: what this one printed
+        # stays in the log, and a failure file the script wrote is not the job's outcome.
+        collector.reset()
+        clear_previous_outcome(paths)
+
+
+def build_run_outcome(role: HostRole, run: RunResult, earlier: list[str]) -> Outcome:
+    if run.launch_error:
+        return Outcome(run.exit_code, f"{role.what}: {run.launch_error}")
+    if run.exit_code != 0:
+        return Outcome(run.exit_code, build_job_failure_text(role.build_report(role.what, run), run.hang, earlier))
+    return SUCCESS

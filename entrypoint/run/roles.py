@@ -1,0 +1,92 @@
+"""This host's role in the job, chosen once from the plan: the one place that switches on
+plan.role (besides the plan's own decisions). Every role has the same short lifecycle, which
+run/execute.py drives and cli.main ends:
+
+    start()          before the processes: what the launch needs beside them (the other hosts'
+                     names, sshd, the job port); an Outcome when the launch cannot start
+    run(launch)      the job's processes: launch() runs the plan's, with restarts
+    finish(outcome)  after them, before anything is written: a leader may wait for its workers
+    close(outcome)   after the outcome is written (cli.main): tell the other hosts, release
+
+and the hooks a run calls: on_processes_started(supervisor), on_rank_killed(env, signum),
+ask_other_hosts (None, or a callable). The multi-host roles are in hosts/roles.py, imported
+only by a multi-host job.
+"""
+
+from __future__ import annotations
+
+from entrypoint.decide.plan import LaunchPlan, Role
+from entrypoint.report.outcome import Outcome, build_run_report
+
+# Roles whose every process is started by this host's entrypoint, so a relaunch here is a
+# relaunch of the whole job (restarts.py); torchrun restarts its own ranks.
+RELAUNCHED_ROLES = (Role.SINGLE, Role.OUTSIDE_DISTRIBUTION, Role.MPI_LEADER)
+
+
+class HostRole:
+    """A role with nothing beside its processes: one host (or a host outside the
+    distribution). The base of every other role."""
+
+    ask_other_hosts = None  # a callable that asks the other hosts' ranks for their stacks
+
+    def __init__(self, plan: LaunchPlan, collector, env: dict[str, str], paths, what: str, relaunchable: bool):
+        self.plan = plan
+        self.collector = collector  # supervise.OutputCollector: the tail and root causes, for reports
+        self.env = env  # the processes' environment (the container's and the plan's)
+        self.paths = paths
+        self.what = what  # the job in a few words, for the log and reports
+        self.relaunchable = relaunchable  # a crash may be restarted in place here (restarts.py)
+        self.supervisor = None  # the current run's (supervise.Supervisor)
+        self.lost: str | None = None  # why another host was lost during the run
+        self.peer_failed: str | None = None  # a worker host's part failed while this host's ran
+
+    def start(self) -> Outcome | None:
+        return None
+
+    def run(self, launch) -> Outcome:
+        return launch()
+
+    def on_processes_started(self, supervisor) -> None:
+        self.supervisor = supervisor
+
+    def on_rank_killed(self, env: dict[str, str], signum: int):
+        """A rank this host started itself died of a signal: on one host, its exit code says it."""
+        return None
+
+    def finish(self, outcome: Outcome) -> Outcome:
+        return outcome
+
+    def close(self, outcome: Outcome) -> None:
+        return None
+
+    def build_report(self, what: str, run=None) -> str:
+        """The failure report of one step of this host's part (supervise.RunResult run)."""
+        return build_run_report(what, run.exit_code if run else 1, self.collector, self.plan.current_host, self.env,
+                                run, self.lost, self.peer_failed)
+
+
+def describe(plan: LaunchPlan) -> str:
+    if plan.role == Role.SINGLE:
+        return f"{plan.entry.program}"
+    if plan.role == Role.MPI_LEADER:
+        return f"mpirun on {len(plan.hosts)} host(s)"
+    if plan.role == Role.TORCHRUN:
+        return f"torchrun on {len(plan.hosts)} host(s)"
+    if plan.role == Role.PARAMETER_SERVER:
+        return f"the parameter-server job on {len(plan.hosts)} host(s)"
+    return f"{plan.entry.program} ({plan.role})"
+
+
+def choose_role(plan: LaunchPlan, collector, env: dict[str, str], paths) -> HostRole:
+    args = (plan, collector, env, paths, describe(plan), plan.role in RELAUNCHED_ROLES)
+    if plan.role != Role.MPI_WORKER and not plan.multi_host:
+        return HostRole(*args)
+    from entrypoint.hosts import roles  # multi-host paths only: a 1-host job never imports it
+
+    if plan.role == Role.MPI_WORKER:
+        return roles.MpiWorker(*args)
+    if plan.role == Role.MPI_LEADER:
+        return roles.MpiLeader(*args)
+    if plan.is_leader:
+        return roles.JobPortLeader(*args)
+    return roles.JobPortWorker(*args, watch_rendezvous=plan.role == Role.TORCHRUN)
