@@ -167,10 +167,11 @@ def build_sides() -> dict[tuple[str, str], Side]:
         ("PYTHONPATH", str(BENCH_DIR)),
     )
     return {
-        ("mpi", "ours"): Side("mpi", "ours", ours, (), 180),
+        # Ours from this checkout, whichever one the venv's editable install points at.
+        ("mpi", "ours"): Side("mpi", "ours", ours, (("PYTHONPATH", str(REPO)),), 180),
         # The toolkit's leader and worker each sleep 30 s by design after mpirun.
         ("mpi", "toolkit"): Side("mpi", "toolkit", toolkit, (), 400),
-        ("torchrun", "ours"): Side("torchrun", "ours", ours, (), 180),
+        ("torchrun", "ours"): Side("torchrun", "ours", ours, (("PYTHONPATH", str(REPO)),), 180),
         ("torchrun", "toolkit"): Side("torchrun", "toolkit", toolkit, torch_driver, 180),
     }
 

@@ -163,9 +163,9 @@ class StepWatchdog:
                 pass
             return
         try:
-            from entrypoint.rank.record_errors import build_root_cause, emit_root_cause
+            from entrypoint.rank.record_errors import load_root_cause, emit_root_cause
 
-            emit_root_cause(build_root_cause("TrainingHang", message, "".join(traceback.format_list(stack[-3:]))))
+            emit_root_cause(load_root_cause("TrainingHang", message, "".join(traceback.format_list(stack[-3:]))))
         except Exception:  # noqa: BLE001 - outside our image the launcher has no report to read
             pass
         os._exit(HANG_EXIT_CODE)

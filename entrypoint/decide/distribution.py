@@ -243,6 +243,33 @@ def parse_mpi_options(key: str, value: Any) -> tuple[str, ...]:
 
 def parse_distribution(job: JobConfig) -> Distribution:
     framework: Mapping[str, Any] = job.hyperparameters.framework
+    notes = check_framework_keys(framework)
+    launcher = parse_launcher(framework)
+    for key, launchers, what in ((MPI_PPH, MPI_BASED, "MPI"), (MPI_NP, MPI_BASED, "MPI"), (MPI_OPTIONS, MPI_BASED, "MPI"),
+                                 (SMDDP_OPTIONS, ("smdataparallel",), "smdistributed dataparallel")):
+        if key in framework and launcher not in launchers:
+            raise JobDefinitionError(
+                f"The hyperparameter {key} is set, but {what} is not enabled (the launcher is "
+                f"{launcher}). Remove it, or enable {what}."
+            )
+    options: tuple[str, ...] = ()
+    for key in (MPI_OPTIONS, SMDDP_OPTIONS):
+        if key in framework:
+            options += parse_mpi_options(key, framework[key])
+    groups = parse_instance_groups(job, framework[GROUPS], notes) if GROUPS in framework else None
+    return Distribution(
+        launcher=launcher,
+        processes_per_host=_as_positive_int(MPI_PPH, framework[MPI_PPH]) if MPI_PPH in framework else None,
+        num_processes=_as_positive_int(MPI_NP, framework[MPI_NP]) if MPI_NP in framework else None,
+        custom_mpi_options=options,
+        instance_groups=groups,
+        notes=tuple(notes),
+    )
+
+
+def check_framework_keys(framework: Mapping[str, Any]) -> list[str]:
+    """Refuse what this image does not run and a misspelt distribution key; the notes for the
+    other keys it ignores."""
     notes: list[str] = []
     for key in sorted(framework):
         if key in KNOWN_KEYS:
@@ -265,7 +292,10 @@ def parse_distribution(job: JobConfig) -> Distribution:
                 f"{', '.join(sorted(KNOWN_KEYS - INFORMATIONAL_KEYS))}."
             )
         notes.append(f"ignoring unrecognised framework hyperparameter {key}")
+    return notes
 
+
+def parse_launcher(framework: Mapping[str, Any]) -> str:
     enabled = [name for name, key in ENABLE_KEYS.items() if key in framework and _as_bool(key, framework[key])]
     if len(enabled) > 1:
         keys = " and ".join(ENABLE_KEYS[name] for name in enabled)
@@ -273,57 +303,29 @@ def parse_distribution(job: JobConfig) -> Distribution:
             f"The distribution settings contradict each other: {keys} are all enabled. "
             f"Enable exactly one launcher in the estimator's distribution= argument."
         )
-    launcher = enabled[0] if enabled else "process"
+    return enabled[0] if enabled else "process"
 
-    def only_with(key: str, launchers: tuple[str, ...], what: str) -> None:
-        if key in framework and launcher not in launchers:
-            raise JobDefinitionError(
-                f"The hyperparameter {key} is set, but {what} is not enabled (the launcher is "
-                f"{launcher}). Remove it, or enable {what}."
-            )
 
-    only_with(MPI_PPH, MPI_BASED, "MPI")
-    only_with(MPI_NP, MPI_BASED, "MPI")
-    only_with(MPI_OPTIONS, MPI_BASED, "MPI")
-    only_with(SMDDP_OPTIONS, ("smdataparallel",), "smdistributed dataparallel")
-
-    options: tuple[str, ...] = ()
-    if MPI_OPTIONS in framework:
-        options += parse_mpi_options(MPI_OPTIONS, framework[MPI_OPTIONS])
-    if SMDDP_OPTIONS in framework:
-        options += parse_mpi_options(SMDDP_OPTIONS, framework[SMDDP_OPTIONS])
-
-    groups = None
-    if GROUPS in framework:
-        value = framework[GROUPS]
-        if not isinstance(value, list) or not all(isinstance(g, str) and g for g in value):
-            raise JobDefinitionError(
-                f"The hyperparameter {GROUPS} must be a list of instance group names, but it "
-                f"is {canonical_json(value)}."
-            )
-        misread = [g for g in value if not GROUP_NAME.fullmatch(g)]
-        if misread:
-            raise JobDefinitionError(
-                f"The hyperparameter {GROUPS} in {HYPERPARAMETERS} names {_shown(misread[0])}, which is not "
-                f"an instance group name (letters, digits, '.', '_' and '-', not starting with '-')."
-            )
-        known = [g.name for g in job.resource.instance_groups]
-        unknown = [g for g in value if known and g not in known]
-        if unknown:
-            raise JobDefinitionError(
-                f"The hyperparameter {GROUPS} names {', '.join(unknown)}, which "
-                f"{'is' if len(unknown) == 1 else 'are'} not an instance group of this job "
-                f"({', '.join(known)})."
-            )
-        if not known:
-            notes.append(f"{GROUPS} is set but resourceconfig.json has no instance groups; every host takes part")
-        groups = tuple(value)
-
-    return Distribution(
-        launcher=launcher,
-        processes_per_host=_as_positive_int(MPI_PPH, framework[MPI_PPH]) if MPI_PPH in framework else None,
-        num_processes=_as_positive_int(MPI_NP, framework[MPI_NP]) if MPI_NP in framework else None,
-        custom_mpi_options=options,
-        instance_groups=groups,
-        notes=tuple(notes),
-    )
+def parse_instance_groups(job: JobConfig, value: Any, notes: list[str]) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(g, str) and g for g in value):
+        raise JobDefinitionError(
+            f"The hyperparameter {GROUPS} must be a list of instance group names, but it "
+            f"is {canonical_json(value)}."
+        )
+    misread = [g for g in value if not GROUP_NAME.fullmatch(g)]
+    if misread:
+        raise JobDefinitionError(
+            f"The hyperparameter {GROUPS} in {HYPERPARAMETERS} names {_shown(misread[0])}, which is not "
+            f"an instance group name (letters, digits, '.', '_' and '-', not starting with '-')."
+        )
+    known = [g.name for g in job.resource.instance_groups]
+    unknown = [g for g in value if known and g not in known]
+    if unknown:
+        raise JobDefinitionError(
+            f"The hyperparameter {GROUPS} names {', '.join(unknown)}, which "
+            f"{'is' if len(unknown) == 1 else 'are'} not an instance group of this job "
+            f"({', '.join(known)})."
+        )
+    if not known:
+        notes.append(f"{GROUPS} is set but resourceconfig.json has no instance groups; every host takes part")
+    return tuple(value)

@@ -13,7 +13,7 @@ from typing import NamedTuple
 from entrypoint.decide import topology
 from entrypoint.job.config import JobConfig, build_json
 from entrypoint.decide.distribution import MPI_BASED, Distribution
-from entrypoint.decide.settings import LaunchSettings
+from entrypoint.decide.settings import DEFAULTS, LaunchSettings
 from entrypoint.errors import JobDefinitionError
 from entrypoint.decide.gpu_env import build_gpu_env
 from entrypoint.job.probe import MachineFacts
@@ -33,7 +33,6 @@ RECORD_ERRORS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__f
 # torchrun itself, run by path: it also reports a rank killed by a signal as the root cause.
 LAUNCH_TORCHRUN = os.path.join(os.path.dirname(RECORD_ERRORS), "launch_torchrun.py")
 NEURON_ROOT_COMM_PORT = 46820
-MPI_TEARDOWN_SIGNAL_GAP_S = 1
 
 # Environment names forwarded to remote ranks by `mpirun -x NAME` (the value never appears on
 # the command line), besides everything the plan itself adds.
@@ -219,7 +218,7 @@ def build_mpirun_argv(
         # period made a failed rank take 6 minutes to end the job. The grace period is for
         # stop requests, which every host's entrypoint forwards to its own ranks directly
         # (ProcessSpec.signal_ranks, mpi_hosts.forward_stop_to_ranks). Open MPI's default, 1.
-        "-mca", "odls_base_sigkill_timeout", str(MPI_TEARDOWN_SIGNAL_GAP_S),
+        "-mca", "odls_base_sigkill_timeout", str(DEFAULTS.mpi_teardown_signal_gap_s),
     ]
     for name in forwarded:
         argv += ["-x", name]
@@ -318,6 +317,68 @@ def forwarded_names(plan_env: dict[str, str], environ: dict[str, str]) -> tuple[
     return tuple(sorted(names))
 
 
+class _Shared(NamedTuple):
+    """What every plan of a job has whatever this host's role: decide's first half."""
+
+    job: JobConfig
+    topo: topology.Topology
+    launcher: str
+    code: CodeSource
+    entry: EntryPoint
+    install: tuple
+    env: dict[str, str]
+    settings: LaunchSettings
+    runtime: Runtime
+    notes: list[str]
+
+
+def build_plan(shared: _Shared, role: Role, processes: tuple[ProcessSpec, ...], extra_env: dict[str, str],
+               hosts: tuple[str, ...] | None = None) -> LaunchPlan:
+    topo = shared.topo
+    one_process = role in (Role.SINGLE, Role.OUTSIDE_DISTRIBUTION)
+    return LaunchPlan(
+        role=role,
+        launcher=shared.launcher,
+        current_host=shared.job.resource.current_host,
+        hosts=topo.distribution_hosts if hosts is None else hosts,
+        leader=topo.leader,
+        interface=topo.interface,
+        processes_per_host=1 if one_process else topo.processes_per_host,
+        cwd=shared.job.paths.code_dir,
+        code=shared.code,
+        entry=shared.entry,
+        install=shared.install,
+        processes=processes,
+        env=tuple(sorted({**shared.env, **extra_env}.items())),
+        settings=shared.settings,
+        files=shared.runtime.files,
+        notes=tuple(shared.notes),
+    )
+
+
+def decide_launcher_kind(dist: Distribution, facts: MachineFacts) -> tuple[str, list[str]]:
+    """The launcher that runs the job here: smdataparallel without AWS's SMDDP library runs
+    with torchrun."""
+    if dist.launcher == "smdataparallel" and not facts.smddprun:
+        return "torch_distributed", [
+            "smdistributed dataparallel requested but AWS's SMDDP library is not in this image; "
+            "launching with torchrun instead (use backend \"nccl\", not \"smddp\", in the script)"]
+    return dist.launcher, []
+
+
+def describe_restart_limits(settings: LaunchSettings, launcher: str, launcher_kind: str, host_count: int) -> list[str]:
+    notes = []
+    if settings.max_restarts and launcher_kind == "torch_distributed" and host_count > 1:
+        notes.append(f"BYOC_MAX_RESTARTS={settings.max_restarts} with torchrun on {host_count} hosts is best effort: "
+                     f"torch's elastic agent can hand a restarted rank a peer address from the failed attempt "
+                     f"(gloo: connectFullMesh ... Connection refused), which fails the restart too; for dependable "
+                     f"restarts across hosts launch with mpirun (sagemaker_mpi_enabled), which the entrypoint relaunches whole")
+    if settings.max_restarts and launcher == "parameter_server":
+        notes.append(f"BYOC_MAX_RESTARTS={settings.max_restarts} is not applied to the parameter-server launch: "
+                     f"each host runs its own part of the rpc group, which one host's relaunch cannot rejoin")
+    return notes
+
+
 def decide(
     job: JobConfig,
     dist: Distribution,
@@ -329,112 +390,85 @@ def decide(
     program: str,
 ) -> LaunchPlan:
     notes = list(dist.notes)
-    resource = job.resource
     topo = topology.decide_topology(job, facts, dist)
-    interface = topo.interface
     if topo.interface_note:
         notes.append(topo.interface_note)
     code_dir = job.paths.code_dir
     entry = decide_entry_point(program, code_dir, code_facts)
-    user_args = build_user_args(job.hyperparameters.user)
-    program_argv = build_program_argv(entry, runtime.python, code_facts, user_args, RECORD_ERRORS)
-    install = build_install_steps(runtime.python, code_dir, code_facts)
-    gpu_env, gpu_notes = build_gpu_env(job.environ, facts, interface)
-    env = {**build_sm_env(job, facts, topo), **gpu_env}
+    program_argv = build_program_argv(entry, runtime.python, code_facts, build_user_args(job.hyperparameters.user),
+                                      RECORD_ERRORS)
+    gpu_env, gpu_notes = build_gpu_env(job.environ, facts, topo.interface)
     notes.extend(gpu_notes)
-
-    dist_hosts = topo.distribution_hosts
-    leader = topo.leader
-    launcher = dist.launcher
-    if launcher == "smdataparallel" and not facts.smddprun:
-        notes.append(
-            "smdistributed dataparallel requested but AWS's SMDDP library is not in this image; "
-            "launching with torchrun instead (use backend \"nccl\", not \"smddp\", in the script)"
-        )
-        launcher_kind = "torch_distributed"
-    else:
-        launcher_kind = launcher
-    pph = topo.processes_per_host
+    launcher_kind, kind_notes = decide_launcher_kind(dist, facts)
+    notes.extend(kind_notes)
     if topo.processes_per_host_note:
         notes.append(topo.processes_per_host_note)
-    if settings.max_restarts and launcher_kind == "torch_distributed" and len(dist_hosts) > 1:
-        notes.append(f"BYOC_MAX_RESTARTS={settings.max_restarts} with torchrun on {len(dist_hosts)} hosts is best effort: "
-                     f"torch's elastic agent can hand a restarted rank a peer address from the failed attempt "
-                     f"(gloo: connectFullMesh ... Connection refused), which fails the restart too; for dependable "
-                     f"restarts across hosts launch with mpirun (sagemaker_mpi_enabled), which the entrypoint relaunches whole")
-    if settings.max_restarts and launcher == "parameter_server":
-        notes.append(f"BYOC_MAX_RESTARTS={settings.max_restarts} is not applied to the parameter-server launch: "
-                     f"each host runs its own part of the rpc group, which one host's relaunch cannot rejoin")
+    notes.extend(describe_restart_limits(settings, dist.launcher, launcher_kind, len(topo.distribution_hosts)))
+    shared = _Shared(job, topo, dist.launcher, code, entry, build_install_steps(runtime.python, code_dir, code_facts),
+                     {**build_sm_env(job, facts, topo), **gpu_env}, settings, runtime, notes)
+    return decide_role_plan(shared, dist, facts, launcher_kind, program_argv)
 
-    def plan(role: Role, processes: tuple[ProcessSpec, ...], extra_env: dict[str, str], hosts=dist_hosts) -> LaunchPlan:
-        return LaunchPlan(
-            role=role,
-            launcher=launcher,
-            current_host=resource.current_host,
-            hosts=hosts,
-            leader=leader,
-            interface=interface,
-            processes_per_host=pph if role not in (Role.SINGLE, Role.OUTSIDE_DISTRIBUTION) else 1,
-            cwd=code_dir,
-            code=code,
-            entry=entry,
-            install=install,
-            processes=processes,
-            env=tuple(sorted({**env, **extra_env}.items())),
-            settings=settings,
-            files=runtime.files,
-            notes=tuple(notes),
-        )
 
+def decide_role_plan(shared: _Shared, dist: Distribution, facts: MachineFacts, launcher_kind: str,
+                     program_argv: tuple[str, ...]) -> LaunchPlan:
+    job, topo, settings = shared.job, shared.topo, shared.settings
     rendezvous_env = build_rendezvous_env(job, topo, settings)
-    if launcher == "process":
-        return plan(Role.SINGLE, (ProcessSpec("script", program_argv),), rendezvous_env, hosts=(resource.current_host,))
+    script = (ProcessSpec("script", program_argv),)
+    if dist.launcher == "process":
+        return build_plan(shared, Role.SINGLE, script, rendezvous_env, hosts=(job.resource.current_host,))
     if not topo.in_distribution:
-        notes.append(
-            f"{resource.current_host} is in instance group \"{resource.current_group_name}\", "
+        shared.notes.append(
+            f"{job.resource.current_host} is in instance group \"{job.resource.current_group_name}\", "
             f"outside the distribution's groups ({', '.join(topo.distribution_groups)}); "
             f"running the script once here, as the toolkit does"
         )
-        return plan(Role.OUTSIDE_DISTRIBUTION, (ProcessSpec("script", program_argv),), rendezvous_env, hosts=dist_hosts)
+        return build_plan(shared, Role.OUTSIDE_DISTRIBUTION, script, rendezvous_env)
 
     launcher_env = {**build_launcher_env(job, facts, topo, settings), **build_hostname_env(job, facts)}
-
     if launcher_kind in MPI_BASED:
-        total = topo.world_size
-        np_ = total
-        if dist.num_processes is not None:
-            if dist.num_processes > total:
-                raise JobDefinitionError(
-                    f"sagemaker_mpi_num_processes is {dist.num_processes}, more than the "
-                    f"{total} slots of {len(dist_hosts)} host(s) x {pph} process(es) per host. "
-                    f"Lower it or raise sagemaker_mpi_num_of_processes_per_host."
-                )
-            np_ = dist.num_processes
-        if len(dist_hosts) > 1 and runtime.files.key_note:
-            notes.append(runtime.files.key_note)
-        # Each host's ranks take that host's own SM_* values (entrypoint/hosts/mpi.py).
-        launcher_env["BYOC_HOST_ENV_FILE"] = runtime.files.host_env
-        if not topo.is_leader:
-            return plan(Role.MPI_WORKER, (), launcher_env)
-        if launcher_kind == "smdataparallel":
-            program_argv = ("smddprun", *program_argv)
-        forwarded = forwarded_names({**env, **launcher_env}, dict(job.environ))
-        argv = build_mpirun_argv(topo, np_, forwarded, dist.custom_mpi_options, program_argv, runtime, efa=facts.efa)
-        return plan(Role.MPI_LEADER, (ProcessSpec("mpirun", argv, signal_ranks=True),), launcher_env)
-
-    if len(dist_hosts) > 1 and JOB_PORTS_ENV not in job.environ:
-        # Ranks report their exception to every host's job port (entrypoint/hosts/job_port.py), the
-        # leader's first: each host's output/failure can then lead with the job's first failure.
-        launcher_env[JOB_PORTS_ENV] = ",".join(f"{h}:{settings.job_port}" for h in dist_hosts)
-    if JOB_PORTS_ENV in launcher_env or JOB_PORTS_ENV in job.environ:
-        launcher_env[REPORT_KEY_ENV] = build_report_key(job, dist_hosts)
-
+        return decide_mpi_plan(shared, dist, facts, launcher_kind, program_argv, launcher_env)
+    launcher_env.update(build_job_port_env(job, topo, settings))
     if launcher_kind == "torch_distributed":
-        argv = build_torchrun_argv(runtime.python, topo, settings=settings, program_argv=program_argv)
-        return plan(Role.TORCHRUN, (ProcessSpec("torchrun", argv),), launcher_env)
-
+        argv = build_torchrun_argv(shared.runtime.python, topo, settings=settings, program_argv=program_argv)
+        return build_plan(shared, Role.TORCHRUN, (ProcessSpec("torchrun", argv),), launcher_env)
     if launcher_kind == "parameter_server":
-        processes = build_parameter_server_processes(runtime.python, topo, program_argv)
-        return plan(Role.PARAMETER_SERVER, processes, launcher_env)
-
+        processes = build_parameter_server_processes(shared.runtime.python, topo, program_argv)
+        return build_plan(shared, Role.PARAMETER_SERVER, processes, launcher_env)
     raise AssertionError(f"unhandled launcher {launcher_kind}")  # parse_distribution lists them all
+
+
+def decide_mpi_plan(shared: _Shared, dist: Distribution, facts: MachineFacts, launcher_kind: str,
+                    program_argv: tuple[str, ...], launcher_env: dict[str, str]) -> LaunchPlan:
+    topo, runtime = shared.topo, shared.runtime
+    np_ = topo.world_size
+    if dist.num_processes is not None:
+        if dist.num_processes > topo.world_size:
+            raise JobDefinitionError(
+                f"sagemaker_mpi_num_processes is {dist.num_processes}, more than the "
+                f"{topo.world_size} slots of {len(topo.distribution_hosts)} host(s) x {topo.processes_per_host} "
+                f"process(es) per host. Lower it or raise sagemaker_mpi_num_of_processes_per_host."
+            )
+        np_ = dist.num_processes
+    if len(topo.distribution_hosts) > 1 and runtime.files.key_note:
+        shared.notes.append(runtime.files.key_note)
+    # Each host's ranks take that host's own SM_* values (entrypoint/hosts/mpi.py).
+    launcher_env["BYOC_HOST_ENV_FILE"] = runtime.files.host_env
+    if not topo.is_leader:
+        return build_plan(shared, Role.MPI_WORKER, (), launcher_env)
+    if launcher_kind == "smdataparallel":
+        program_argv = ("smddprun", *program_argv)
+    forwarded = forwarded_names({**shared.env, **launcher_env}, dict(shared.job.environ))
+    argv = build_mpirun_argv(topo, np_, forwarded, dist.custom_mpi_options, program_argv, runtime, efa=facts.efa)
+    return build_plan(shared, Role.MPI_LEADER, (ProcessSpec("mpirun", argv, signal_ranks=True),), launcher_env)
+
+
+def build_job_port_env(job: JobConfig, topo: topology.Topology, settings: LaunchSettings) -> dict[str, str]:
+    """Ranks report their exception to every host's job port (hosts/job_port.py), the
+    leader's first: each host's output/failure can then lead with the job's first failure."""
+    env = {}
+    hosts = topo.distribution_hosts
+    if len(hosts) > 1 and JOB_PORTS_ENV not in job.environ:
+        env[JOB_PORTS_ENV] = ",".join(f"{h}:{settings.job_port}" for h in hosts)
+    if JOB_PORTS_ENV in env or JOB_PORTS_ENV in job.environ:
+        env[REPORT_KEY_ENV] = build_report_key(job, hosts)
+    return env

@@ -74,6 +74,13 @@ class LaunchSettings(NamedTuple):
     # one rank and the next (their dumps would interleave).
     stack_wait_s: float = 3.0
     stack_request_gap_s: float = 0.1
+    # Open MPI's gap between SIGTERM and SIGKILL when it tears a failed job down
+    # (odls_base_sigkill_timeout, whole seconds; see plan.build_mpirun_argv).
+    mpi_teardown_signal_gap_s: int = 1
+    # One run of a machine tool at start (nvidia-smi, neuron-ls, fi_info).
+    tool_probe_timeout_s: float = 20.0
+    # How often SDK v3's SSH helper looks for its peers' keys (sdk_v3/ssh.py).
+    v3_ssh_poll_s: float = 0.5
     # How long a helper thread (an output pump, a watch) may take to end once told to.
     thread_join_s: float = 5.0
 

@@ -295,22 +295,7 @@ def _string_list(obj: dict, key: str, where: str) -> tuple[str, ...]:
     return tuple(_checked(v, HOST_NAME, key, where) for v in value)
 
 
-def parse_resource_config(doc: Any) -> ResourceConfig:
-    where = RESOURCE_CONFIG
-    obj = _require_object(doc, where)
-    hosts = _string_list(obj, "hosts", where)
-    if not hosts:
-        raise JobDefinitionError(
-            f"\"hosts\" in {where} is empty: a training job needs at least one host."
-        )
-    current_host = _checked(_string_field(obj, "current_host", where), HOST_NAME, "current_host", where)
-    if current_host not in hosts:
-        raise JobDefinitionError(
-            f"current_host \"{current_host}\" in {where} is not one of its hosts "
-            f"({', '.join(hosts)}). Each host's resourceconfig.json must name that host "
-            f"itself as current_host."
-        )
-    groups_raw = obj.get("instance_groups") or []
+def _parse_instance_groups(groups_raw: Any, hosts: tuple[str, ...], where: str) -> list[InstanceGroup]:
     if not isinstance(groups_raw, list):
         raise JobDefinitionError(
             f"\"instance_groups\" in {where} must be a list, but it is {_json_type(groups_raw)}."
@@ -328,13 +313,27 @@ def parse_resource_config(doc: Any) -> ResourceConfig:
                 f"Instance group \"{name}\" in {where} lists {', '.join(strangers)}, "
                 f"which {'is' if len(strangers) == 1 else 'are'} not in \"hosts\"."
             )
-        groups.append(
-            InstanceGroup(
-                name=name,
-                instance_type=_string_field(group, "instance_type", gwhere, default="local"),
-                hosts=group_hosts,
-            )
+        groups.append(InstanceGroup(name=name, instance_type=_string_field(group, "instance_type", gwhere, default="local"),
+                                    hosts=group_hosts))
+    return groups
+
+
+def parse_resource_config(doc: Any) -> ResourceConfig:
+    where = RESOURCE_CONFIG
+    obj = _require_object(doc, where)
+    hosts = _string_list(obj, "hosts", where)
+    if not hosts:
+        raise JobDefinitionError(
+            f"\"hosts\" in {where} is empty: a training job needs at least one host."
         )
+    current_host = _checked(_string_field(obj, "current_host", where), HOST_NAME, "current_host", where)
+    if current_host not in hosts:
+        raise JobDefinitionError(
+            f"current_host \"{current_host}\" in {where} is not one of its hosts "
+            f"({', '.join(hosts)}). Each host's resourceconfig.json must name that host "
+            f"itself as current_host."
+        )
+    groups = _parse_instance_groups(obj.get("instance_groups") or [], hosts, where)
     names = [g.name for g in groups]
     if len(set(names)) != len(names):
         raise JobDefinitionError(f"{where} names an instance group twice: {names}.")

@@ -14,7 +14,8 @@ import re
 import subprocess
 from typing import NamedTuple
 
-PROBE_TIMEOUT_S = 20
+from entrypoint.decide.settings import DEFAULTS
+
 # Where the cuda-compat package puts its libcuda (the GPU image installs it).
 CUDA_COMPAT_DIR = "/usr/local/cuda/compat"
 
@@ -154,7 +155,7 @@ def probe_interfaces(root: str = "/") -> tuple[str, ...]:
 def _run_quietly(argv: list[str]) -> str | None:
     try:
         done = subprocess.run(
-            argv, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, check=False
+            argv, capture_output=True, text=True, timeout=DEFAULTS.tool_probe_timeout_s, check=False
         )
     except (OSError, subprocess.TimeoutExpired):
         return None

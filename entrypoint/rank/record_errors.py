@@ -169,7 +169,7 @@ def _record(exc: BaseException) -> None:
     # Drop our own and runpy's frames: the report shows the user's code.
     user_frames = [f for f in frames if f.filename != __file__ and "runpy" not in os.path.basename(f.filename)]
     # Secrets are masked before the message is cut: half a secret is still a secret.
-    record = build_root_cause(
+    record = load_root_cause(
         type(exc).__qualname__ if type(exc).__module__ in ("builtins", "__main__") else f"{type(exc).__module__}.{type(exc).__qualname__}",
         str(exc), "".join(traceback.format_list(user_frames[-3:])))
     emit_root_cause(record)
@@ -191,7 +191,7 @@ def _record(exc: BaseException) -> None:
             pass
 
 
-def build_root_cause(type_name: str, message: str, where: str) -> dict:
+def load_root_cause(type_name: str, message: str, where: str) -> dict:
     """A root-cause record of this rank (what _record makes from an exception). The message is
     masked whole, before it is cut: a secret across the cut, even broken over lines, is masked."""
     message = mask_secrets(message)

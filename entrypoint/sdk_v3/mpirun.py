@@ -95,7 +95,7 @@ def build_whole_lines_argv(argv: Sequence[str]) -> list[str]:
     return ["-x", "BYOC_WHOLE_LINES=1", *argv]
 
 
-def decide_real_mpirun(path: str, shim_dir: str, is_executable) -> str | None:
+def probe_real_mpirun(path: str, shim_dir: str, is_executable) -> str | None:
     """The first `mpirun` on PATH that is not this shim."""
     shim = os.path.realpath(shim_dir)
     for folder in path.split(os.pathsep):
@@ -112,7 +112,7 @@ def decide_real_mpirun(path: str, shim_dir: str, is_executable) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    real = decide_real_mpirun(
+    real = probe_real_mpirun(
         os.environ.get("PATH", ""), SHIM_DIR, lambda p: os.path.isfile(p) and os.access(p, os.X_OK)
     )
     if real is None:

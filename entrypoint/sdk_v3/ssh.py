@@ -33,12 +33,11 @@ from typing import Callable, Mapping, Sequence
 
 from entrypoint.hosts import ssh
 from entrypoint.job.config import ResourceConfig, parse_json_document, parse_resource_config
+from entrypoint.decide.settings import DEFAULTS
 from entrypoint.errors import JobDefinitionError
 
 # v3's mpi_utils.DEFAULT_SSH_PORT: its driver starts sshd with the image's configuration.
 SSH_PORT = 22
-DEFAULT_PEER_WAIT_TIMEOUT_S = 300.0
-POLL_S = 0.5
 # Marks the lines this module owns in authorized_keys (the key comment): others are kept.
 KEY_TAG = "byoc-sdk-v3:"
 LOG_PREFIX = "byoc sdk-v3 ssh:"
@@ -91,10 +90,10 @@ def parse_peer_wait_timeout(environ: Mapping[str, str]) -> float:
     """BYOC_PEER_WAIT_TIMEOUT_S as for our own mpirun flow; a bad value means the default (this
     runs in the background of v3's driver: there is nobody to report a bad job definition to)."""
     try:
-        value = float(environ.get("BYOC_PEER_WAIT_TIMEOUT_S") or DEFAULT_PEER_WAIT_TIMEOUT_S)
+        value = float(environ.get("BYOC_PEER_WAIT_TIMEOUT_S") or DEFAULTS.peer_wait_timeout_s)
     except ValueError:
-        return DEFAULT_PEER_WAIT_TIMEOUT_S
-    return value if value >= 0 else DEFAULT_PEER_WAIT_TIMEOUT_S
+        return DEFAULTS.peer_wait_timeout_s
+    return value if value >= 0 else DEFAULTS.peer_wait_timeout_s
 
 
 # --- reading ----------------------------------------------------------------------------------
@@ -158,7 +157,7 @@ def run_trust_exchange(
                 log(f"{LOG_PREFIX} {host} may log in as root from {', '.join(addresses)} (its key {key[:32]}…)")
         if not pending or time.monotonic() >= deadline:
             break
-        time.sleep(POLL_S)
+        time.sleep(DEFAULTS.v3_ssh_poll_s)
     return pending
 
 

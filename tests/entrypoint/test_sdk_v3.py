@@ -114,9 +114,9 @@ def test_the_real_mpirun_is_the_first_on_path_that_is_not_the_shim(tmp_path):
         (tmp_path / folder / "mpirun").write_text("#!/bin/sh\n")
         (tmp_path / folder / "mpirun").chmod(0o755)
     path = os.pathsep.join(str(tmp_path / f) for f in ("shim", "a", "b"))
-    found = shim.decide_real_mpirun(path, str(tmp_path / "shim"), lambda p: os.access(p, os.X_OK))
+    found = shim.probe_real_mpirun(path, str(tmp_path / "shim"), lambda p: os.access(p, os.X_OK))
     assert found == str(tmp_path / "a" / "mpirun")
-    assert shim.decide_real_mpirun(str(tmp_path / "shim"), str(tmp_path / "shim"), os.path.exists) is None
+    assert shim.probe_real_mpirun(str(tmp_path / "shim"), str(tmp_path / "shim"), os.path.exists) is None
 
 
 # --- real files and a real sshd ------------------------------------------------------------------

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from entrypoint.run.supervise import TAIL_LINE_CHARS, TAIL_LINES, OutputCollector, _pump
 from entrypoint.report.failure import build_failure_report, redact, secret_values
-from entrypoint.rank.record_errors import MESSAGE_LIMIT, MIN_SECRET_CHARS, build_root_cause, mask_secrets
+from entrypoint.rank.record_errors import MESSAGE_LIMIT, MIN_SECRET_CHARS, load_root_cause, mask_secrets
 from support.jobtree import PYTHON, entrypoint_env, failure_text, write_tree
 
 SECRET = 'sk-live"9f\\3Kq/x+y&z=w é-token-0042'
@@ -179,7 +179,7 @@ def test_a_split_secret_across_the_ranks_message_limit_is_masked_first(secret, s
     split_secret = secret[:at] + "\n" + indent + secret[at:]
     message = "." * (MESSAGE_LIMIT + start) + split_secret + " end"
     with mock.patch.dict(os.environ, {"MY_API_TOKEN": secret, "SM_CURRENT_HOST": "algo-1"}):
-        record = build_root_cause("ValueError", message, where=f'  File "train.py", line 3\n    {split_secret}\n')
+        record = load_root_cause("ValueError", message, where=f'  File "train.py", line 3\n    {split_secret}\n')
     assert _no_fragment_of(record["message"], secret), record["message"]
     assert "*" in record["message"]  # the mask, itself cut when it starts just before the limit
     assert _no_fragment_of(record["where"], secret)

@@ -1,0 +1,140 @@
+"""The lifecycle every host role goes through (run/roles.py), tested with a stand-in role and
+no other host, as torch tests its elastic agent with a stand-in: start, run (with restarts),
+finish, then the one write of output/, then close. The real roles' own rules (an MPI leader
+tells its workers after its outcome is written; a torchrun worker tells its leader, then waits
+for its port to close) are tested end to end on emulated hosts (tests/multihost)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from support.jobtree import write_tree  # noqa: E402
+
+from entrypoint import cli  # noqa: E402
+from entrypoint.report.outcome import Outcome  # noqa: E402
+from entrypoint.run import execute  # noqa: E402
+from entrypoint.run.roles import HostRole  # noqa: E402
+
+
+class StandIn(HostRole):
+    """Records each step; start and finish may end the job their own way."""
+
+    def __init__(self, *args, events: list, root: Path, start_outcome=None, finish_outcome=None, relaunch=False):
+        super().__init__(*args)
+        self.events, self.root = events, root
+        self.start_outcome, self.finish_outcome = start_outcome, finish_outcome
+        self.relaunchable = relaunch
+
+    def start(self):
+        self.events.append("start")
+        return self.start_outcome
+
+    def run(self, launch):
+        self.events.append("run")
+        outcome = launch()
+        self.events.append(("ran", outcome.exit_code))
+        return outcome
+
+    def on_processes_started(self, supervisor):
+        super().on_processes_started(supervisor)
+        self.events.append("processes started")
+
+    def finish(self, outcome):
+        self.events.append(("finish", outcome.exit_code))
+        return self.finish_outcome or outcome
+
+    def close(self, outcome):
+        # What an MPI leader relies on: the outcome is on disk before it tells anyone.
+        written = [name for name in ("success", "failure") if (self.root / "output" / name).exists()]
+        self.events.append(("close", outcome.exit_code, written))
+
+
+@pytest.fixture
+def job(tmp_path, monkeypatch):
+    """A 1-host job tree whose role is a StandIn; cli.main run in this process (its signal
+    handlers restored after)."""
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
+    for name in list(os.environ):
+        if name.startswith(("SM_", "SAGEMAKER_", "BYOC_")):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("BYOC_RUNTIME_DIR", str(tmp_path / "run"))
+    events: list = []
+    options: dict = {}
+
+    def start(script: str, **role_options) -> int:
+        root = write_tree(tmp_path / "ml", script=script, hyperparameters=role_options.pop("hyperparameters", {}))
+        monkeypatch.setenv("SAGEMAKER_BASE_DIR", str(root))
+        for name, value in role_options.pop("env", {}).items():
+            monkeypatch.setenv(name, value)
+        options.update(role_options, root=root)
+        monkeypatch.setattr(execute, "choose_role",
+                            lambda plan, collector, env, paths: StandIn(plan, collector, env, paths, "the script", False,
+                                                                        events=events, **options))
+        return cli.main(["train"])
+
+    yield start, events, tmp_path / "ml"
+    for s, handler in saved.items():
+        signal.signal(s, handler)
+
+
+def test_a_successful_job_goes_start_run_finish_then_is_written_then_closed(job):
+    start, events, root = job
+    assert start("print('trained')\n") == 0
+    assert events == ["start", "run", "processes started", ("ran", 0), ("finish", 0), ("close", 0, ["success"])]
+
+
+def test_a_role_that_cannot_start_runs_nothing_and_its_outcome_is_the_jobs(job):
+    start, events, root = job
+    code = start("open('ran', 'w')\n", start_outcome=Outcome(1, "host(s) algo-2 did not accept SSH\n"))
+    assert code == 1
+    assert events == ["start", ("close", 1, ["failure"])]
+    assert (root / "output/failure").read_text() == "host(s) algo-2 did not accept SSH\n"
+    assert not (root / "code/ran").exists()
+
+
+def test_finish_may_turn_this_hosts_success_into_the_jobs_failure(job):
+    """A leader whose own part succeeded while a worker's failed: the job failed."""
+    start, events, root = job
+    code = start("print('fine here')\n", finish_outcome=Outcome(3, "host algo-2 ended its part with exit code 3\n"))
+    assert code == 3
+    assert events[-2:] == [("finish", 0), ("close", 3, ["failure"])]
+    assert (root / "output/failure").read_text().startswith("host algo-2 ended its part with exit code 3")
+
+
+def test_a_relaunchable_role_runs_its_processes_again_within_one_run_step(job):
+    start, events, root = job
+    script = ("import os, sys\n"
+              "first = not os.path.exists('attempt')\n"
+              "open('attempt', 'a').write('x')\n"
+              "sys.exit(5 if first else 0)\n")
+    assert start(script, relaunch=True, env={"BYOC_MAX_RESTARTS": "1"}) == 0
+    assert events == ["start", "run", "processes started", "processes started", ("ran", 0), ("finish", 0),
+                      ("close", 0, ["success"])]
+
+
+def test_a_failing_script_is_reported_once_and_closed_with_its_code(job):
+    start, events, root = job
+    assert start("raise SystemExit(7)\n") == 7
+    assert events == ["start", "run", "processes started", ("ran", 7), ("finish", 7), ("close", 7, ["failure"])]
+    assert "exit code 7" in (root / "output/failure").read_text()
+
+
+def test_an_error_of_ours_still_closes_the_role_as_a_failure(job, monkeypatch):
+    """A bug in the launcher (any exception) must not leave other hosts waiting: the role is
+    closed with exit code 1 before the traceback goes on."""
+    start, events, root = job
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug of ours")
+
+    monkeypatch.setattr(execute, "run_with_restarts", broken)
+    with pytest.raises(RuntimeError, match="a bug of ours"):
+        start("print('never')\n")
+    assert events == ["start", "run", ("close", 1, [])]
