@@ -70,11 +70,13 @@ class MultiHostRole(HostRole):
     def __init__(self, plan: LaunchPlan, collector, env: dict[str, str], paths, what: str, relaunchable: bool):
         super().__init__(plan, collector, env, paths, what, relaunchable)
         self.watches: list[PeerWatch] | None = None
+        self.resolved = False  # every host's name resolved: from then on the others may wait on this one
 
     def start(self) -> Outcome | None:
         settings = self.plan.settings
         unresolved = wait_for_hosts(self.plan.hosts, settings.host_resolution_timeout_s)
         if not unresolved:
+            self.resolved = True
             return self.start_beside()
         self.collector.tail.append(f"host(s) {', '.join(unresolved)} did not resolve within "
                                    f"{settings.host_resolution_timeout_s:g} s (BYOC_HOST_RESOLUTION_TIMEOUT_S)")
@@ -136,6 +138,8 @@ class MpiLeader(MultiHostRole):
         SDK v2 local mode then stops this container. Workers are told what this host reports:
         the script's own failure file if it wrote one, else ours."""
         self.close_watches()
+        if not self.resolved:
+            return  # nothing started here; the workers give up on a leader they never reach
         try:
             report = (load_failure_file(self.paths) or outcome.report) if outcome.exit_code else None
             self.mpi.tell_workers(self.plan, outcome.exit_code, report, log)
@@ -299,6 +303,8 @@ class JobPortWorker(JobPortRole):
         exiting, this host's job port still open. Bounded by BYOC_PEER_WAIT_TIMEOUT_S; SIGTERM
         (the leader exited, compose stops this container) ends the wait."""
         self.close_watches()
+        if not self.resolved:
+            return  # the leader's name never resolved: there is nobody to tell
         try:
             stop = StopRequest()
             with stop_signals_set(stop):  # from the first word to the leader on: it may exit at once

@@ -47,12 +47,10 @@ def run_plan(plan: LaunchPlan, paths: MlPaths, environ: dict[str, str], launch: 
     outcome = run_install_steps(plan, env, role) or role.start()
     if outcome is not None:
         return outcome
-    log(f"{plan.current_host}: running {role.what} ({plan.role})")
     mark_training_started()
-    started = time.monotonic()
     outcome = role.finish(role.run(lambda: run_with_restarts(plan, env, role, paths)))
-    if outcome.exit_code == 0:
-        log(f"{plan.current_host}: {role.what} succeeded in {time.monotonic() - started:.1f} s")
+    if outcome.exit_code == 0 and role.started_at is not None:
+        log(f"{plan.current_host}: {role.what} succeeded in {time.monotonic() - role.started_at:.1f} s")
     return outcome
 
 

@@ -15,7 +15,10 @@ only by a multi-host job.
 
 from __future__ import annotations
 
+import time
+
 from entrypoint.decide.plan import LaunchPlan, Role
+from entrypoint.log import log
 from entrypoint.report.outcome import Outcome, build_run_report
 
 # Roles whose every process is started by this host's entrypoint, so a relaunch here is a
@@ -37,6 +40,7 @@ class HostRole:
         self.what = what  # the job in a few words, for the log and reports
         self.relaunchable = relaunchable  # a crash may be restarted in place here (restarts.py)
         self.supervisor = None  # the current run's (supervise.Supervisor)
+        self.started_at: float | None = None  # time.monotonic() when the job's processes first started
         self.lost: str | None = None  # why another host was lost during the run
         self.peer_failed: str | None = None  # a worker host's part failed while this host's ran
 
@@ -44,6 +48,8 @@ class HostRole:
         return None
 
     def run(self, launch) -> Outcome:
+        log(f"{self.plan.current_host}: running {self.what} ({self.plan.role})")
+        self.started_at = time.monotonic()
         return launch()
 
     def on_processes_started(self, supervisor) -> None:
