@@ -45,7 +45,9 @@ def find_running_steps(lines: Iterable[str]) -> Iterator[str]:
         match = LEGACY_STEP.match(line)
         if match:
             number, total, instruction = match.groups()
-            legacy_pending = f"step {number}/{total}: {describe_instruction(instruction)}"
+            # Only RUN steps take time; the legacy builder also "runs" ARG, ENV and SHELL in a
+            # container of their own, in an instant.
+            legacy_pending = f"step {number}/{total}: {describe_instruction(instruction)}" if instruction.startswith("RUN ") else None
             continue
         match = BUILDKIT_STEP.match(line)
         if match:

@@ -22,6 +22,8 @@ LEGACY = """\
 Sending build context to Docker daemon  1.2MB
 Step 2/40 : FROM ${BASE_IMAGE} AS system
  ---> 0a1b2c
+Step 3/40 : ARG APT_RUNTIME_PACKAGES
+ ---> Running in 1c2d
 Step 5/40 : RUN /usr/local/byoc/build/install-apt-packages.sh ${APT_RUNTIME_PACKAGES}
  ---> Using cache
  ---> 3d4e5f
