@@ -20,6 +20,10 @@
 #   --wheelhouse DIR          after the build, keep the Horovod wheel it made or reused in
 #                             DIR (docker/wheelhouse/<flavor>, which the next build reads;
 #                             docker/wheelhouse/README.md). cpu and gpu only
+#   --log FILE                the build's whole output to FILE; on stderr one line per build
+#                             step that runs, with the elapsed time (docker/build_progress.py;
+#                             from $BYOC_SETUP_T0 when set), and on a failure the log's last
+#                             40 lines with its path. Without it, Docker's output as it is
 #   --print                   print the command (one argument a line) instead of running it
 # ENGINE_ARGS go to the build command as they are (e.g. --network host).
 set -euo pipefail
@@ -30,7 +34,7 @@ versions_file="$repo_root/docker/versions.env"
 die() { echo "build.sh: $*" >&2; exit 2; }
 
 flavor='' tag='' builder=auto revision='' version='' source_url='' cache_from='' print=0
-wheelhouse=''
+wheelhouse='' log_file=''
 overrides=()
 engine_args=()
 while (($#)); do
@@ -44,6 +48,7 @@ while (($#)); do
         --source) source_url=${2?}; shift 2 ;;
         --cache-from) cache_from=${2:?--cache-from needs a value}; shift 2 ;;
         --wheelhouse) wheelhouse=${2:?--wheelhouse needs a folder}; shift 2 ;;
+        --log) log_file=${2:?--log needs a file}; shift 2 ;;
         --print) print=1; shift ;;
         --) shift; engine_args=("$@"); break ;;
         -h|--help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
@@ -124,11 +129,27 @@ if ((print)); then
     printf '%s\n' "${cmd[@]}"
     exit 0
 fi
-echo "build.sh: building $flavor as $tag with Docker ($builder builder)" >&2
+echo "build.sh: building $flavor as $tag with Docker ($builder builder)${log_file:+; log: $log_file}" >&2
+run_build() {  # run_build COMMAND...: as it is, or through the progress filter into the log
+    if [ -z "$log_file" ]; then
+        "$@"
+        return
+    fi
+    mkdir -p "$(dirname "$log_file")"
+    local rc=0
+    "$@" 2>&1 | python3 "$repo_root/docker/build_progress.py" --log "$log_file" ${BYOC_SETUP_T0:+--start "$BYOC_SETUP_T0"} \
+        || rc=$?
+    if ((rc != 0)); then
+        echo "build.sh: the build failed (exit code $rc). The last 40 lines of $log_file:" >&2
+        tail -n 40 "$log_file" | sed 's/^/    /' >&2
+    fi
+    return "$rc"
+}
 if [ -z "$wheelhouse" ]; then
-    exec "${cmd[@]}"
+    run_build "${cmd[@]}"
+    exit
 fi
-"${cmd[@]}"
+run_build "${cmd[@]}"
 
 # The `wheelhouse` stage: every step is a cache hit of the build above, so this costs
 # seconds. Its files replace DIR's only when they differ (an untouched DIR keeps the next
@@ -147,7 +168,7 @@ for ((i = 0; i < ${#cmd[@]} - 1; i++)); do
 done
 if [ "$builder" = buildx ]; then
     stage_cmd+=(--target wheelhouse --output "type=local,dest=$export_dir" "$repo_root")
-    "${stage_cmd[@]}" >&2
+    if [ -n "$log_file" ]; then "${stage_cmd[@]}" >>"$log_file" 2>&1; else "${stage_cmd[@]}" >&2; fi
 else
     stage_cmd+=(--quiet --target wheelhouse "$repo_root")
     stage_image=$("${stage_cmd[@]}")

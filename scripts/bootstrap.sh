@@ -1,64 +1,109 @@
 #!/usr/bin/env bash
-# Installs everything the project needs on a fresh Debian 12 machine, and nothing twice:
+# Installs what the project's commands need on a fresh Debian 12 machine, and nothing twice:
 #   - Debian packages: Python (with its headers: sagemaker-training builds a C extension),
-#     Open MPI (mpirun + headers for mpi4py), OpenSSH server/client, iproute2, and what the
-#     image tests need: Debian's Docker engine, docker-compose, a registry, debootstrap.
-#   - A project-local virtual environment in .venv with the package and its test extras.
-#   - One venv per SageMaker Python SDK major version (.venv-sdk-v2, .venv-sdk-v3) with the
-#     version pinned in pyproject.toml's sdk-v2 / sdk-v3 extras, for the local-mode tests.
-# Safe to run again: each step checks what is already there.
+#     Open MPI (mpirun + headers for mpi4py and Horovod), OpenSSH server/client, iproute2,
+#     cmake/g++, and Docker: Debian's engine, docker-compose, a registry, debootstrap.
+#   - A project-local virtual environment in .venv with the package and its exact torch stack.
+#   - The SageMaker Python SDK v2 in .venv-sdk-v2 (the version pinned in pyproject.toml).
+# and, for the tests only (--for tests, the default):
+#   - the test tools in .venv and Horovod (its wheel shared with the CPU image's build:
+#     compiled at most once per machine, docker/wheelhouse/README.md);
+#   - the SDK v3 in .venv-sdk-v3 (about 1 GB; only tests/localmode uses it).
+#
+# usage: scripts/bootstrap.sh [--for tests|main-job] [--with-horovod]
+#   --for main-job   what `scripts/run-main-job.sh` needs, nothing more
+#   --with-horovod   Horovod in .venv as well (the main job's --emulated runs need it)
+# Each stage with work to do prints one line (scripts/lib/stages.sh); its output goes to
+# .work/setup-logs/. Safe to run again: each stage checks what is already there.
 set -euo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo_root"
+# shellcheck source=scripts/lib/stages.sh
+source scripts/lib/stages.sh
+
+purpose=tests horovod=0
+while (($#)); do
+    case "$1" in
+        --for) purpose=${2:?--for needs tests or main-job}; shift 2 ;;
+        --with-horovod) horovod=1; shift ;;
+        *) echo "bootstrap: unknown argument $1" >&2; exit 2 ;;
+    esac
+done
+case "$purpose" in
+    tests) horovod=1 extras=test,stack sdks=(v2 v3) ;;
+    main-job) extras=stack sdks=(v2) ;;
+    *) echo "bootstrap: --for tests|main-job (got '$purpose')" >&2; exit 2 ;;
+esac
+started=$SECONDS did=0
 
 apt_packages=(python3 python3-venv python3-dev python3-pip ca-certificates git
               openmpi-bin libopenmpi-dev openssh-server openssh-client iproute2 procps util-linux cmake g++ make
               docker.io docker-compose docker-registry debootstrap)
-
 missing=()
 for pkg in "${apt_packages[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
 done
+install_apt() {
+    apt-get update
+    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
+}
 if ((${#missing[@]})); then
-    echo "bootstrap: installing Debian packages: ${missing[*]}"
     if [ "$(id -u)" -ne 0 ]; then
         echo "bootstrap: need root (or sudo) to apt-get install: ${missing[*]}" >&2
         exit 1
     fi
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    stage apt "Debian packages (${#missing[@]}: Python, Open MPI, OpenSSH, compilers, Docker)" install_apt
+    did=1
 fi
 
 python_bin="${PYTHON:-python3}"
-if [ ! -x .venv/bin/python ]; then
-    echo "bootstrap: creating .venv with $($python_bin --version)"
-    "$python_bin" -m venv .venv
-fi
+# pip's notes about index folders this machine's pip.conf names but lacks are noise.
+pip_install() { "$@" 2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2); }
 
-# Reinstall only when the dependency list changed.
-stamp=.venv/.installed-pyproject.sha256
+# .venv: reinstalled only when pyproject.toml changed. One stamp per extras set; the full set
+# (test,stack) keeps the stamp's historic name, and satisfies the main job's too.
+stamp_for() { if [ "$1" = test,stack ]; then echo .venv/.installed-pyproject.sha256; else echo ".venv/.installed-pyproject-$1.sha256"; fi; }
 want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
-if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-    echo "bootstrap: installing the project and its test dependencies into .venv"
-    .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test,stack]' \
-        2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
-    echo "$want" > "$stamp"
+venv_current() {
+    [ "$(cat "$(stamp_for "$extras")" 2>/dev/null)" = "$want" ] && return 0
+    [ "$extras" = stack ] && [ "$(cat "$(stamp_for test,stack)" 2>/dev/null)" = "$want" ]
+}
+install_venv() {
+    [ -x .venv/bin/python ] || "$python_bin" -m venv .venv
+    pip_install .venv/bin/python -m pip install --disable-pip-version-check -e ".[$extras]"
+    echo "$want" >"$(stamp_for "$extras")"
+}
+if ! venv_current; then
+    stage venv "the development venv .venv: the project, torch and its stack (.[$extras])" install_venv
+    did=1
 fi
 
-# Horovod 0.28.1 needs a C++17 patch to build against torch 2.13: scripts/build-horovod-wheel.sh
-# builds that wheel once into a wheelhouse outside the repo (~3 minutes on 2 cores).
-if ! .venv/bin/python -c 'import horovod.torch' 2>/dev/null; then
-    echo "bootstrap: building and installing Horovod (the horovod extra)"
-    bash scripts/build-horovod-wheel.sh
-    .venv/bin/python -m pip install -q --disable-pip-version-check \
-        --find-links "${BYOC_WHEELHOUSE:-$HOME/.cache/byoc-wheelhouse}" -e '.[test,stack,horovod]' \
-        2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
+# Horovod: docker/scripts/install-horovod.sh, the image's own installer, run against .venv.
+# It installs a wheel kept in docker/wheelhouse/cpu whose build facts (torch and its C++ ABI,
+# Open MPI, the CPython ABI, compiler, cmake, glibc, the script) are this venv's, and
+# compiles (~3 minutes on 2 cores) only when there is none; a compiled wheel is kept there,
+# where the CPU image's build finds it.
+install_horovod() {
+    local out
+    out=$(mktemp -d)
+    PATH="$repo_root/.venv/bin:$PATH" WHEELHOUSE_IN="$repo_root/docker/wheelhouse/cpu" WHEELS_OUT="$out" \
+        PYPI_HOROVOD_VERSION="$(sed -n 's/^CPU_PYPI_HOROVOD_VERSION=//p' docker/versions.env)" \
+        bash docker/scripts/install-horovod.sh
+    local entry
+    for entry in "$out"/horovod-*; do
+        [ -e "docker/wheelhouse/cpu/$(basename "$entry")" ] || cp -r "$entry" docker/wheelhouse/cpu/
+    done
+    rm -rf -- "$out"
+}
+if ((horovod)) && ! .venv/bin/python -c 'import horovod.torch' 2>/dev/null; then
+    stage horovod "Horovod in .venv (a kept wheel when one matches, else a ~3 min compile)" install_horovod
+    did=1
 fi
 
 # The SDKs' venvs: only the pinned sagemaker package (each major version in its own venv,
 # since both are the distribution `sagemaker`); reinstalled when its pin changes.
-for major in v2 v3; do
+for major in "${sdks[@]}"; do
     pin=$(.venv/bin/python - "$major" <<'PY'
 import sys, tomllib
 extras = tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]
@@ -66,12 +111,20 @@ print(" ".join(extras["sdk-" + sys.argv[1]]))
 PY
 )
     venv=.venv-sdk-$major
-    if [ "$(cat "$venv/.installed" 2>/dev/null)" != "$pin" ]; then
-        echo "bootstrap: installing $pin into $venv"
+    install_sdk() {
         [ -x "$venv/bin/python" ] || "$python_bin" -m venv "$venv"
         # shellcheck disable=SC2086
-        "$venv/bin/python" -m pip install -q --disable-pip-version-check $pin \
-            2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
+        pip_install "$venv/bin/python" -m pip install --disable-pip-version-check $pin
         echo "$pin" >"$venv/.installed"
+    }
+    if [ "$(cat "$venv/.installed" 2>/dev/null)" != "$pin" ]; then
+        stage "sdk-$major" "the SageMaker Python SDK $major in $venv ($pin)" install_sdk
+        did=1
     fi
 done
+
+if ((did)); then
+    say_stage "set-up done in $((SECONDS - started)) s"
+else
+    say_stage "set-up: everything already installed"
+fi

@@ -12,6 +12,9 @@
 # Then:   .venv/bin/python -m pip install --find-links "$BYOC_WHEELHOUSE" -e '.[test,horovod]'
 #
 # Idempotent: when a horovod-0.28.1 wheel is already in the wheelhouse, nothing is built.
+# scripts/bootstrap.sh no longer uses this: it runs docker/scripts/install-horovod.sh against
+# .venv, which shares its wheel with the CPU image (docker/wheelhouse/README.md). This stays
+# for venvs with other pins (e.g. HOROVOD_GPU_OPERATIONS=NCCL on a GPU machine).
 set -euo pipefail
 
 horovod_version=0.28.1

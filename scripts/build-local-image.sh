@@ -8,6 +8,8 @@
 #     and the local torch wheel (PIP_FIND_LINKS), so torch's CPU build is not downloaded;
 #   - the build runs on the host network (no iptables here, so no NAT for a bridge).
 # Docker's layer cache makes an unchanged tree a rebuild of seconds.
+# Progress: one line per stage and per build step that runs (scripts/lib/stages.sh,
+# docker/build.sh --log); the whole output in .work/setup-logs/image-build-<tag>.log.
 #
 # usage: scripts/build-local-image.sh [--tag TAG] [--flavor cpu] [-- BUILD_SH_ARGS...]
 # Env: BYOC_IMAGE_TAG (default byoc-training:cpu-local).
@@ -25,9 +27,14 @@ while (($#)); do
     esac
 done
 
+# shellcheck source=scripts/lib/stages.sh
+source scripts/lib/stages.sh
 eval "$(bash scripts/docker-engine.sh start)"
 export DOCKER_HOST
-bash docker/local/make-debian-base.sh "$(sed -n 's/^CPU_BASE_IMAGE=//p' docker/versions.env)" >&2
+base=$(sed -n 's/^CPU_BASE_IMAGE=//p' docker/versions.env)
+if ! docker image inspect "$base" >/dev/null 2>&1; then
+    stage base-image "the Debian 12 base image $base (debootstrap)" bash docker/local/make-debian-base.sh "$base"
+fi
 
 # docker/build-local/: rebuilt from this machine's pip settings each time (cheap; an
 # unchanged result keeps Docker's cache for every later layer).
@@ -59,7 +66,9 @@ if [ -d "$local_dir/wheels" ]; then
 fi
 
 start=$SECONDS
-bash docker/build.sh --flavor cpu --tag "$tag" "${set_args[@]}" --wheelhouse docker/wheelhouse/cpu \
+log="$BYOC_SETUP_LOGS/image-build-${tag//[^A-Za-z0-9_.-]/_}.log"
+say_stage "the image $tag: seconds from Docker's layer cache, a first build ~6 min on 2 cores (log: $log)"
+bash docker/build.sh --flavor cpu --tag "$tag" "${set_args[@]}" --wheelhouse docker/wheelhouse/cpu --log "$log" \
     -- --network host "${extra[@]}" >&2
 size=$(docker image inspect --format '{{.Size}}' "$tag")
 echo "build-local-image: $tag built in $((SECONDS - start)) s, $((size / 1000000)) MB" >&2

@@ -10,5 +10,13 @@
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo_root"
-bash scripts/bootstrap.sh
+# One clock for the set-up and the image build's progress lines (scripts/lib/stages.sh).
+export BYOC_SETUP_T0=${BYOC_SETUP_T0:-$(date +%s)}
+# Only what the main job needs: no test tools, no SDK v3; Horovod in .venv only for the
+# emulated hosts, which run the trainers with .venv's Python (the image has its own).
+bootstrap_args=(--for main-job)
+for arg in "$@"; do
+    if [ "$arg" = --emulated ]; then bootstrap_args+=(--with-horovod); fi
+done
+bash scripts/bootstrap.sh "${bootstrap_args[@]}"
 exec .venv/bin/python -m jobs.run_main_job "$@"

@@ -7,10 +7,12 @@
 # The compile is most of an uncached image build (minutes on 2 cores; far more with CUDA),
 # and Docker's layer cache loses it whenever any earlier layer changes. So the wheel is
 # kept, keyed by what it was built against ("build facts": this script, Horovod's version,
-# Python, torch and its C++ ABI, Open MPI, the compiler, cmake, glibc, NCCL and nvcc): a
+# the CPython ABI, torch and its C++ ABI, Open MPI, the compiler, cmake, glibc, NCCL and nvcc): a
 # wheel in $WHEELHOUSE_IN whose recorded facts equal this build's is installed instead of
 # compiled. Every build leaves its wheel and facts in $WHEELS_OUT, which the Dockerfile's
 # `wheelhouse` stage exports (docker/build.sh --wheelhouse DIR; docker/wheelhouse/README.md).
+# scripts/bootstrap.sh runs this same script against the development venv (python3, pip and
+# horovodrun from .venv/bin first on PATH), so a machine compiles Horovod once for both.
 # Ends with `horovodrun --check-build`, asserting what was built or reused.
 set -euo pipefail
 : "${PYPI_HOROVOD_VERSION:?from docker/versions.env}"
@@ -47,7 +49,9 @@ build_facts() {
     python3 - <<'PY'
 import sys, sysconfig
 import torch
-print("python", sys.version.split()[0], sysconfig.get_platform())
+# The CPython ABI, not the patch release: an extension built for 3.11.x loads in any 3.11,
+# so the development venv (whatever 3.11 it has) and the image share one wheel.
+print("python", sysconfig.get_config_var("SOABI"), sysconfig.get_platform())
 print("torch", torch.__version__, "cxx11abi", int(torch.compiled_with_cxx11_abi()), "cuda", torch.version.cuda)
 PY
     echo "mpi $(mpirun --version 2>&1 | head -n1)"
