@@ -1,5 +1,5 @@
 """SageMaker SDK v3 support: the SSH trust exchange for its MPI driver and the `mpirun` shim
-that corrects its process count and interface (entrypoint/sdk_v3/ssh.py, sdk_v3_mpirun.py).
+that corrects its process count and interface (entrypoint/sdk_v3/ssh.py, sdk_v3/mpirun.py).
 The images and real v3 jobs: tests/localmode/test_v3_*.py."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Every SM_* variable the script sees equals the one sagemaker-training computes for the
-same /opt/ml tree, except the deliberate differences listed in the README."""
+same /opt/ml tree, except the deliberate differences listed in docs/using.md."""
 
 import json
 import subprocess
