@@ -20,7 +20,8 @@ only in a v3 MPI job. It rewrites exactly those two things and execs the image's
   when it is one interface name that does not exist here: the interface our launcher would use
   instead (entrypoint.decide.topology.choose_interface: eth0, else the first non-loopback one).
 Anything else passes through untouched; each change is one line on stderr. `-x BYOC_WHOLE_LINES=1`
-goes first: every host's Python ranks write whole lines (record_errors.start_whole_lines).
+goes first: every host's Python ranks write whole lines (record_errors.start_whole_lines). v3's
+`-x NCCL_PROTO=simple` (EFA instances) gives way to the job's own choice (sdk_v3/nccl_proto.py).
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ import os
 import sys
 from typing import Sequence
 
-from entrypoint.job.probe import probe_interfaces
 from entrypoint.decide.topology import choose_interface
+from entrypoint.job.probe import probe_interfaces
+from entrypoint.sdk_v3.nccl_proto import build_mpirun_argv
 
 SHIM_DIR = "/usr/local/byoc/sdk-v3/bin"
 INTERFACE_PARAMS = ("btl_tcp_if_include", "oob_tcp_if_include")
@@ -95,13 +97,13 @@ def build_whole_lines_argv(argv: Sequence[str]) -> list[str]:
     return ["-x", "BYOC_WHOLE_LINES=1", *argv]
 
 
-def probe_real_mpirun(path: str, shim_dir: str, is_executable) -> str | None:
-    """The first `mpirun` on PATH that is not this shim."""
+def probe_real_program(name: str, path: str, shim_dir: str, is_executable) -> str | None:
+    """The first `name` on PATH that is not in the shims' folder."""
     shim = os.path.realpath(shim_dir)
     for folder in path.split(os.pathsep):
         if not folder or os.path.realpath(folder) == shim:
             continue
-        candidate = os.path.join(folder, "mpirun")
+        candidate = os.path.join(folder, name)
         if is_executable(candidate):
             return candidate
     return None
@@ -112,14 +114,15 @@ def probe_real_mpirun(path: str, shim_dir: str, is_executable) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    real = probe_real_mpirun(
-        os.environ.get("PATH", ""), SHIM_DIR, lambda p: os.path.isfile(p) and os.access(p, os.X_OK)
+    real = probe_real_program(
+        "mpirun", os.environ.get("PATH", ""), SHIM_DIR, lambda p: os.path.isfile(p) and os.access(p, os.X_OK)
     )
     if real is None:
         print(f"{LOG_PREFIX} no mpirun on PATH besides this shim ({SHIM_DIR})", file=sys.stderr)
         return 127
     fixed, notes = decide_mpirun_argv(args, probe_interfaces())
-    for note in notes:
+    fixed, proto_note = build_mpirun_argv(fixed, os.environ)
+    for note in notes + ([proto_note] if proto_note else []):
         print(f"{LOG_PREFIX} {note}", file=sys.stderr, flush=True)
     os.execv(real, [real, *build_whole_lines_argv(fixed)])
     return 127  # not reached

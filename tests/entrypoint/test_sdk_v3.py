@@ -8,7 +8,9 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +18,8 @@ from entrypoint.sdk_v3 import mpirun as shim
 from entrypoint.sdk_v3 import ssh as v3ssh
 from entrypoint.job.config import parse_resource_config
 from support.ports import free_port
+
+REPO = Path(__file__).resolve().parents[2]
 
 # The argv SDK v3 3.27.0's mpi_utils.get_mpirun_command builds for 2 hosts, 2 processes each,
 # in local mode (resourceconfig.json says "ethwe"), up to the program.
@@ -114,9 +118,9 @@ def test_the_real_mpirun_is_the_first_on_path_that_is_not_the_shim(tmp_path):
         (tmp_path / folder / "mpirun").write_text("#!/bin/sh\n")
         (tmp_path / folder / "mpirun").chmod(0o755)
     path = os.pathsep.join(str(tmp_path / f) for f in ("shim", "a", "b"))
-    found = shim.probe_real_mpirun(path, str(tmp_path / "shim"), lambda p: os.access(p, os.X_OK))
+    found = shim.probe_real_program("mpirun", path, str(tmp_path / "shim"), lambda p: os.access(p, os.X_OK))
     assert found == str(tmp_path / "a" / "mpirun")
-    assert shim.probe_real_mpirun(str(tmp_path / "shim"), str(tmp_path / "shim"), os.path.exists) is None
+    assert shim.probe_real_program("mpirun", str(tmp_path / "shim"), str(tmp_path / "shim"), os.path.exists) is None
 
 
 # --- real files and a real sshd ------------------------------------------------------------------
@@ -241,3 +245,54 @@ def test_every_hosts_ranks_are_told_to_write_whole_lines():
     then makes each Python rank write a line per write (test_cpu_image.py runs it)."""
     assert shim.build_whole_lines_argv(["--host", "algo-1,algo-2", "-np", "2", "python3", "x.py"]) == [
         "-x", "BYOC_WHOLE_LINES=1", "--host", "algo-1,algo-2", "-np", "2", "python3", "x.py"]
+
+
+# --- NCCL_PROTO: SDK v3's drivers force "simple"; the job's own choice wins (sdk_v3/nccl_proto.py)
+
+
+@pytest.mark.parametrize("recorded, current, want", [
+    ("unset", "simple", None),  # the driver's workaround: gone, the plugin and NCCL choose
+    ("set:LL128", "simple", "LL128"),  # the job's own value, which the driver overwrote
+    ("set:simple", "simple", "simple"),  # the job asked for simple itself
+    ("unset", "LL", "LL"),  # not the driver's value: left alone
+    ("", "simple", "simple"),  # no record (not a v3 job bash-env.sh saw): nothing changes
+    ("garbage", "simple", "simple"),
+])
+def test_the_torchrun_shim_gives_the_ranks_the_jobs_own_nccl_protocol(recorded, current, want):
+    from entrypoint.sdk_v3.nccl_proto import build_torchrun_env
+
+    environ = {"NCCL_PROTO": current, "PATH": "/bin", **({"BYOC_JOB_NCCL_PROTO": recorded} if recorded else {})}
+    env, note = build_torchrun_env(environ)
+    assert env.get("NCCL_PROTO") == want
+    assert (note is not None) == (want != current)
+    assert env["PATH"] == "/bin"
+
+
+def test_v3_mpiruns_forced_simple_protocol_gives_way_to_the_jobs_choice():
+    from entrypoint.sdk_v3.nccl_proto import build_mpirun_argv
+
+    argv = ["--host", "algo-1,algo-2", "-np", "2", "-x", "FI_PROVIDER=efa", "-x", "NCCL_PROTO=simple", "python3", "x.py"]
+    dropped, note = build_mpirun_argv(argv, {"BYOC_JOB_NCCL_PROTO": "unset"})
+    assert dropped == ["--host", "algo-1,algo-2", "-np", "2", "-x", "FI_PROVIDER=efa", "python3", "x.py"] and note
+    replaced, _ = build_mpirun_argv(argv, {"BYOC_JOB_NCCL_PROTO": "set:LL128"})
+    assert replaced[7] == "NCCL_PROTO=LL128" and len(replaced) == len(argv)
+    assert build_mpirun_argv(argv, {"BYOC_JOB_NCCL_PROTO": "set:simple"}) == (argv, None)
+    assert build_mpirun_argv(argv, {}) == (argv, None)  # outside a recorded v3 job
+
+
+def test_the_torchrun_shim_execs_the_real_torchrun_with_the_arguments_as_given(tmp_path):
+    """A real process: the shim finds the next torchrun on PATH (a stand-in printing what it
+    got) and execs it with v3's arguments untouched and the driver's NCCL_PROTO gone."""
+    import subprocess
+
+    real = tmp_path / "bin" / "torchrun"
+    real.parent.mkdir()
+    real.write_text("#!/bin/sh\necho \"argv=$*\"\necho \"NCCL_PROTO=${NCCL_PROTO-<unset>}\"\n")
+    real.chmod(0o755)
+    env = {"PATH": f"{real.parent}:/usr/bin:/bin", "NCCL_PROTO": "simple", "BYOC_JOB_NCCL_PROTO": "unset",
+           "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-m", "entrypoint.sdk_v3.torchrun", "--nnodes=2", "--node_rank=1", "x.py"],
+                          env=env, capture_output=True, text=True, timeout=30, cwd=str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["argv=--nnodes=2 --node_rank=1 x.py", "NCCL_PROTO=<unset>"]
+    assert "byoc sdk-v3 torchrun: NCCL_PROTO unset" in done.stderr

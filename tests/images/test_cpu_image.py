@@ -147,6 +147,31 @@ def test_ranks_an_sdk_v3_driver_starts_write_whole_lines(cpu_image, tmp_path):
     assert len(lines) == 6000 and not bad, bad[:3]
 
 
+# SDK v3's torchrun driver, as it runs in a v3 job: its sm_train.sh names torchrun_driver.py, the
+# driver (a Python process under `bash -c`) sets NCCL_PROTO=simple and runs `torchrun` from PATH.
+V3_TORCHRUN_JOB = (
+    "mkdir -p /opt/ml/input/data/sm_drivers "
+    "&& echo 'python3 /opt/ml/input/data/sm_drivers/distributed_drivers/torchrun_driver.py' "
+    "> /opt/ml/input/data/sm_drivers/sm_train.sh "
+    "&& exec bash -c 'python3 /t/driver.py'")
+V3_TORCHRUN_DRIVER = ("import os, subprocess, sys\n"
+                      "os.environ['NCCL_PROTO'] = 'simple'  # what v3's torchrun_driver.setup_env does\n"
+                      "sys.exit(subprocess.call(['torchrun', '--nproc_per_node=1', '/t/proto.py']))\n")
+
+
+@pytest.mark.parametrize("job_env, want", [({}, "<unset>"), ({"NCCL_PROTO": "LL128"}, "LL128")],
+                         ids=["job-without-nccl-proto", "job-with-its-own"])
+def test_an_sdk_v3_torchrun_jobs_ranks_get_the_jobs_own_nccl_protocol(cpu_image, tmp_path, job_env, want):
+    """v3's driver forces NCCL_PROTO=simple (a workaround for aws-ofi-nccl <= 1.5): the image's
+    torchrun gives the ranks the job's own value, or none (sdk_v3/nccl_proto.py)."""
+    (tmp_path / "proto.py").write_text("import os\nprint('RANK-NCCL_PROTO=' + os.environ.get('NCCL_PROTO', '<unset>'))\n")
+    argv = build_run_argv(cpu_image.tag, mounts=[(tmp_path, "/t:ro")], entrypoint="/bin/bash", env=job_env,
+                          command=["-c", V3_TORCHRUN_JOB])
+    result = run_docker(argv, timeout_s=180)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert f"RANK-NCCL_PROTO={want}" in result.stdout, result.stdout[-2000:] + result.stderr[-2000:]
+
+
 @pytest.mark.parametrize("how", ["entrypoint", "bash-c"], ids=["docker-run-image-train", "sdk-v3-bash-c-train"])
 def test_single_host_train(cpu_image, tmp_path, how):
     """`docker run <image> train` with an /opt/ml tree, and the same through `bash -c train`

@@ -9,10 +9,12 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-SHIM = REPO_ROOT / "docker" / "rootfs" / "usr" / "local" / "byoc" / "sdk-v3" / "bin" / "mpirun"
+SHIMS = REPO_ROOT / "docker" / "rootfs" / "usr" / "local" / "byoc" / "sdk-v3" / "bin"
 
 
-def test_shim_is_an_executable_clean_shell_script_that_runs_our_module():
+@pytest.mark.parametrize("name", ["mpirun", "torchrun"])
+def test_shim_is_an_executable_clean_shell_script_that_runs_our_module(name):
+    SHIM = SHIMS / name
     assert SHIM.stat().st_mode & 0o111, "COPY docker/rootfs/ keeps the mode: it must be executable in git"
     here = Path(sys.executable).parent / "shellcheck"
     binary = str(here) if here.exists() else shutil.which("shellcheck")
@@ -21,7 +23,7 @@ def test_shim_is_an_executable_clean_shell_script_that_runs_our_module():
     done = subprocess.run([binary, str(SHIM)], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
     # -I: the user's code folder (v3's cwd) must not shadow the image's `entrypoint` package
-    assert 'exec python3 -I -m entrypoint.sdk_v3.mpirun "$@"' in SHIM.read_text()
+    assert f'exec python3 -I -m entrypoint.sdk_v3.{name} "$@"' in SHIM.read_text()
 
 
 def test_the_shim_folder_is_not_on_the_images_path():

@@ -10,11 +10,14 @@
 #     finds no key. mkdir is the once-per-container guard, as below; ssh-keygen never reads
 #     the caller's stdin.
 # In any SDK v3 job, BYOC_WHOLE_LINES=1: its ranks write whole lines (docker/scripts/
-# install-our-packages.sh). In an SDK v3 MPI job (ModelTrainer(distributed=MPI()): its
-# sm_train.sh runs mpi_driver.py),
-# also, once per container:
+# install-our-packages.sh); and BYOC_JOB_NCCL_PROTO records, before v3's drivers overwrite it
+# with "simple", whether the job set NCCL_PROTO itself (`set:<value>`) or not (`unset`).
+# In an SDK v3 MPI or torchrun job (its sm_train.sh runs mpi_driver.py or torchrun_driver.py):
 #   - /usr/local/byoc/sdk-v3/bin first on PATH: an `mpirun` that corrects v3's process count
-#     and its nonexistent "ethwe" interface (entrypoint/sdk_v3/mpirun.py);
+#     and its nonexistent "ethwe" interface (entrypoint/sdk_v3/mpirun.py), and, like a
+#     `torchrun` there (entrypoint/sdk_v3/torchrun.py), gives the ranks back the job's own
+#     NCCL protocol choice (NCCL's and aws-ofi-nccl's when the job made none);
+# In an MPI job also, once per container:
 #   - in the background, the per-job SSH trust exchange v3's driver needs (root's client key is
 #     this container's host key; the peers' keys are learnt with ssh-keyscan and authorized
 #     only from their addresses: entrypoint/sdk_v3/ssh.py, docs/multi-host.md).
@@ -30,7 +33,21 @@ if [ "${EUID:-}" = 0 ]; then
     _byoc_v3=/opt/ml/input/data/sm_drivers
     # Any v3 job: its drivers start the ranks without our rank wrapper; every Python process
     # writes whole lines instead (the image's byoc-whole-lines.pth).
-    if [ -f "$_byoc_v3/sm_train.sh" ]; then export BYOC_WHOLE_LINES=1; fi
+    if [ -f "$_byoc_v3/sm_train.sh" ]; then
+        export BYOC_WHOLE_LINES=1
+        # Decided once, by the first bash of the job (before any driver runs); inherited after.
+        if [ -z "${BYOC_JOB_NCCL_PROTO:-}" ]; then
+            if [ -n "${NCCL_PROTO+x}" ]; then export BYOC_JOB_NCCL_PROTO="set:$NCCL_PROTO"
+            else export BYOC_JOB_NCCL_PROTO=unset; fi
+        fi
+        if [ -z "${BYOC_SDK_V3_TORCHRUN:-}" ] && grep -qs 'distributed_drivers/torchrun_driver\.py' "$_byoc_v3/sm_train.sh"; then
+            export BYOC_SDK_V3_TORCHRUN=1
+            case ":${PATH:-}:" in
+                *:/usr/local/byoc/sdk-v3/bin:*) ;;
+                *) PATH=/usr/local/byoc/sdk-v3/bin:${PATH:-/usr/bin:/bin} ;;
+            esac
+        fi
+    fi
     # BYOC_SDK_V3_MPI: decided once; the bash processes below this one inherit it (and PATH).
     if [ -z "${BYOC_SDK_V3_MPI:-}" ] && [ -f "$_byoc_v3/sm_train.sh" ] \
         && grep -qs 'distributed_drivers/mpi_driver\.py' "$_byoc_v3/sm_train.sh"; then
