@@ -401,11 +401,11 @@ def decide(
     notes.extend(gpu_notes)
     launcher_kind, kind_notes = decide_launcher_kind(dist, facts)
     notes.extend(kind_notes)
-    if topo.processes_per_host_note:
-        notes.append(topo.processes_per_host_note)
+    notes.extend(n for n in (topo.gpu_share_note, topo.processes_per_host_note) if n)
     notes.extend(describe_restart_limits(settings, dist.launcher, launcher_kind, len(topo.distribution_hosts)))
     shared = _Shared(job, topo, dist.launcher, code, entry, build_install_steps(runtime.python, code_dir, code_facts),
-                     {**build_sm_env(job, facts, topo), **gpu_env}, settings, runtime, notes)
+                     {**build_sm_env(job, facts, topo), **gpu_env, **topology.build_gpu_share_env(topo)}, settings,
+                     runtime, notes)
     return decide_role_plan(shared, dist, facts, launcher_kind, program_argv)
 
 

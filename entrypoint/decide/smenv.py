@@ -95,7 +95,7 @@ def build_training_env(job: JobConfig, facts: MachineFacts, topo: Topology) -> d
         "module_name": module_name_of(job.program),
         "network_interface_name": topo.interface,
         "num_cpus": facts.cpu_count,
-        "num_gpus": facts.gpu_count,
+        "num_gpus": len(topo.gpu_share) if topo.gpu_share is not None else facts.gpu_count,
         "num_neurons": facts.neuron_core_count,
         "output_data_dir": paths.output_data_dir,
         "output_dir": paths.output_dir,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple
 
+from entrypoint.errors import JobDefinitionError
 from entrypoint.job.config import JobConfig
 
 if TYPE_CHECKING:  # sdk_v3_mpirun imports choose_interface alone: keep its start light
@@ -77,11 +78,59 @@ def choose_interface(configured: str, present: tuple[str, ...]) -> tuple[str, st
     )
 
 
-def decide_processes_per_host(dist: Distribution, facts: MachineFacts) -> tuple[int, str | None]:
+# SageMaker local mode's GPU instance type: every host is a container on this one machine.
+LOCAL_GPU_INSTANCE = "local_gpu"
+
+
+def decide_gpu_share(job: JobConfig, facts: MachineFacts) -> tuple[tuple[str, ...] | None, str | None]:
+    """This host's share of the machine's GPUs when local mode runs several hosts on one
+    machine (`instance_type="local_gpu"`, `instance_count` > 1): each container sees every GPU,
+    and without a share algo-2 would start as many ranks as algo-1 on the same GPUs (NCCL:
+    "Duplicate GPU detected"). (the share, a note for the plan), or (None, None) elsewhere."""
+    resource = job.resource
+    if resource.current_instance_type != LOCAL_GPU_INSTANCE:
+        return None, None
+    return decide_local_share(tuple(resource.hosts), resource.current_host, facts.gpu_count,
+                              job.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+def decide_local_share(hosts: tuple[str, ...], current_host: str, gpu_count: int,
+                       visible: str | None) -> tuple[tuple[str, ...] | None, str | None]:
+    """The GPUs (the CUDA_VISIBLE_DEVICES list when set, else 0..gpu_count-1) cut into equal
+    consecutive shares in the hosts' order: the same cut on every host, since each sees the
+    same list. (current_host's share, a note), or (None, None) for one host or no GPU."""
+    if len(hosts) < 2 or not gpu_count:
+        return None, None
+    gpus = tuple(g.strip() for g in visible.split(",") if g.strip()) if visible is not None else tuple(
+        str(i) for i in range(gpu_count))
+    if not gpus:
+        return None, None
+    per = len(gpus) // len(hosts)
+    if per == 0:
+        raise JobDefinitionError(
+            f"Local mode runs the job's {len(hosts)} hosts on this one machine, which has {len(gpus)} GPU(s): not one "
+            f"GPU for each host, and ranks of two hosts on one GPU stop NCCL (\"Duplicate GPU detected\"). Use "
+            f"instance_count={len(gpus)} or fewer with instance_type=\"local_gpu\", or instance_type=\"local\" (CPU).")
+    index = hosts.index(current_host)
+    share = gpus[index * per:(index + 1) * per]
+    unused = len(gpus) - per * len(hosts)
+    note = (f"local mode: the job's {len(hosts)} hosts share this machine's {len(gpus)} GPUs, {per} each; "
+            f"{current_host} takes GPU(s) {','.join(share)} (CUDA_VISIBLE_DEVICES)"
+            + (f"; {unused} left unused" if unused else ""))
+    return share, note
+
+
+def decide_processes_per_host(dist: Distribution, facts: MachineFacts,
+                              gpu_share: tuple[str, ...] | None = None) -> tuple[int, str | None]:
+    gpus = len(gpu_share) if gpu_share is not None else facts.gpu_count
     if dist.processes_per_host is not None:
+        if gpu_share is not None and dist.processes_per_host > gpus:
+            return dist.processes_per_host, (
+                f"{dist.processes_per_host} processes per host on this host's {gpus} GPU(s) in local mode: ranks share "
+                f"GPUs, which NCCL refuses (\"Duplicate GPU detected\")")
         return dist.processes_per_host, None
-    if facts.gpu_count:
-        return facts.gpu_count, None
+    if gpus:
+        return gpus, None
     if facts.neuron_core_count:
         return facts.neuron_core_count, None
     if dist.launcher in ("pytorchddp", "smdataparallel"):
@@ -100,6 +149,8 @@ class Topology(NamedTuple):
     processes_per_host: int  # of a distributed launch
     interface_note: str | None = None  # why the interface is not the configured one
     processes_per_host_note: str | None = None  # why processes_per_host is not what was asked
+    gpu_share: tuple[str, ...] | None = None  # this host's GPUs when local mode shares one machine
+    gpu_share_note: str | None = None
 
     @property
     def in_distribution(self) -> bool:
@@ -121,7 +172,8 @@ class Topology(NamedTuple):
 
 def decide_topology(job: JobConfig, facts: MachineFacts, dist: Distribution) -> Topology:
     interface, interface_note = choose_interface(job.resource.network_interface_name, facts.interfaces)
-    pph, pph_note = decide_processes_per_host(dist, facts)
+    gpu_share, gpu_share_note = decide_gpu_share(job, facts)
+    pph, pph_note = decide_processes_per_host(dist, facts, gpu_share)
     return Topology(
         hosts=tuple(job.resource.hosts),
         current_host=job.resource.current_host,
@@ -133,4 +185,10 @@ def decide_topology(job: JobConfig, facts: MachineFacts, dist: Distribution) -> 
         processes_per_host=pph,
         interface_note=interface_note,
         processes_per_host_note=pph_note,
+        gpu_share=gpu_share,
+        gpu_share_note=gpu_share_note,
     )
+
+
+def build_gpu_share_env(topo: Topology) -> dict[str, str]:
+    return {"CUDA_VISIBLE_DEVICES": ",".join(topo.gpu_share)} if topo.gpu_share is not None else {}

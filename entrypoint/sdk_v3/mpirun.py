@@ -54,7 +54,7 @@ def parse_host_slots(hosts: str) -> list[int] | None:
     return slots
 
 
-def _fixed_interface(value: str, present: tuple[str, ...]) -> str | None:
+def fix_interface(value: str, present: tuple[str, ...]) -> str | None:
     """The replacement for one missing interface name; None to leave the value alone (a list,
     an exclusion, a CIDR, or an interface that exists)."""
     if not value or any(c in value for c in ",/^") or value in present or not present:
@@ -78,13 +78,13 @@ def decide_mpirun_argv(argv: Sequence[str], interfaces: tuple[str, ...]) -> tupl
             )
     for i in range(len(out) - 1):
         if out[i] in ("-mca", "--mca") and i + 2 < len(out) and out[i + 1] in INTERFACE_PARAMS:
-            fixed = _fixed_interface(out[i + 2], interfaces)
+            fixed = fix_interface(out[i + 2], interfaces)
             if fixed:
                 notes.append(f"{out[i + 1]} {out[i + 2]} -> {fixed}: there is no interface {out[i + 2]} here")
                 out[i + 2] = fixed
         elif out[i] == "-x" and out[i + 1].startswith(NCCL_IFNAME):
             value = out[i + 1][len(NCCL_IFNAME):]
-            fixed = _fixed_interface(value, interfaces)
+            fixed = fix_interface(value, interfaces)
             if fixed:
                 notes.append(f"NCCL_SOCKET_IFNAME {value} -> {fixed}: there is no interface {value} here")
                 out[i + 1] = NCCL_IFNAME + fixed

@@ -296,3 +296,37 @@ def test_the_torchrun_shim_execs_the_real_torchrun_with_the_arguments_as_given(t
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["argv=--nnodes=2 --node_rank=1 x.py", "NCCL_PROTO=<unset>"]
     assert "byoc sdk-v3 torchrun: NCCL_PROTO unset" in done.stderr
+
+
+V3_TORCHRUN_ARGV = ["--nnodes=2", "--nproc_per_node=4", "--master_addr=algo-1", "--master_port=7777",
+                    "--node_rank=1", "/opt/ml/input/data/code/train.py", "--epochs", "1"]
+
+
+def _v3_resource(instance_type: str, current="algo-2"):
+    return parse_resource_config({"current_host": current, "hosts": ["algo-1", "algo-2"],
+                                  "current_instance_type": instance_type, "network_interface_name": "ethwe"})
+
+
+def test_v3_torchrun_in_local_gpu_mode_gets_this_hosts_share_and_an_interface_that_exists():
+    from entrypoint.sdk_v3.torchrun import decide_torchrun_launch
+
+    environ = {"NCCL_SOCKET_IFNAME": "ethwe", "NCCL_PROTO": "simple", "BYOC_JOB_NCCL_PROTO": "unset"}
+    argv, env, notes = decide_torchrun_launch(V3_TORCHRUN_ARGV, environ, _v3_resource("local_gpu"), 4, ("eth0", "lo"))
+    assert argv == [*V3_TORCHRUN_ARGV[:1], "--nproc_per_node=2", *V3_TORCHRUN_ARGV[2:]]
+    assert env["CUDA_VISIBLE_DEVICES"] == "2,3" and env["NCCL_SOCKET_IFNAME"] == "eth0" and "NCCL_PROTO" not in env
+    assert len(notes) == 4  # the protocol, the interface, the share, the process count
+    leader_argv, leader_env, _ = decide_torchrun_launch(V3_TORCHRUN_ARGV, environ, _v3_resource("local_gpu", "algo-1"),
+                                                        4, ("eth0", "lo"))
+    assert leader_env["CUDA_VISIBLE_DEVICES"] == "0,1" and "--nproc_per_node=2" in leader_argv
+
+
+def test_v3_torchrun_keeps_an_explicit_process_count_and_cloud_jobs_untouched():
+    from entrypoint.sdk_v3.torchrun import decide_torchrun_launch
+
+    explicit = ["--nnodes=2", "--nproc_per_node=1", "train.py"]
+    argv, env, _ = decide_torchrun_launch(explicit, {}, _v3_resource("local_gpu"), 4, ("eth0",))
+    assert argv == explicit and env["CUDA_VISIBLE_DEVICES"] == "2,3"
+    argv, env, notes = decide_torchrun_launch(V3_TORCHRUN_ARGV, {"NCCL_SOCKET_IFNAME": "eth0"},
+                                              _v3_resource("ml.g5.12xlarge"), 4, ("eth0",))
+    assert argv == V3_TORCHRUN_ARGV and "CUDA_VISIBLE_DEVICES" not in env and notes == []
+    assert decide_torchrun_launch(V3_TORCHRUN_ARGV, {}, None, 0, ("eth0",)) == (V3_TORCHRUN_ARGV, {}, [])
