@@ -13,7 +13,7 @@ from typing import NamedTuple
 from entrypoint.decide import topology
 from entrypoint.job.config import JobConfig, build_json
 from entrypoint.decide.distribution import MPI_BASED, Distribution
-from entrypoint.decide.settings import DEFAULTS, LaunchSettings
+from entrypoint.decide.settings import DEFAULTS, LaunchSettings, decide_capacity_stop_at
 from entrypoint.errors import JobDefinitionError
 from entrypoint.decide.gpu_env import build_gpu_env
 from entrypoint.job.probe import MachineFacts
@@ -379,6 +379,21 @@ def describe_restart_limits(settings: LaunchSettings, launcher: str, launcher_ki
     return notes
 
 
+def describe_capacity_end(settings: LaunchSettings) -> list[str]:
+    from entrypoint.decide.capacity import CAPACITY_END_ENV, describe_utc
+
+    if settings.capacity_end_unreadable is not None:
+        return [f"{CAPACITY_END_ENV}={settings.capacity_end_unreadable!r} is not a time this image reads (epoch "
+                f"seconds, epoch milliseconds or ISO 8601): the job is not stopped before the training plan's "
+                f"capacity ends"]
+    stop_at = decide_capacity_stop_at(settings)
+    if stop_at is None:
+        return []
+    return [f"training plan: the capacity ends at {describe_utc(settings.capacity_ends_at)} and its instances are "
+            f"terminated from 30 minutes before; every host stops its processes at {describe_utc(stop_at)} (SIGTERM, "
+            f"then {settings.grace_period_s:g} s, BYOC_GRACE_PERIOD_S; BYOC_CAPACITY_STOP_LEAD_S moves it)"]
+
+
 def decide(
     job: JobConfig,
     dist: Distribution,
@@ -403,6 +418,7 @@ def decide(
     notes.extend(kind_notes)
     notes.extend(n for n in (topo.gpu_share_note, topo.processes_per_host_note) if n)
     notes.extend(describe_restart_limits(settings, dist.launcher, launcher_kind, len(topo.distribution_hosts)))
+    notes.extend(describe_capacity_end(settings))
     shared = _Shared(job, topo, dist.launcher, code, entry, build_install_steps(runtime.python, code_dir, code_facts),
                      {**build_sm_env(job, facts, topo), **gpu_env, **topology.build_gpu_share_env(topo)}, settings,
                      runtime, notes)

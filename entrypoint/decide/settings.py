@@ -30,6 +30,13 @@ class LaunchSettings(NamedTuple):
     host_lost_timeout_s: float = 30.0  # BYOC_HOST_LOST_TIMEOUT_S: silence that makes a host lost
     job_port: int = 7778  # BYOC_JOB_PORT (default: BYOC_MASTER_PORT + 1)
     hang_timeout_s: float = 0.0  # BYOC_HANG_TIMEOUT_S: output silence that makes a job hung; 0: off
+    # The training plan's capacity end (epoch s) from SAGEMAKER_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP
+    # (capacity.py), None without one; the raw value when it could not be read.
+    capacity_ends_at: float | None = None
+    capacity_end_unreadable: str | None = None
+    # BYOC_CAPACITY_STOP_LEAD_S: how long before the capacity's termination begins the ranks get
+    # SIGTERM; None: the grace period (capacity_stop_lead_s below gives the value in force).
+    capacity_stop_lead: float | None = None
 
     # --- fixed ----------------------------------------------------------------------------------
     # How often this host's process tree is polled (exits, deadlines, hang checks).
@@ -81,11 +88,21 @@ class LaunchSettings(NamedTuple):
     tool_probe_timeout_s: float = 20.0
     # How often SDK v3's SSH helper looks for its peers' keys (sdk_v3/ssh.py).
     v3_ssh_poll_s: float = 0.5
+    # Training plans begin terminating a capacity's instances this long before it ends.
+    capacity_termination_lead_s: float = 1800.0
     # How long a helper thread (an output pump, a watch) may take to end once told to.
     thread_join_s: float = 5.0
 
 
 DEFAULTS = LaunchSettings()
+
+
+def decide_capacity_stop_at(settings: LaunchSettings) -> float | None:
+    """When the ranks get SIGTERM before the training plan's capacity ends (epoch s), or None."""
+    from entrypoint.decide.capacity import decide_capacity_stop
+
+    lead = settings.capacity_stop_lead if settings.capacity_stop_lead is not None else settings.grace_period_s
+    return decide_capacity_stop(settings.capacity_ends_at, settings.capacity_termination_lead_s, lead)
 
 
 def _parse_number(environ: Mapping[str, str], name: str, default: float, kind: type, low: float,
@@ -121,4 +138,13 @@ def parse_launch_settings(environ: Mapping[str, str]) -> LaunchSettings:
         host_lost_timeout_s=number("BYOC_HOST_LOST_TIMEOUT_S", 30.0, float, 1.0, 60.0),
         job_port=number("BYOC_JOB_PORT", master_port + 1 if master_port < 65535 else 7778, int, 1, 65535),
         hang_timeout_s=number("BYOC_HANG_TIMEOUT_S", 0.0, float, 0.0),
+        **parse_capacity_settings(environ),
     )
+
+
+def parse_capacity_settings(environ: Mapping[str, str]) -> dict:
+    from entrypoint.decide.capacity import CAPACITY_END_ENV, parse_capacity_end
+
+    ends_at, readable = parse_capacity_end(environ.get(CAPACITY_END_ENV))
+    return {"capacity_ends_at": ends_at, "capacity_end_unreadable": None if readable else environ.get(CAPACITY_END_ENV),
+            "capacity_stop_lead": _parse_number(environ, "BYOC_CAPACITY_STOP_LEAD_S", None, float, 0.0)}

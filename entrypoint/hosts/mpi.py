@@ -26,7 +26,7 @@ from entrypoint.hosts import ssh
 from entrypoint.report.failure import build_job_outcome_report
 from entrypoint.log import log as log_line
 from entrypoint.decide.plan import LaunchPlan
-from entrypoint.decide.settings import DEFAULTS
+from entrypoint.decide.settings import DEFAULTS, decide_capacity_stop_at
 from entrypoint.hosts.job_port import PeerWatch
 from entrypoint.rank.record_errors import build_readable_text
 from entrypoint.run.supervise import StopRequest, stop_signals_set
@@ -312,6 +312,7 @@ def _wait_for_outcome(plan: LaunchPlan, stop: StopRequest, log, sshd: subprocess
 def _serve_until_outcome(plan: LaunchPlan, stop: StopRequest, log, sshd: subprocess.Popen, lost: list[str]) -> WorkerOutcome:
     settings = plan.settings
     stop_deadline = None
+    capacity_stop = decide_capacity_stop_at(settings)  # every host stops its own ranks then (capacity.py)
     while True:
         if os.path.exists(plan.files.outcome):
             with open(plan.files.outcome) as f:
@@ -319,6 +320,9 @@ def _serve_until_outcome(plan: LaunchPlan, stop: StopRequest, log, sshd: subproc
             code = int(text) if text.lstrip("-").isdigit() else 1
             return WorkerOutcome(code, None, load_leader_report(plan) if code != 0 else None)
         now = time.monotonic()
+        if capacity_stop is not None and stop.signal_name is None and time.time() >= capacity_stop:
+            log(f"{plan.current_host}: stopping this host's ranks before the training plan's capacity ends")
+            stop.signal_name = "SIGTERM"  # as if the platform had stopped the job: its ranks checkpoint
         if stop.signal_name and stop_deadline is None:
             forward_stop_to_ranks(stop.signal_name, log)
             # The ranks have the grace period; then the leader reports how the job ended.

@@ -12,7 +12,9 @@ from __future__ import annotations
 import time
 
 from entrypoint.decide.plan import LaunchPlan, ProcessSpec
+from entrypoint.decide.capacity import describe_capacity_over, describe_capacity_stop
 from entrypoint.decide.restarts import RunEnding, build_restart_line, decide_restart
+from entrypoint.decide.settings import decide_capacity_stop_at
 from entrypoint.job.paths import MlPaths
 from entrypoint.log import log
 from entrypoint.report.failure import describe_exit_code, describe_root_cause, first_root_cause, secret_values
@@ -44,7 +46,7 @@ def run_plan(plan: LaunchPlan, paths: MlPaths, environ: dict[str, str], launch: 
     env = {**environ, **plan.env_dict}
     collector = OutputCollector(secret_values(env))
     role = launch.role = choose_role(plan, collector, env, paths)
-    outcome = run_install_steps(plan, env, role) or role.start()
+    outcome = build_capacity_over(plan) or run_install_steps(plan, env, role) or role.start()
     if outcome is not None:
         return outcome
     mark_training_started()
@@ -78,7 +80,7 @@ def run_with_restarts(plan: LaunchPlan, env: dict[str, str], role: HostRole, pat
         run = run_processes(plan.processes, env, plan.cwd, plan.settings.grace_period_s, collector,
                             on_started=role.on_processes_started, hang_timeout_s=plan.settings.hang_timeout_s,
                             host=plan.current_host, ask_other_hosts=role.ask_other_hosts,
-                            on_rank_killed=role.on_rank_killed, settings=plan.settings)
+                            on_rank_killed=role.on_rank_killed, settings=plan.settings, stop_at=build_stop_at(plan))
         ending = RunEnding(run.exit_code, run.stopped_by, run.launch_error, role.lost or role.peer_failed)
         if decide_restart(role.relaunchable, plan.settings.max_restarts, len(earlier), ending) is not None:
             return build_run_outcome(role, run, earlier)
@@ -92,7 +94,28 @@ def run_with_restarts(plan: LaunchPlan, env: dict[str, str], role: HostRole, pat
         clear_previous_outcome(paths)
 
 
+def build_capacity_over(plan: LaunchPlan) -> Outcome | None:
+    """A job that begins after its stop time (a training plan's capacity is ending) stops now."""
+    stop_at, now = decide_capacity_stop_at(plan.settings), time.time()
+    if stop_at is None or now < stop_at:
+        return None
+    return Outcome(143, describe_capacity_over(plan.settings.capacity_ends_at, stop_at, now) + "\n")
+
+
+def build_stop_at(plan: LaunchPlan) -> tuple[float, str] | None:
+    """When and why this host stops its processes itself: before a training plan's capacity ends."""
+    settings = plan.settings
+    stop_at = decide_capacity_stop_at(settings)
+    if stop_at is None:
+        return None
+    return stop_at, describe_capacity_stop(settings.capacity_ends_at, stop_at, settings.grace_period_s)
+
+
 def build_run_outcome(role: HostRole, run: RunResult, earlier: list[str]) -> Outcome:
+    if run.stop_reason:
+        # Not the job's success even when the script exits 0 on SIGTERM: it did not finish.
+        code = run.exit_code or 143
+        return Outcome(code, f"{run.stop_reason}\n\n{role.build_report(role.what, run._replace(exit_code=code))}")
     if run.launch_error:
         return Outcome(run.exit_code, f"{role.what}: {run.launch_error}")
     if run.exit_code != 0:

@@ -163,8 +163,12 @@ def _pump(pipe, sink, collector: OutputCollector, lines=None, quiet_s: float = D
 class Supervisor:
     def __init__(self, grace_period_s: float, collector: OutputCollector, hang_timeout_s: float = 0.0,
                  host: str = "this host", ask_other_hosts=None, on_rank_killed=None,
-                 settings: LaunchSettings = DEFAULTS):
+                 settings: LaunchSettings = DEFAULTS, stop_at: tuple[float, str] | None = None):
         self.settings = settings
+        # (epoch s, why): this host stops its processes then, as on SIGTERM (a training plan's
+        # capacity ending, decide/capacity.py); stop_reason says why once it did.
+        self.stop_at = stop_at
+        self.stop_reason: str | None = None
         self.on_rank_killed = on_rank_killed  # the role's: a rank we started died of a signal
         self.grace_period_s = grace_period_s
         self.collector = collector
@@ -288,6 +292,15 @@ class Supervisor:
         self.signal_all(signum, stop_request=True)
         self._kill_within(self.grace_period_s)
 
+    def check_stop_time(self) -> None:
+        if self.stop_at is None or self.stopped_by is not None or time.time() < self.stop_at[0]:
+            return
+        self.stop_reason = self.stop_at[1]
+        self.stopped_by, self.stopped_at = "SIGTERM", time.time()
+        log(f"the training plan's capacity is ending: sending SIGTERM to the job, SIGKILL in {self.grace_period_s:g} s")
+        self.signal_all(signal.SIGTERM, stop_request=True)
+        self._kill_within(self.grace_period_s)
+
     def _report_signal_death(self, proc, signum: int) -> None:
         """A rank we started ourselves died of a signal and wrote no record: the role may write
         it (on_rank_killed; a thread it returns is joined before wait() returns). Not when we
@@ -317,6 +330,8 @@ class Supervisor:
                     first_failure = code
                     if running:
                         self.stop_after_failure(f"{spec.name} exited with code {code}")
+            if running:
+                self.check_stop_time()
             if self.hang_timeout_s and running and self.stopped_by is None and self.hang_reason is None \
                     and (self.kill_at is None or self.hang_asked_at is not None):
                 self.check_for_hang()
@@ -346,6 +361,7 @@ class RunResult(NamedTuple):
     killed_at_deadline: bool = False  # SIGKILLed by us when the grace period ran out
     oom_kills: int | None = None  # the kernel's OOM kills in our memory cgroup during the run
     hang: str | None = None  # why the job was stopped as hung (hangs.py)
+    stop_reason: str | None = None  # why this host stopped the processes itself (a capacity ending)
 
 
 class StartupStopped(BaseException):  # not caught by the `except Exception` of a start-up step
@@ -412,8 +428,10 @@ def run_processes(
     ask_other_hosts=None,
     on_rank_killed=None,
     settings: LaunchSettings = DEFAULTS,
+    stop_at: tuple[float, str] | None = None,
 ) -> RunResult:
-    supervisor = Supervisor(grace_period_s, collector, hang_timeout_s, host, ask_other_hosts, on_rank_killed, settings)
+    supervisor = Supervisor(grace_period_s, collector, hang_timeout_s, host, ask_other_hosts, on_rank_killed, settings,
+                            stop_at)
     oom_before = load_oom_kill_count()
     previous = {s: signal.signal(s, supervisor.on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     previous[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, supervisor.on_stack_request)
@@ -439,7 +457,8 @@ def run_processes(
 
         code = HANG_EXIT_CODE
     return RunResult(code, supervisor.stopped_by, supervisor.stopped_at,
-                     killed_at_deadline=supervisor.killed_at_deadline, oom_kills=oom_kills, hang=supervisor.hang_reason)
+                     killed_at_deadline=supervisor.killed_at_deadline, oom_kills=oom_kills, hang=supervisor.hang_reason,
+                     stop_reason=supervisor.stop_reason)
 
 
 class StopRequest:

@@ -1,0 +1,80 @@
+"""When a SageMaker training plan's reserved capacity ends, and when the job stops before it (pure).
+
+Training plans begin terminating a capacity's instances 30 minutes before it ends ("Training
+plans utilization for SageMaker training jobs", Amazon SageMaker AI developer guide:
+https://docs.aws.amazon.com/sagemaker/latest/dg/training-plan-utilization-for-training-jobs.html).
+The job is given the end in SAGEMAKER_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP, and the guide
+leaves each script to poll it. The entrypoint does it: every host stops its ranks the way a
+StopTrainingJob does (SIGTERM, so they checkpoint, then the grace period, then SIGKILL) at
+
+    stop = end - 30 minutes - lead,   lead = BYOC_CAPACITY_STOP_LEAD_S, default the grace period
+
+so that the ranks' grace period is over when the termination begins. A stop time already past
+when the job begins means stop now: the processes are not started at all.
+
+The value is read in any of the forms the guide and its example use, unambiguously:
+- epoch seconds or epoch milliseconds, whole or with a fraction: a number from 10^11 on is
+  milliseconds (10^11 seconds is the year 5138; 10^11 milliseconds is 1973-03-03);
+- ISO 8601 (`2026-12-01T10:00:00Z`, `+00:00` offsets, a space for the T); without an offset,
+  UTC.
+"0" or nothing (the guide's example default) is no capacity end. Anything else is kept as
+unreadable: the plan says so, and the job runs without the stop rather than failing on a
+platform value.
+"""
+
+from __future__ import annotations
+
+import re
+
+CAPACITY_END_ENV = "SAGEMAKER_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP"
+MILLISECONDS_FROM = 1e11
+_NUMBER = re.compile(r"^\d+(\.\d+)?$")
+
+
+def parse_capacity_end(raw: str | None) -> tuple[float | None, bool]:
+    """(the capacity's end in epoch seconds or None, whether the value was readable)."""
+    text = (raw or "").strip()
+    if text in ("", "0"):
+        return None, True
+    if _NUMBER.match(text):
+        value = float(text)
+        return (value / 1000.0 if value >= MILLISECONDS_FROM else value), True
+    from datetime import datetime, timezone  # only for a value in ISO form
+
+    try:
+        when = datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith(("Z", "z")) else text)
+    except ValueError:
+        return None, False
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return when.timestamp(), True
+
+
+def decide_capacity_stop(capacity_ends_at: float | None, termination_lead_s: float, stop_lead_s: float) -> float | None:
+    """When every host stops its ranks (epoch seconds), or None without a capacity end."""
+    if capacity_ends_at is None:
+        return None
+    return capacity_ends_at - termination_lead_s - stop_lead_s
+
+
+def describe_utc(epoch_s: float) -> str:
+    import time
+
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(epoch_s))
+
+
+def describe_capacity_over(capacity_ends_at: float, stop_at: float, now: float) -> str:
+    """Why the job never started: its stop time had passed."""
+    return (f"The training never started: the training plan's reserved capacity ends at {describe_utc(capacity_ends_at)} "
+            f"({CAPACITY_END_ENV}), SageMaker begins terminating its instances 30 minutes before that, and the job's "
+            f"stop time, {describe_utc(stop_at)}, had passed when it began ({describe_utc(now)}). Start it on the "
+            f"plan's next capacity.")
+
+
+def describe_capacity_stop(capacity_ends_at: float, stop_at: float, grace_period_s: float) -> str:
+    """Why the job stopped, for output/failure: its first line says it."""
+    return (f"Stopped at {describe_utc(stop_at)} because the training plan's reserved capacity ends at "
+            f"{describe_utc(capacity_ends_at)} ({CAPACITY_END_ENV}), and SageMaker begins terminating its "
+            f"instances 30 minutes before that: every host sent its processes SIGTERM and gave them "
+            f"{grace_period_s:g} s (BYOC_GRACE_PERIOD_S) to checkpoint. Resume from the checkpoint in a job on "
+            f"the plan's next capacity.")
