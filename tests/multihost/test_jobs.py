@@ -141,3 +141,27 @@ def test_a_parameter_server_rank_killed_by_a_signal_is_named_first_on_every_host
             assert first == ("SIGABRT: rank 3 (local rank 0) on algo-2 was killed by SIGABRT (signal 6): the process "
                              "aborted, often a C++ assertion or `terminate` in a library"), f"{host}: {first}"
         assert_nothing_left(cluster)
+
+
+@pytest.mark.parametrize("distribution, ready_s", [("mpi", 6), ("torch_distributed", 12)])
+def test_every_host_stops_its_ranks_before_a_training_plans_capacity_ends(distribution, ready_s):
+    """SAGEMAKER_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP (decide/capacity.py): at the stop
+    time every host's ranks get SIGTERM (an MPI worker's from its own entrypoint) and
+    checkpoint; the job ends with 143, output/failure saying why."""
+    import time
+
+    ends = time.time() + 1800 + ready_s  # BYOC_CAPACITY_STOP_LEAD_S=0: the stop is ready_s from now
+    env = {**FAST, "SAGEMAKER_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP": f"{ends:.3f}",
+           "BYOC_CAPACITY_STOP_LEAD_S": "0", "BYOC_GRACE_PERIOD_S": "15"}
+    with EmulatedCluster(["algo-1", "algo-2"], job("checkpoint_on_term.py", distribution)) as cluster:
+        result = cluster.run_all(ENTRYPOINT, env=env, timeout=120)
+        codes = {h: r.returncode for h, r in result.results.items()}
+        outputs = {h: r.output[-3000:] for h, r in result.results.items()}
+        assert codes == {"algo-1": 143, "algo-2": 143}, outputs
+        checkpointed = {n[len("checkpointed-"):].rsplit("-", 1)[0] for n in os.listdir(cluster.model_dir)
+                        if n.startswith("checkpointed-")}
+        assert checkpointed == {"algo-1", "algo-2"}, outputs
+        for host in cluster.host_names:
+            first = failure(cluster, host).splitlines()[0]
+            assert "because the training plan's reserved capacity ends at" in first, (host, first)
+        assert "finished" not in "".join(outputs.values())
