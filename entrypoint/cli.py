@@ -238,7 +238,10 @@ def run_preflight(job: JobConfig, facts: MachineFacts, plan: LaunchPlan, paths: 
     folders = [paths.model_dir, paths.output_dir] + ([job.checkpoint.local_path] if job.checkpoint else [])
     found = preflight.decide_preflight(preflight.probe_preflight_facts(
         plan.current_host, job.resource.current_instance_type, folders, facts.gpu_count, facts.neuron_core_count,
-        facts.efa, plan.processes_per_host, output_dir=paths.output_dir))
+        facts.efa, plan.processes_per_host, output_dir=paths.output_dir)._replace(
+        host_count=len(plan.hosts), efa_devices=facts.efa_devices, efa_uverbs=facts.efa_uverbs,
+        libfabric=facts.libfabric, ofi_nccl_plugin=facts.ofi_nccl_plugin, build_versions=facts.build_versions,
+        job_settings=tuple((k, job.environ[k]) for k in preflight.EFA_JOB_SETTINGS if k in job.environ)))
     for finding in found:
         log(f"pre-flight {'FAILED' if finding.fatal else 'warning'}: {finding.text}")
     fatal = [f.text for f in found if f.fatal]

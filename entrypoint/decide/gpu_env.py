@@ -57,6 +57,26 @@ def decide_cuda_compat(host_driver: str | None, compat_driver: str | None) -> bo
     return host is not None and compat is not None and host < compat
 
 
+# The build-versions file's keys (docker/scripts/record-versions.py) as the plan names them.
+VERSION_NAMES = (("AWS_OFI_NCCL", "aws-ofi-nccl"), ("LIBFABRIC", "libfabric"), ("EFA_INSTALLER", "EFA installer"),
+                 ("NCCL", "NCCL"), ("CUDA", "CUDA"), ("TORCH", "torch"))
+
+
+def describe_build_versions(versions: tuple[tuple[str, str], ...], efa: bool) -> str:
+    """"; image built with aws-ofi-nccl 1.20.0, libfabric …" for the NCCL-network line ("" when
+    the image recorded none). The EFA names only where EFA is in play."""
+    known = dict(versions)
+    skip = () if efa else ("AWS_OFI_NCCL", "LIBFABRIC", "EFA_INSTALLER")
+    words = [f"{name} {known[key]}" for key, name in VERSION_NAMES if key in known and key not in skip]
+    return f"; image built with {', '.join(words)}" if words else ""
+
+
+def describe_efa_devices(facts: MachineFacts) -> str:
+    if facts.efa_devices > 1:
+        return f"{facts.efa_devices} EFA devices are present"
+    return "an EFA device is present"
+
+
 def build_gpu_env(environ: Mapping[str, str], facts: MachineFacts, interface: str) -> tuple[dict[str, str], list[str]]:
     """(variables for every process of the job, notes for the plan). Nothing on a machine
     without GPUs: NCCL is not in play there."""
@@ -67,14 +87,15 @@ def build_gpu_env(environ: Mapping[str, str], facts: MachineFacts, interface: st
     user_choice = {k: environ[k] for k in ("NCCL_NET_PLUGIN", "NCCL_NET") if k in environ}
     if user_choice:
         chosen = ", ".join(f"{k}={v}" for k, v in sorted(user_choice.items()))
-        notes.append(f"NCCL network: as the job's environment sets it ({chosen})")
+        notes.append(f"NCCL network: as the job's environment sets it ({chosen})"
+                     f"{describe_build_versions(facts.build_versions, facts.efa)}")
     elif facts.efa:
         notes.append("NCCL network: EFA through the aws-ofi-nccl plugin (libfabric's efa provider): "
-                     "an EFA device is present")
+                     f"{describe_efa_devices(facts)}{describe_build_versions(facts.build_versions, True)}")
     else:
         env["NCCL_NET_PLUGIN"] = "none"
         notes.append(f"NCCL network: TCP sockets on {interface}; no EFA device here, so the aws-ofi-nccl "
-                     "plugin is not loaded (NCCL_NET_PLUGIN=none)")
+                     f"plugin is not loaded (NCCL_NET_PLUGIN=none){describe_build_versions(facts.build_versions, False)}")
 
     hang_env = build_nccl_hang_env(environ)
     env.update(hang_env)

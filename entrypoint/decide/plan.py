@@ -16,6 +16,7 @@ from entrypoint.decide.distribution import MPI_BASED, Distribution
 from entrypoint.decide.settings import DEFAULTS, LaunchSettings, decide_capacity_stop_at
 from entrypoint.errors import JobDefinitionError
 from entrypoint.decide.gpu_env import build_gpu_env
+from entrypoint.decide.neuron_env import build_neuron_cache_env
 from entrypoint.job.probe import MachineFacts
 from entrypoint.run.runtime_dirs import RuntimeFiles, build_sha256_hex
 from entrypoint.job.program import (
@@ -414,14 +415,17 @@ def decide(
                                       RECORD_ERRORS)
     gpu_env, gpu_notes = build_gpu_env(job.environ, facts, topo.interface)
     notes.extend(gpu_notes)
+    neuron_env, neuron_notes = build_neuron_cache_env(job.environ, facts.neuron_core_count,
+                                                      settings.neuron_parallel_compile, job.checkpoint)
+    notes.extend(neuron_notes)
     launcher_kind, kind_notes = decide_launcher_kind(dist, facts)
     notes.extend(kind_notes)
     notes.extend(n for n in (topo.gpu_share_note, topo.processes_per_host_note) if n)
     notes.extend(describe_restart_limits(settings, dist.launcher, launcher_kind, len(topo.distribution_hosts)))
     notes.extend(describe_capacity_end(settings))
     shared = _Shared(job, topo, dist.launcher, code, entry, build_install_steps(runtime.python, code_dir, code_facts),
-                     {**build_sm_env(job, facts, topo), **gpu_env, **topology.build_gpu_share_env(topo)}, settings,
-                     runtime, notes)
+                     {**build_sm_env(job, facts, topo), **gpu_env, **topology.build_gpu_share_env(topo), **neuron_env},
+                     settings, runtime, notes)
     return decide_role_plan(shared, dist, facts, launcher_kind, program_argv)
 
 

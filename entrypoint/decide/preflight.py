@@ -14,7 +14,11 @@ ms in all); `decide_preflight` is pure. Checks:
   - accelerators: fewer GPUs or Neuron cores than the instance type has (a failed device)
     makes the collective init hang or fail; fatal, the fix is to rerun (a new instance);
   - `ulimit -l` with EFA: libfabric pins memory; a limit below unlimited fails at the first
-    registration (fatal).
+    registration (fatal);
+  - EFA on a multi-host GPU or Neuron job (decide_efa_findings): the EFA devices found against
+    what the instance type has (EFA_DEVICES), the container's verbs devices, the image's
+    libfabric and aws-ofi-nccl plugin, and the versions it was built with against known-bad
+    combinations: a mismatch there shows up minutes later as a hang, not as an error.
 The launcher's own peer checks (DNS, SSH, job ports) come after, in the launch itself.
 """
 
@@ -55,6 +59,23 @@ NEURON_CORES = {
     "ml.inf2.xlarge": 2, "ml.inf2.8xlarge": 2, "ml.inf2.24xlarge": 12, "ml.inf2.48xlarge": 24,  # 1, 1, 6, 12 chips
 }  # fmt: skip
 
+# EFA devices per instance type: one on each EFA-capable network card, the number SageMaker gives
+# the container on these types. Source: AWS, "Specifications for Amazon EC2 accelerated computing
+# instances", Network specifications, columns "EFA" and "Network cards"
+# (https://docs.aws.amazon.com/ec2/latest/instancetypes/ac.html#ac_network); trn1/trn1n also in
+# Neuron's "How to prepare trn1.32xlarge for multi-node execution" (8 and 16 EFA devices).
+# Types without EFA (g4dn/g5/g6 sizes, trn1.2xlarge) are not listed: nothing to check there.
+EFA_DEVICES = {
+    "ml.p4d.24xlarge": 4, "ml.p4de.24xlarge": 4,  # 4x 100 Gbit
+    "ml.p5.48xlarge": 32, "ml.p5e.48xlarge": 32,  # 3200 Gbit
+    "ml.p5en.48xlarge": 16,  # 3200 Gbit, EFAv3
+    "ml.p6-b200.48xlarge": 8,  # 3200 Gbit, EFAv4
+    "ml.trn1.32xlarge": 8, "ml.trn1n.32xlarge": 16,  # 8x / 16x 100 Gbit
+    "ml.trn2.48xlarge": 16,  # 16x 200 Gbit
+}  # fmt: skip
+# The job's own choices that change what EFA means for it.
+EFA_JOB_SETTINGS = ("NCCL_NET", "NCCL_NET_PLUGIN", "FI_PROVIDER", "FI_EFA_SET_CUDA_SYNC_MEMOPS")
+
 
 class PreflightFacts(NamedTuple):
     host: str
@@ -67,6 +88,13 @@ class PreflightFacts(NamedTuple):
     memlock_soft: int | None  # RLIMIT_MEMLOCK soft limit in bytes; None: unlimited
     processes_per_host: int
     output_dir: str = ""  # among free_bytes' folders: the one whose lack of room only warns
+    host_count: int = 1  # hosts taking part in the distribution
+    efa_devices: int = 0  # EFA devices in sysfs
+    efa_uverbs: int = 0  # /dev/infiniband/uverbsN given to the container
+    libfabric: bool = True  # the image has libfabric (/opt/amazon/efa)
+    ofi_nccl_plugin: bool = True  # the image has the aws-ofi-nccl plugin (/opt/amazon/ofi-nccl)
+    build_versions: tuple[tuple[str, str], ...] = ()  # the image's build-versions file
+    job_settings: tuple[tuple[str, str], ...] = ()  # the job's values of EFA_JOB_SETTINGS
 
 
 class Finding(NamedTuple):
@@ -111,6 +139,87 @@ def decide_preflight(facts: PreflightFacts) -> list[Finding]:
         found.append(Finding(True, f"ulimit -l on {host} is {facts.memlock_soft // 1024} KiB: EFA (libfabric) "
                                    f"pins memory and needs it unlimited; run the container with "
                                    f"--ulimit memlock=-1 (SageMaker does)."))
+    return found + decide_efa_findings(facts)
+
+
+def parse_version(text: str | None) -> tuple[int, ...]:
+    """"2.4.0amzn5.0" → (2, 4, 0): the leading dotted number; () for none."""
+    parts = []
+    for part in (text or "").split("."):
+        digits = part[:len(part) - len(part.lstrip("0123456789"))]
+        if not digits:
+            break
+        parts.append(int(digits))
+        if digits != part:
+            break
+    return tuple(parts)
+
+
+def describe_versions(versions: dict[str, str]) -> str:
+    names = (("AWS_OFI_NCCL", "aws-ofi-nccl"), ("LIBFABRIC", "libfabric"), ("EFA_INSTALLER", "EFA installer"),
+             ("NCCL", "NCCL"))
+    words = [f"{name} {versions[key]}" for key, name in names if key in versions]
+    return f" (image built with {', '.join(words)})" if words else ""
+
+
+def decide_efa_findings(facts: PreflightFacts) -> list[Finding]:
+    """EFA on a multi-host GPU or Neuron job: what the instance type should have, what the
+    container can use, what the image was built with. Single-host jobs do not use EFA."""
+    users = "NCCL" if facts.gpu_count else "Neuron collectives" if facts.neuron_core_count else ""
+    if facts.host_count < 2 or not users:
+        return []
+    job, versions = dict(facts.job_settings), dict(facts.build_versions)
+    own = {k: v for k, v in job.items() if k in ("NCCL_NET", "NCCL_NET_PLUGIN")} if facts.gpu_count else {}
+    where, built = f"{facts.host} ({facts.instance_type})", describe_versions(versions)
+    expected = EFA_DEVICES.get(facts.instance_type, 0)
+    give = "outside SageMaker, run the container with --device=/dev/infiniband/uverbsN for each EFA device"
+    found: list[Finding] = []
+    if expected and not facts.efa_devices and not facts.efa_uverbs:
+        found.append(Finding(not own, f"{where} shows none of its {expected} EFA devices: {users} between the "
+                                      f"{facts.host_count} hosts would use TCP sockets at a fraction of the bandwidth, "
+                                      f"or hang; run the job again (SageMaker attaches EFA to this type; another "
+                                      f"instance); {give}" + (f"; the job chose its network ({own})" if own else "")
+                                      + "."))
+    elif expected and facts.efa_devices < expected and facts.efa_devices:
+        found.append(Finding(False, f"{where} shows {facts.efa_devices} of its {expected} EFA devices: collectives "
+                                    f"get that share of the bandwidth; if the job is slow, run it again (another "
+                                    f"instance)."))
+    if facts.efa_devices and not facts.efa_uverbs:
+        found.append(Finding(True, f"{where} has {facts.efa_devices} EFA device(s) but the container was given no "
+                                   f"/dev/infiniband/uverbs*: libfabric finds no EFA (fi_getinfo: No data "
+                                   f"available) and {users} would fail or fall back; {give}."))
+    if (facts.efa_devices or facts.efa_uverbs) and not facts.libfabric:
+        found.append(Finding(True, f"{where} has EFA but this image has no libfabric (/opt/amazon/efa): {users} "
+                                   f"cannot use it; use this project's gpu or trn1 image, or install AWS's EFA "
+                                   f"(docker/scripts/install-efa.sh)."))
+    elif facts.gpu_count and (facts.efa_devices or facts.efa_uverbs) and not own:
+        found += decide_efa_image_findings(facts, where, versions, job, built)
+    return found
+
+
+def decide_efa_image_findings(facts: PreflightFacts, where: str, versions: dict[str, str],
+                              job: dict[str, str], built: str) -> list[Finding]:
+    """The GPU image's side of EFA: the plugin, and version pairs known to hang."""
+    if not facts.ofi_nccl_plugin:
+        return [Finding(True, f"{where} has EFA but this image has no aws-ofi-nccl plugin (/opt/amazon/ofi-nccl): "
+                              f"NCCL would use TCP sockets between hosts; use this project's gpu image, install EFA "
+                              f"with docker/scripts/install-efa.sh --with-nccl-plugin, or set NCCL_NET=Socket to "
+                              f"choose sockets knowingly.")]
+    found = []
+    nccl, efa = parse_version(versions.get("NCCL")), parse_version(versions.get("EFA_INSTALLER"))
+    # aws-ofi-nccl issue 584: NCCL 2.19+ with the libfabric of EFA installers before 1.29 fails to
+    # register GPU memory ("Unable to register memory ... Invalid argument") and hangs.
+    if nccl >= (2, 19) and efa and efa < (1, 29) and job.get("FI_EFA_SET_CUDA_SYNC_MEMOPS") != "0":
+        found.append(Finding(True, f"{where}: NCCL {versions['NCCL']} with EFA installer {versions['EFA_INSTALLER']}"
+                                   f"{built} fails to register GPU memory and hangs (aws-ofi-nccl issue 584); build "
+                                   f"with EFA installer 1.29 or later (GPU_EFA_INSTALLER_VERSION in "
+                                   f"docker/versions.env), or set FI_EFA_SET_CUDA_SYNC_MEMOPS=0."))
+    # AWS's DLCs: aws-ofi-nccl 1.18.0 (EFA installer 1.47.0) hangs on a large inter-node
+    # broadcast; fixed in 1.20.0 (EFA installer 1.49.0). deep-learning-containers PR 6551/6668.
+    if parse_version(versions.get("AWS_OFI_NCCL"))[:2] == (1, 18):
+        found.append(Finding(False, f"{where}: aws-ofi-nccl {versions['AWS_OFI_NCCL']}{built} can hang on a large "
+                                    f"broadcast between hosts (fixed in 1.20.0, EFA installer 1.49.0); build with "
+                                    f"a newer EFA installer."))
     return found
 
 

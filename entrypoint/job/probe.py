@@ -18,6 +18,11 @@ from entrypoint.decide.settings import DEFAULTS
 
 # Where the cuda-compat package puts its libcuda (the GPU image installs it).
 CUDA_COMPAT_DIR = "/usr/local/cuda/compat"
+# The versions the image was built with (docker/scripts/record-versions.py writes it).
+BUILD_VERSIONS_FILE = "/etc/byoc/build-versions.env"
+# Where AWS's EFA installer puts libfabric and, on CUDA images, the aws-ofi-nccl plugin.
+LIBFABRIC_GLOB = ("opt/amazon/efa/lib", "opt/amazon/efa/lib64")
+OFI_NCCL_GLOB = ("opt/amazon/ofi-nccl/lib", "opt/amazon/ofi-nccl/lib64")
 
 
 class MachineFacts(NamedTuple):
@@ -36,6 +41,14 @@ class MachineFacts(NamedTuple):
     # forward-compatibility libcuda comes from; None where there is none.
     gpu_driver_version: str | None = None
     cuda_compat_driver_version: str | None = None
+    # EFA as the container can use it: devices the kernel shows (sysfs), the verbs devices the
+    # container was given (/dev/infiniband/uverbsN: without them libfabric finds no EFA), and
+    # whether the image has libfabric and the aws-ofi-nccl plugin.
+    efa_devices: int = 0
+    efa_uverbs: int = 0
+    libfabric: bool = False
+    ofi_nccl_plugin: bool = False
+    build_versions: tuple[tuple[str, str], ...] = ()  # BUILD_VERSIONS_FILE, in its order
 
 
 def probe_program(name: str) -> str | None:
@@ -61,6 +74,11 @@ def probe_machine(root: str = "/") -> MachineFacts:
         gethostname_shim=probe_gethostname_shim(),
         gpu_driver_version=probe_gpu_driver_version(root),
         cuda_compat_driver_version=probe_cuda_compat_driver_version(root),
+        efa_devices=probe_efa_device_count(root),
+        efa_uverbs=probe_uverbs_count(root),
+        libfabric=probe_library(root, LIBFABRIC_GLOB, "libfabric.so"),
+        ofi_nccl_plugin=probe_library(root, OFI_NCCL_GLOB, "libnccl-net-ofi.so"),
+        build_versions=probe_build_versions(root),
     )
 
 
@@ -143,6 +161,48 @@ def probe_efa(root: str = "/") -> bool:
         return any(n.startswith("uverbs") for n in os.listdir(os.path.join(root, "dev/infiniband")))
     except OSError:
         return False
+
+
+def probe_efa_device_count(root: str = "/") -> int:
+    """EFA devices the kernel shows: /sys/class/infiniband entries whose driver is efa."""
+    ib = os.path.join(root, "sys/class/infiniband")
+    try:
+        names = os.listdir(ib)
+    except OSError:
+        return 0
+    return sum(1 for dev in names if dev.startswith("efa")
+               or os.path.basename(os.path.realpath(os.path.join(ib, dev, "device", "driver"))) == "efa")
+
+
+def probe_uverbs_count(root: str = "/") -> int:
+    try:
+        return sum(1 for n in os.listdir(os.path.join(root, "dev/infiniband")) if n.startswith("uverbs"))
+    except OSError:
+        return 0
+
+
+def probe_library(root: str, folders: tuple[str, ...], name: str) -> bool:
+    """Whether one of the folders holds the library (name, or name.<version>)."""
+    for folder in folders:
+        try:
+            if any(f == name or f.startswith(name + ".") for f in os.listdir(os.path.join(root, folder))):
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def parse_build_versions(text: str) -> tuple[tuple[str, str], ...]:
+    pairs = (line.strip().partition("=") for line in text.splitlines())
+    return tuple((k, v) for k, sep, v in pairs if sep and k and v and not k.startswith("#"))
+
+
+def probe_build_versions(root: str = "/") -> tuple[tuple[str, str], ...]:
+    try:
+        with open(os.path.join(root, BUILD_VERSIONS_FILE.lstrip("/")), encoding="utf-8", errors="replace") as f:
+            return parse_build_versions(f.read(64 * 1024))
+    except OSError:
+        return ()
 
 
 def probe_interfaces(root: str = "/") -> tuple[str, ...]:

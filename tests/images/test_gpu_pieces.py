@@ -103,3 +103,52 @@ def test_smoke_says_plainly_when_there_is_no_gpu():
                           timeout=120)
     assert done.returncode == 2
     assert "no NVIDIA GPU visible to torch" in done.stderr and "nothing was tested" in done.stderr
+
+
+# --- docker/scripts/record-versions.py: the versions the image was built with, in one file ---
+
+def _record_versions():
+    spec = importlib.util.spec_from_file_location("record_versions", SCRIPTS_DIR / "record-versions.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_record_versions_reads_the_efa_installers_and_libfabrics_own_words():
+    rv = _record_versions()
+    assert rv.parse_efa_installer("# EFA installer version: 1.49.0\n# Debug packages installed: no\n") == "1.49.0"
+    assert rv.parse_fi_info("fi_info: 2.4.0amzn5.0\nlibfabric: 2.4.0amzn5.0\nlibfabric api: 2.4\n") == "2.4.0amzn5.0"
+    assert rv.parse_ofi_nccl("libfabric-aws-bin ibverbs-providers aws-ofi-nccl_1.20.0-1_amd64 efa-config") == "1.20.0"
+    assert rv.parse_ofi_nccl("libnccl-ofi=1.20.0-1\n") == "1.20.0"
+    assert rv.parse_ofi_nccl("\x00NET/OFI Initializing aws-ofi-nccl 1.20.0\x00") == "1.20.0"
+    assert rv.parse_efa_installer("") is None and rv.parse_fi_info("") is None and rv.parse_ofi_nccl("x") is None
+
+
+def test_record_versions_writes_what_the_launcher_reads_and_refuses_a_gap():
+    from entrypoint.job.probe import parse_build_versions
+
+    rv = _record_versions()
+    found = {"EFA_INSTALLER": "1.49.0", "LIBFABRIC": "2.4.0amzn5.0", "AWS_OFI_NCCL": None, "NCCL": "2.29.7",
+             "CUDA": "13.0.2", "TORCH": "2.13.0", "TORCH_NEURONX": None}
+    text = rv.build_versions_text(found)
+    assert parse_build_versions(text) == tuple((k, v) for k, v in found.items() if v)
+    assert rv.decide_missing(found, "gpu") == []
+    assert rv.decide_missing(found, "trn1") == ["NEURON_RUNTIME", "TORCH_NEURONX", "NEURONX_CC"]
+
+
+def test_record_versions_fails_the_build_without_efa_here(tmp_path):
+    """This machine has no EFA installer: the script says what it could not read, writes nothing."""
+    out = tmp_path / "build-versions.env"
+    done = subprocess.run([sys.executable, str(SCRIPTS_DIR / "record-versions.py"), "gpu", str(out)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "could not read EFA_INSTALLER" in done.stderr and not out.exists()
+
+
+@pytest.mark.parametrize("flavor", ["gpu", "trn1"])
+def test_the_images_record_their_versions_last(flavor):
+    from tests.images.dockerfiles import load_dockerfile
+
+    runs = [i.args for i in load_dockerfile(flavor).stage("sagemaker").instructions if i.keyword == "RUN"]
+    last = runs[-1]
+    assert f"/usr/local/byoc/build/record-versions.py {flavor}" in last
+    assert last.index("install-our-packages.sh") < last.index("record-versions.py") < last.index("rm -rf")

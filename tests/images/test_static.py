@@ -276,6 +276,18 @@ def test_runtime_environment(flavor):
     assert (REPO_ROOT / "docker/rootfs/usr/local/byoc/bin/train").stat().st_mode & 0o111
 
 
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_no_image_sets_neurons_compile_cache(flavor):
+    """The launcher puts Neuron's compile cache in the job's checkpoint folder unless the job
+    names its own (entrypoint/decide/neuron_env.py); an image ENV would look like the job's
+    own choice, and `--cache_dir` in NEURON_CC_FLAGS would even win over the launcher's."""
+    for stage in load_dockerfile(flavor).stages:
+        for i in stage.instructions:
+            if i.keyword == "ENV":
+                names = {w.split("=", 1)[0] for w in shlex.split(i.args)}
+                assert not names & {"NEURON_CC_FLAGS", "NEURON_COMPILE_CACHE_URL"}, (flavor, i.line)
+
+
 # --- pins -------------------------------------------------------------------------------
 
 

@@ -28,7 +28,8 @@ TRN1_EFA = MachineFacts(cpu_count=128, gpu_count=0, neuron_core_count=32, efa=Tr
 SCRIPT = CodeFacts(known=True, program_exists=True)
 
 
-def make_job(hosts=("algo-1",), current="algo-1", hps=None, resource_extra=None, environ=None, channels=None) -> JobConfig:
+def make_job(hosts=("algo-1",), current="algo-1", hps=None, resource_extra=None, environ=None, channels=None,
+             checkpoint=None) -> JobConfig:
     resource = parse_resource_config({"current_host": current, "hosts": list(hosts), **(resource_extra or {})})
     hyperparameters = parse_hyperparameters({"sagemaker_program": '"train.py"', **{k: _enc(v) for k, v in (hps or {}).items()}})
     environ = dict(environ or {})
@@ -38,7 +39,7 @@ def make_job(hosts=("algo-1",), current="algo-1", hps=None, resource_extra=None,
         resource=resource,
         hyperparameters=hyperparameters,
         input_data=parse_input_data_config(channels or {}),
-        checkpoint=None,
+        checkpoint=checkpoint,
         program=program,
         program_from_env=from_env,
         environ=frozen_mapping(environ),
