@@ -139,7 +139,7 @@ def build_bus_gbps(size_bytes: int, seconds: float, ranks: int) -> float:
 def build_figures(check: HealthCheck, result: dict) -> list[Figure]:
     size = result["bytes"]
     figures = [Figure(f"within {host}", f["ranks"], build_bus_gbps(size, f["seconds"], f["ranks"]),
-                      check.expected_host_gbps, f["correct"], host)
+                      check.expected_host_gbps if f["ranks"] > 1 else None, f["correct"], host)
                for host, f in zip(check.hosts, result.get("host") or [])]
     job = result.get("job")
     if job:
@@ -152,6 +152,8 @@ def build_figures(check: HealthCheck, result: dict) -> list[Figure]:
 def describe_figure(figure: Figure, min_fraction: float) -> str:
     if not figure.correct:
         return f"{figure.what}: the all-reduce's sums were WRONG over {figure.ranks} ranks"
+    if figure.ranks < 2:
+        return f"{figure.what}: one rank, nothing crosses a link (bus bandwidth 0 by definition): not judged"
     line = f"{figure.what}: {figure.bus_gbps:.1f} GB/s bus bandwidth over {figure.ranks} ranks"
     if not figure.expected_gbps:
         return line + " (no expected figure: not judged)"

@@ -193,3 +193,21 @@ def test_two_hosts_ranks_meet_on_the_leaders_port_and_judge_every_host_alike(tmp
         verdicts.append(health.build_health_failure(strict, health.build_figures(strict, timings), host))
     assert verdicts[0] == verdicts[1]  # the same words on every host
     assert verdicts[0].startswith("Deep health check (BYOC_HEALTH_CHECK=deep) failed on host(s) algo-1, algo-2 ")
+
+
+def test_gpu_smoke_deep_runs_the_entrypoints_check(monkeypatch):
+    """scripts/gpu_smoke.py --deep runs this very check (nccl there; gloo and one rank here)."""
+    import importlib.util
+    import types
+
+    from support.jobtree import REPO
+
+    spec = importlib.util.spec_from_file_location("gpu_smoke", REPO / "scripts" / "gpu_smoke.py")
+    smoke = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(smoke)
+    build = health.build_health_check
+    monkeypatch.setattr(health, "build_health_check", lambda *a: build(*a[:7], False, a[8]))
+    deep, problems = smoke.run_deep_check(1, types.SimpleNamespace(instance_type="ml.p5.48xlarge", mib=1, timeout=60))
+    assert problems == [] and deep["timings"]["host"][0]["correct"] and deep["expected_host_gbps"] == 450.0
+    assert deep["figures"] == ["within this-host: one rank, nothing crosses a link (bus bandwidth 0 by definition): "
+                               "not judged"]
