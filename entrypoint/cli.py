@@ -97,6 +97,14 @@ def render_plan(plan: LaunchPlan, environ: dict[str, str]) -> str:
         "grace_period_s": plan.settings.grace_period_s,
         "notes": list(plan.notes),
     }
+    if plan.health_check is not None:
+        check = plan.health_check
+        doc["health_check"] = {
+            "hosts": list(check.hosts), "backend": check.backend, "ranks_per_host": check.ranks_per_host,
+            "mib": check.mib, "instance_type": check.instance_type, "expected_host_gbps": check.expected_host_gbps,
+            "expected_job_gbps": check.expected_job_gbps, "min_fraction": check.min_fraction, "source": check.source,
+            "processes": [{"name": p.name, "argv": list(p.argv), "env": dict(p.env)} for p in check.processes],
+        }
     # Not ASCII-escaped, so a user's text reads as written; a lone surrogate (a hyperparameter's
     # "\ud800") becomes that very JSON escape, so the plan still prints and reads back the same.
     text = build_json(doc, indent=2, ensure_ascii=False).encode("utf-8", "backslashreplace").decode("utf-8")

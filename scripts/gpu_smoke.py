@@ -11,7 +11,13 @@ Where it runs matters less than what it checks, on a machine with an NVIDIA GPU:
 2. a 1-GPU DDP training step (backend nccl) and an NCCL all-reduce, in a child process with
    NCCL_DEBUG=INFO, whose log gives the NCCL version actually loaded and the network (net
    plugin) NCCL chose;
-3. when Horovod is importable: built with NCCL ops, and a Horovod all-reduce on the GPU.
+3. when Horovod is importable: built with NCCL ops, and a Horovod all-reduce on the GPU;
+4. with --deep: the entrypoint's deep health check (BYOC_HEALTH_CHECK=deep; the same code:
+   entrypoint/decide/health.py, entrypoint/run/health_check.py, entrypoint/rank/allreduce_check.py),
+   an nccl all-reduce across every GPU here, its bus bandwidth judged against the expected figure
+   of --instance-type (default: $SM_CURRENT_INSTANCE_TYPE). On one GPU it times the nccl path
+   (nothing crosses a link: not judged). Needs only this repository's tree and torch with CUDA:
+       python3 scripts/gpu_smoke.py --deep --instance-type ml.p5.48xlarge --json
 
 A venv with the same pins, on a machine with network access:
     python3 -m venv /tmp/gpu && /tmp/gpu/bin/pip install "torch==<GPU_TORCH_VERSION>" "numpy==<GPU_PYPI_NUMPY_VERSION>"
@@ -137,10 +143,41 @@ def run_child(timeout_s: float) -> tuple[dict | None, str]:
     return json.loads(line.split(" ", 1)[1]), log
 
 
+def run_deep_check(gpus: int, args) -> tuple[dict, list[str]]:
+    """The entrypoint's deep health check on this host's GPUs, as BYOC_HEALTH_CHECK=deep runs it:
+    its figures (nccl-tests' bus bandwidth) and verdict, and the problems found."""
+    import tempfile
+
+    sys.path.insert(0, str(REPO))
+    from entrypoint.decide import health
+    from entrypoint.decide.settings import DEFAULTS
+    from entrypoint.run.health_check import run_check
+
+    settings = DEFAULTS._replace(health_check="deep", health_check_port=_free_port(), health_check_mib=args.mib,
+                                 health_check_timeout_s=args.timeout)
+    with tempfile.TemporaryDirectory() as folder:
+        check = health.build_health_check(settings, sys.executable, args.instance_type, ("this-host",), "this-host",
+                                          "127.0.0.1", gpus, True, folder)
+        run, timings = run_check(check, dict(os.environ), "this host", settings)
+    if run.exit_code != 0 or timings is None:
+        return {"exit_code": run.exit_code}, [f"the deep health check's {gpus} nccl rank(s) ended with exit code "
+                                              f"{run.exit_code} and no figures (their output is above)"]
+    figures = health.build_figures(check, timings)
+    failure = health.build_health_failure(check, figures, "this-host")
+    deep = {"gpus": gpus, "device": timings.get("device"), "mib": check.mib, "instance_type": check.instance_type,
+            "expected_host_gbps": check.expected_host_gbps, "timings": timings,
+            "figures": [health.describe_figure(f, check.min_fraction) for f in figures]}
+    return deep, [failure.strip()] if failure else []
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds for the GPU child process")
+    parser.add_argument("--deep", action="store_true", help="also the deep health check's all-reduce across every GPU")
+    parser.add_argument("--instance-type", default=os.environ.get("SM_CURRENT_INSTANCE_TYPE", ""),
+                        help="whose expected bus bandwidth --deep judges against (entrypoint/decide/health.py)")
+    parser.add_argument("--mib", type=int, default=1024, help="--deep's all-reduce size (BYOC_HEALTH_CHECK_MIB)")
     args = parser.parse_args(argv)
 
     import torch  # here, not at the top: --help works without torch
@@ -174,6 +211,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         result["log"] = parse_nccl_log(log)
         problems += decide_problems(result, expected)
+    if args.deep:
+        result["deep_health_check"], deep_problems = run_deep_check(torch.cuda.device_count(), args)
+        problems += deep_problems
     summary = {"torch": torch.__version__, "cuda": torch.version.cuda, "expected_nccl": expected.get("nccl"),
                **result, "problems": problems}
     if args.json:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from enum import StrEnum
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from entrypoint.decide import topology
 from entrypoint.job.config import JobConfig, build_json
@@ -29,6 +29,9 @@ from entrypoint.job.program import (
 )
 from entrypoint.decide.smenv import build_sm_env, build_user_args
 from entrypoint.hosts.job_port import JOB_PORTS_ENV, REPORT_KEY_ENV
+
+if TYPE_CHECKING:  # decide/health.py is imported only when the job asks for the check
+    from entrypoint.decide.health import HealthCheck
 
 RECORD_ERRORS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "rank", "record_errors.py")
 # torchrun itself, run by path: it also reports a rank killed by a signal as the root cause.
@@ -91,6 +94,7 @@ class LaunchPlan(NamedTuple):
     settings: LaunchSettings
     files: RuntimeFiles  # the job's runtime folders and the files in them
     notes: tuple[str, ...] = ()
+    health_check: HealthCheck | None = None  # BYOC_HEALTH_CHECK=deep: run before the training
 
     @property
     def env_dict(self) -> dict[str, str]:
@@ -426,7 +430,25 @@ def decide(
     shared = _Shared(job, topo, dist.launcher, code, entry, build_install_steps(runtime.python, code_dir, code_facts),
                      {**build_sm_env(job, facts, topo), **gpu_env, **topology.build_gpu_share_env(topo), **neuron_env},
                      settings, runtime, notes)
-    return decide_role_plan(shared, dist, facts, launcher_kind, program_argv)
+    plan = decide_role_plan(shared, dist, facts, launcher_kind, program_argv)
+    return decide_health_check(plan, job, facts, topo, runtime.python) if settings.health_check else plan
+
+
+def decide_health_check(plan: LaunchPlan, job: JobConfig, facts: MachineFacts, topo: topology.Topology,
+                        python: str) -> LaunchPlan:
+    """BYOC_HEALTH_CHECK=deep: the check's processes on this host, in the plan. The hosts of a
+    distributed launch check together (across hosts too); any other host checks on its own."""
+    from entrypoint.decide import health
+
+    together = plan.role in DISTRIBUTED_ROLES or plan.role == Role.MPI_WORKER
+    hosts = topo.distribution_hosts if together else (plan.current_host,)
+    ranks = (len(topo.gpu_share) if topo.gpu_share else facts.gpu_count) or topo.processes_per_host
+    why_not = health.decide_not_run(facts.gpu_count, facts.neuron_core_count, len(hosts), ranks)
+    if why_not:
+        return plan._replace(notes=plan.notes + (why_not,))
+    check = health.build_health_check(plan.settings, python, job.resource.current_instance_type, hosts,
+                                      plan.current_host, topo.leader, ranks, bool(facts.gpu_count), plan.files.folder)
+    return plan._replace(health_check=check, notes=plan.notes + (health.describe_health_check(check),))
 
 
 def decide_role_plan(shared: _Shared, dist: Distribution, facts: MachineFacts, launcher_kind: str,

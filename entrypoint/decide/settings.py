@@ -37,6 +37,14 @@ class LaunchSettings(NamedTuple):
     # BYOC_CAPACITY_STOP_LEAD_S: how long before the capacity's termination begins the ranks get
     # SIGTERM; None: the grace period (capacity_stop_lead_s below gives the value in force).
     capacity_stop_lead: float | None = None
+    # The deep health check before the training (decide/health.py, run/health_check.py).
+    health_check: str = ""  # BYOC_HEALTH_CHECK: "deep", or "" (off)
+    health_check_min_fraction: float = 0.5  # BYOC_HEALTH_CHECK_MIN_FRACTION of the expected bus bandwidth
+    health_check_host_gbps: float = 0.0  # BYOC_HEALTH_CHECK_HOST_GBPS: expected within a host; 0: the table's
+    health_check_job_gbps: float = 0.0  # BYOC_HEALTH_CHECK_JOB_GBPS: expected across hosts; 0: the table's
+    health_check_mib: int = 1024  # BYOC_HEALTH_CHECK_MIB: the all-reduce's size
+    health_check_port: int = 7779  # BYOC_HEALTH_CHECK_PORT (default: BYOC_MASTER_PORT + 2)
+    health_check_timeout_s: float = 600.0  # BYOC_HEALTH_CHECK_TIMEOUT_S: every host's check, all of it
 
     # --- fixed ----------------------------------------------------------------------------------
     # How often this host's process tree is polled (exits, deadlines, hang checks).
@@ -92,6 +100,10 @@ class LaunchSettings(NamedTuple):
     capacity_termination_lead_s: float = 1800.0
     # How long a helper thread (an output pump, a watch) may take to end once told to.
     thread_join_s: float = 5.0
+    # The deep health check's all-reduces: untimed ones first (NCCL's connections, warm caches),
+    # then the timed ones (nccl-tests' defaults: 5 and 20).
+    health_check_warmup: int = 5
+    health_check_iterations: int = 20
 
 
 DEFAULTS = LaunchSettings()
@@ -138,8 +150,28 @@ def parse_launch_settings(environ: Mapping[str, str]) -> LaunchSettings:
         host_lost_timeout_s=number("BYOC_HOST_LOST_TIMEOUT_S", 30.0, float, 1.0, 60.0),
         job_port=number("BYOC_JOB_PORT", master_port + 1 if master_port < 65535 else 7778, int, 1, 65535),
         hang_timeout_s=number("BYOC_HANG_TIMEOUT_S", 0.0, float, 0.0),
+        health_check=parse_health_check(environ.get("BYOC_HEALTH_CHECK", "")),
+        health_check_min_fraction=number("BYOC_HEALTH_CHECK_MIN_FRACTION", 0.5, float, 0.0, 1.0),
+        health_check_host_gbps=number("BYOC_HEALTH_CHECK_HOST_GBPS", 0.0, float, 0.0),
+        health_check_job_gbps=number("BYOC_HEALTH_CHECK_JOB_GBPS", 0.0, float, 0.0),
+        health_check_mib=number("BYOC_HEALTH_CHECK_MIB", 1024, int, 1, 65536),
+        health_check_port=number("BYOC_HEALTH_CHECK_PORT", master_port + 2 if master_port < 65534 else 7779, int, 1,
+                                 65535),
+        health_check_timeout_s=number("BYOC_HEALTH_CHECK_TIMEOUT_S", 600.0, float, 1.0),
         **parse_capacity_settings(environ),
     )
+
+
+def parse_health_check(raw: str) -> str:
+    """BYOC_HEALTH_CHECK: "deep" runs the all-reduce check before the training
+    (docs/reliability.md); empty, "off" or "0" runs none."""
+    value = raw.strip().lower()
+    if value in ("", "off", "0", "none", "false"):
+        return ""
+    if value == "deep":
+        return "deep"
+    raise JobDefinitionError(f"The environment variable BYOC_HEALTH_CHECK={raw!r} must be \"deep\" (an all-reduce "
+                             f"across the GPUs before the training) or \"off\".")
 
 
 def parse_capacity_settings(environ: Mapping[str, str]) -> dict:

@@ -46,7 +46,7 @@ def run_plan(plan: LaunchPlan, paths: MlPaths, environ: dict[str, str], launch: 
     env = {**environ, **plan.env_dict}
     collector = OutputCollector(secret_values(env))
     role = launch.role = choose_role(plan, collector, env, paths)
-    outcome = build_capacity_over(plan) or run_install_steps(plan, env, role) or role.start()
+    outcome = build_capacity_over(plan) or run_install_steps(plan, env, role) or check_health(plan, env) or role.start()
     if outcome is not None:
         return outcome
     mark_training_started()
@@ -54,6 +54,17 @@ def run_plan(plan: LaunchPlan, paths: MlPaths, environ: dict[str, str], launch: 
     if outcome.exit_code == 0 and role.started_at is not None:
         log(f"{plan.current_host}: {role.what} succeeded in {time.monotonic() - role.started_at:.1f} s")
     return outcome
+
+
+def check_health(plan: LaunchPlan, env: dict[str, str]) -> Outcome | None:
+    """BYOC_HEALTH_CHECK=deep: the all-reduce check on every host before its role starts (before
+    the SSH and job-port waits, which a host stopped by the check would leave to time out); the
+    verdict is the same on every host, so all of them stop together."""
+    if plan.health_check is None:
+        return None
+    from entrypoint.run.health_check import run_health_check  # only when the job asks for the check
+
+    return run_health_check(plan, env)
 
 
 def run_install_steps(plan: LaunchPlan, env: dict[str, str], role: HostRole) -> Outcome | None:

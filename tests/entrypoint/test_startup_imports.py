@@ -46,7 +46,9 @@ def test_a_rank_imports_only_what_running_the_program_needs(tmp_path):
 NOT_ON_A_ONE_HOST_RUN = ("hashlib", "_hashlib", "argparse", "gettext", "difflib", "entrypoint.hosts.mpi",
                          "concurrent.futures", "logging", "dataclasses", "inspect", "tarfile", "tempfile", "shutil",
                          "bz2", "lzma", "socket", "hmac", "entrypoint.hosts.roles",
-                         "entrypoint.hosts.mpi")
+                         "entrypoint.hosts.mpi",
+                         # the deep health check (BYOC_HEALTH_CHECK=deep) only; torch never
+                         "entrypoint.decide.health", "entrypoint.run.health_check", "torch")
 
 
 def test_a_whole_one_host_run_imports_none_of_the_rarely_needed_modules(tmp_path):
