@@ -124,8 +124,9 @@ def build_stop_at(plan: LaunchPlan) -> tuple[float, str] | None:
 
 def build_run_outcome(role: HostRole, run: RunResult, earlier: list[str]) -> Outcome:
     if run.stop_reason:
-        # Not the job's success even when the script exits 0 on SIGTERM: it did not finish.
-        code = run.exit_code or 143
+        # 143 (SIGTERM's) whatever the processes' own codes: the script exiting 0 after it
+        # checkpointed did not finish, and torchrun's agent ends with 1 on SIGTERM.
+        code = 143
         return Outcome(code, f"{run.stop_reason}\n\n{role.build_report(role.what, run._replace(exit_code=code))}")
     if run.launch_error:
         return Outcome(run.exit_code, f"{role.what}: {run.launch_error}")
