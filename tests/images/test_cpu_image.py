@@ -165,6 +165,7 @@ def test_an_sdk_v3_torchrun_jobs_ranks_get_the_jobs_own_nccl_protocol(cpu_image,
     """v3's driver forces NCCL_PROTO=simple (a workaround for aws-ofi-nccl <= 1.5): the image's
     torchrun gives the ranks the job's own value, or none (sdk_v3/nccl_proto.py)."""
     (tmp_path / "proto.py").write_text("import os\nprint('RANK-NCCL_PROTO=' + os.environ.get('NCCL_PROTO', '<unset>'))\n")
+    (tmp_path / "driver.py").write_text(V3_TORCHRUN_DRIVER)
     argv = build_run_argv(cpu_image.tag, mounts=[(tmp_path, "/t:ro")], entrypoint="/bin/bash", env=job_env,
                           command=["-c", V3_TORCHRUN_JOB])
     result = run_docker(argv, timeout_s=180)
