@@ -105,7 +105,7 @@ def test_one_host_plain_script(image, tmp_path):
     assert got["argv"] == ["--epochs", "3", "--name", "a b"] and got["hps"] == {"epochs": 3, "name": "a b"}
     assert got["host"] == "algo-1"
     # not an MPI job: no shim on PATH, no trust helper
-    assert got["v3_mpi"] is None and "sdk-v3" not in got["path"]
+    assert got["v3_mpi"] == "0" and "sdk-v3" not in got["path"]
     assert "byoc sdk-v3" not in result.log
 
 

@@ -27,7 +27,8 @@
 # helper is started detached (a subshell's child), so no caller's `wait` waits for it.
 if [ "${EUID:-}" = 0 ]; then
     { [ -d /run/sshd ] || mkdir -m 755 /run/sshd; } 2>/dev/null || :
-    { mkdir -m 700 /dev/shm/byoc-sshd \
+    # `[ -d ]` first: a builtin, so a bash after the first forks nothing here.
+    [ -d /dev/shm/byoc-sshd ] || { mkdir -m 700 /dev/shm/byoc-sshd \
         && ssh-keygen -q -t ed25519 -N '' -C "root@${HOSTNAME:-byoc}" -f /dev/shm/byoc-sshd/ssh_host_ed25519_key </dev/null; \
     } >/dev/null 2>&1 || :
     _byoc_v3=/opt/ml/input/data/sm_drivers
@@ -40,30 +41,40 @@ if [ "${EUID:-}" = 0 ]; then
             if [ -n "${NCCL_PROTO+x}" ]; then export BYOC_JOB_NCCL_PROTO="set:$NCCL_PROTO"
             else export BYOC_JOB_NCCL_PROTO=unset; fi
         fi
-        if [ -z "${BYOC_SDK_V3_TORCHRUN:-}" ] && grep -qs 'distributed_drivers/torchrun_driver\.py' "$_byoc_v3/sm_train.sh"; then
-            export BYOC_SDK_V3_TORCHRUN=1
+        # Decided once, "1" or "0", and inherited: recording "0" too is what spares every later
+        # bash of an MPI job the grep (a fork and exec each).
+        if [ -z "${BYOC_SDK_V3_TORCHRUN:-}" ]; then
+            if grep -qs 'distributed_drivers/torchrun_driver\.py' "$_byoc_v3/sm_train.sh"; then
+                export BYOC_SDK_V3_TORCHRUN=1
+                case ":${PATH:-}:" in
+                    *:/usr/local/byoc/sdk-v3/bin:*) ;;
+                    *) PATH=/usr/local/byoc/sdk-v3/bin:${PATH:-/usr/bin:/bin} ;;
+                esac
+            else
+                export BYOC_SDK_V3_TORCHRUN=0
+            fi
+        fi
+    fi
+    # BYOC_SDK_V3_MPI: decided once, "1" or "0"; the bash processes below this one inherit it
+    # (and PATH), so they fork no grep.
+    if [ -z "${BYOC_SDK_V3_MPI:-}" ] && [ -f "$_byoc_v3/sm_train.sh" ]; then
+        if grep -qs 'distributed_drivers/mpi_driver\.py' "$_byoc_v3/sm_train.sh"; then
+            export BYOC_SDK_V3_MPI=1
             case ":${PATH:-}:" in
                 *:/usr/local/byoc/sdk-v3/bin:*) ;;
                 *) PATH=/usr/local/byoc/sdk-v3/bin:${PATH:-/usr/bin:/bin} ;;
             esac
-        fi
-    fi
-    # BYOC_SDK_V3_MPI: decided once; the bash processes below this one inherit it (and PATH).
-    if [ -z "${BYOC_SDK_V3_MPI:-}" ] && [ -f "$_byoc_v3/sm_train.sh" ] \
-        && grep -qs 'distributed_drivers/mpi_driver\.py' "$_byoc_v3/sm_train.sh"; then
-        export BYOC_SDK_V3_MPI=1
-        case ":${PATH:-}:" in
-            *:/usr/local/byoc/sdk-v3/bin:*) ;;
-            *) PATH=/usr/local/byoc/sdk-v3/bin:${PATH:-/usr/bin:/bin} ;;
-        esac
-        # mkdir is the once-per-container guard (atomic). As PID 1 (v3's `bash -c`) the helper
-        # writes to the job's log; otherwise to a file, so it holds no caller's pipe open.
-        if { mkdir -p /run/byoc && mkdir /run/byoc/sdk-v3; } 2>/dev/null; then
-            if [ "$$" = 1 ]; then
-                ( python3 -I -m entrypoint.sdk_v3.ssh </dev/null & ) || :
-            else
-                ( python3 -I -m entrypoint.sdk_v3.ssh </dev/null >>/run/byoc/sdk-v3/ssh.log 2>&1 & ) 2>/dev/null || :
+            # mkdir is the once-per-container guard (atomic). As PID 1 (v3's `bash -c`) the helper
+            # writes to the job's log; otherwise to a file, so it holds no caller's pipe open.
+            if { mkdir -p /run/byoc && mkdir /run/byoc/sdk-v3; } 2>/dev/null; then
+                if [ "$$" = 1 ]; then
+                    ( python3 -I -m entrypoint.sdk_v3.ssh </dev/null & ) || :
+                else
+                    ( python3 -I -m entrypoint.sdk_v3.ssh </dev/null >>/run/byoc/sdk-v3/ssh.log 2>&1 & ) 2>/dev/null || :
+                fi
             fi
+        else
+            export BYOC_SDK_V3_MPI=0
         fi
     fi
     unset _byoc_v3
