@@ -145,8 +145,9 @@ def main(argv: list[str] | None = None) -> int:
         raise
     try:
         write_outcome(paths, outcome)  # the one place output/ is written
+        launch.report(outcome)  # output/data/report: the leader's; a worker sends its figures
     finally:
-        launch.close(outcome)  # after it: an MPI leader tells its workers what it wrote
+        launch.close(outcome)  # after them: an MPI leader tells its workers what it wrote
     return outcome.exit_code
 
 

@@ -29,6 +29,7 @@ from entrypoint.job.program import (
 )
 from entrypoint.decide.smenv import build_sm_env, build_user_args
 from entrypoint.hosts.job_port import JOB_PORTS_ENV, REPORT_KEY_ENV
+from entrypoint.jobreport.spec import REPORT_DIR_ENV, ReportSpec, decide_report_spec
 
 if TYPE_CHECKING:  # decide/health.py is imported only when the job asks for the check
     from entrypoint.decide.health import HealthCheck
@@ -95,6 +96,7 @@ class LaunchPlan(NamedTuple):
     files: RuntimeFiles  # the job's runtime folders and the files in them
     notes: tuple[str, ...] = ()
     health_check: HealthCheck | None = None  # BYOC_HEALTH_CHECK=deep: run before the training
+    report: ReportSpec | None = None  # the job report (BYOC_REPORT); None: off
 
     @property
     def env_dict(self) -> dict[str, str]:
@@ -427,10 +429,13 @@ def decide(
     notes.extend(n for n in (topo.gpu_share_note, topo.processes_per_host_note) if n)
     notes.extend(describe_restart_limits(settings, dist.launcher, launcher_kind, len(topo.distribution_hosts)))
     notes.extend(describe_capacity_end(settings))
+    report = decide_report_spec(settings.report, settings.report_interval_s, runtime.files.folder, facts.gpu_count,
+                                facts.neuron_core_count)
+    report_env = {REPORT_DIR_ENV: report.rank_folder} if report else {}
     shared = _Shared(job, topo, dist.launcher, code, entry, build_install_steps(runtime.python, code_dir, code_facts),
-                     {**build_sm_env(job, facts, topo), **gpu_env, **topology.build_gpu_share_env(topo), **neuron_env},
-                     settings, runtime, notes)
-    plan = decide_role_plan(shared, dist, facts, launcher_kind, program_argv)
+                     {**build_sm_env(job, facts, topo), **gpu_env, **topology.build_gpu_share_env(topo), **neuron_env,
+                      **report_env}, settings, runtime, notes)
+    plan = decide_role_plan(shared, dist, facts, launcher_kind, program_argv)._replace(report=report)
     return decide_health_check(plan, job, facts, topo, runtime.python) if settings.health_check else plan
 
 

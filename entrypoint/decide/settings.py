@@ -45,6 +45,9 @@ class LaunchSettings(NamedTuple):
     health_check_mib: int = 1024  # BYOC_HEALTH_CHECK_MIB: the all-reduce's size
     health_check_port: int = 7779  # BYOC_HEALTH_CHECK_PORT (default: BYOC_MASTER_PORT + 2)
     health_check_timeout_s: float = 600.0  # BYOC_HEALTH_CHECK_TIMEOUT_S: every host's check, all of it
+    # The job report (entrypoint/jobreport/, docs/job-report.md).
+    report: bool = True  # BYOC_REPORT: 0 turns it off
+    report_interval_s: float = 1.0  # BYOC_REPORT_INTERVAL_S: how often each host is sampled
 
     # --- fixed ----------------------------------------------------------------------------------
     # How often this host's process tree is polled (exits, deadlines, hang checks).
@@ -104,6 +107,9 @@ class LaunchSettings(NamedTuple):
     # then the timed ones (nccl-tests' defaults: 5 and 20).
     health_check_warmup: int = 5
     health_check_iterations: int = 20
+    # A worker's figures for the job report: at most this many bytes of JSON (the job port
+    # reads 64 KiB a connection, the signature and the word included).
+    report_figures_bytes: int = 60000
 
 
 DEFAULTS = LaunchSettings()
@@ -158,8 +164,21 @@ def parse_launch_settings(environ: Mapping[str, str]) -> LaunchSettings:
         health_check_port=number("BYOC_HEALTH_CHECK_PORT", master_port + 2 if master_port < 65534 else 7779, int, 1,
                                  65535),
         health_check_timeout_s=number("BYOC_HEALTH_CHECK_TIMEOUT_S", 600.0, float, 1.0),
+        report=parse_switch(environ, "BYOC_REPORT", True),
+        report_interval_s=number("BYOC_REPORT_INTERVAL_S", 1.0, float, 0.1, 60.0),
         **parse_capacity_settings(environ),
     )
+
+
+def parse_switch(environ: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = environ.get(name, "").strip().lower()
+    if raw == "":
+        return default
+    if raw in ("1", "on", "true", "yes"):
+        return True
+    if raw in ("0", "off", "false", "no"):
+        return False
+    raise JobDefinitionError(f"The environment variable {name}={environ[name]!r} must be 1 (on) or 0 (off).")
 
 
 def parse_health_check(raw: str) -> str:

@@ -9,12 +9,17 @@ connection carries nothing or lines of UTF-8 text, at most MAX_REPORT_BYTES:
     (nothing)                                           a liveness probe
     BYOC-SIGNED <hmac> BYOC-ROOT-CAUSE {json}           a rank's root cause (any host's rank)
     BYOC-SIGNED <hmac> BYOC-HOST-DONE {json}            a worker host's part ended (to the leader)
+    BYOC-SIGNED <hmac> BYOC-HOST-FIGURES {json}         a worker host's figures for the job report
+                                                        (to the leader, just before HOST-DONE)
 
 - `<hmac>`: HMAC-SHA256 (hex) of the record (everything after it) with the job's report key,
   BYOC_JOB_REPORT_KEY (hex), which the plan gives every process of the job.
 - BYOC-ROOT-CAUSE's json: host, rank, type, message, time (epoch s), where. Ranks also print
   the same record, unsigned, on stderr; it reaches the leader with their output.
 - BYOC-HOST-DONE's json: host, exit_code, time.
+- BYOC-HOST-FIGURES's json: host, time, figures (jobreport/figures.py: the host's sampled series,
+  phases and ranks' step figures, cut to fit MAX_REPORT_BYTES; the leader keeps only the fields
+  it knows, every number checked: parse_host_figures).
 - A record made more than REPORT_CLOCK_SKEW_S before the port opened, or whose signature was
   seen before, is a replay and refused; so is anything unsigned or signed with another key.
 - The ranks find every host's port in BYOC_JOB_PORTS (`host:port,host:port`).
@@ -39,6 +44,7 @@ from entrypoint.hosts.ssh import can_connect
 
 ROOT_CAUSE = "BYOC-ROOT-CAUSE "
 HOST_DONE = "BYOC-HOST-DONE "
+HOST_FIGURES = "BYOC-HOST-FIGURES "
 SIGNED = "BYOC-SIGNED "
 REPORT_KEY_ENV = "BYOC_JOB_REPORT_KEY"
 JOB_PORTS_ENV = "BYOC_JOB_PORTS"
@@ -78,6 +84,25 @@ def build_host_done_record(host: str, exit_code: int, now: float) -> str:
     return HOST_DONE + json.dumps({"host": host, "exit_code": exit_code, "time": now}, ensure_ascii=True)
 
 
+def build_host_figures_record(host: str, figures_json: str, now: float) -> str:
+    """figures_json goes in as a string: the leader parses it on its own terms."""
+    return HOST_FIGURES + json.dumps({"host": host, "time": now, "figures": figures_json}, ensure_ascii=True)
+
+
+def parse_host_figures_record(record: str) -> tuple[str, str] | None:
+    """(host, the figures' JSON) of a `BYOC-HOST-FIGURES {json}` record; None when it is not one."""
+    if not record.startswith(HOST_FIGURES):
+        return None
+    try:
+        fields = json.loads(record[len(HOST_FIGURES):])
+        host, figures = fields["host"], fields["figures"]
+    except (ValueError, KeyError, TypeError, RecursionError):
+        return None
+    if not isinstance(host, str) or not isinstance(figures, str):
+        return None
+    return host, figures
+
+
 def parse_host_done_record(record: str) -> tuple[str, int] | None:
     """(host, exit code) of a `BYOC-HOST-DONE {json}` record; None when it is not one."""
     if not record.startswith(HOST_DONE):
@@ -105,7 +130,7 @@ def build_signed_line(key_hex: str, record: str) -> str:
 
 def parse_signed_report(line: str, key_hex: str, not_before: float,
                         settings: LaunchSettings = DEFAULTS) -> tuple[str | None, str | None]:
-    """(the record, None) when `line` is a signed BYOC-ROOT-CAUSE or BYOC-HOST-DONE record,
+    """(the record, None) when `line` is a signed BYOC-ROOT-CAUSE, BYOC-HOST-DONE or BYOC-HOST-FIGURES record,
     signed with this job's key and made after not_before; else (None, why it is refused)."""
     import hmac
 
@@ -118,13 +143,13 @@ def parse_signed_report(line: str, key_hex: str, not_before: float,
         return None, "no valid report key on this host"
     if not hmac.compare_digest(signature, expected):
         return None, "signed with another key"
-    marker = next((m for m in (ROOT_CAUSE, HOST_DONE) if record.startswith(m)), None)
+    marker = next((m for m in (ROOT_CAUSE, HOST_DONE, HOST_FIGURES) if record.startswith(m)), None)
     try:
         made = float(json.loads(record[len(marker):])["time"]) if marker else None
     except (ValueError, KeyError, TypeError, RecursionError):
         made = None
     if made is None:
-        return None, "neither a root-cause record nor a host's outcome"
+        return None, "neither a root-cause record nor a host's outcome or figures"
     if made < not_before - settings.report_clock_skew_s:
         return None, "made before this job started (a replay)"
     return record, None
@@ -162,13 +187,14 @@ class JobPort:
     on_refused(address, why), and is dropped."""
 
     def __init__(self, port: int, on_report=None, report_key: str = "", on_refused=None, on_host_done=None,
-                 settings: LaunchSettings = DEFAULTS):
+                 on_figures=None, settings: LaunchSettings = DEFAULTS):
         import socket
 
         self._sock = socket.create_server(("", port))
         self._settings = settings
         self._on_report = on_report
         self._on_host_done = on_host_done or (lambda host, exit_code: None)
+        self._on_figures = on_figures or (lambda host, figures_json: None)
         self._report_key = report_key
         self._on_refused = on_refused or (lambda address, why: None)
         self._opened_at = time.time()
@@ -219,6 +245,12 @@ class JobPort:
                 self._on_refused(sender, "a host's outcome without a host name and exit code")
             else:
                 self._on_host_done(*done)
+        elif record.startswith(HOST_FIGURES):
+            figures = parse_host_figures_record(record)
+            if figures is None:
+                self._on_refused(sender, "a host's figures without a host name and figures")
+            else:
+                self._on_figures(*figures)
         else:
             self._on_report(record)
 
@@ -239,10 +271,24 @@ def send_host_done(leader: str, port: int, key_hex: str, host: str, exit_code: i
     """Tell the leader's job port that this host's part ended with exit_code; retried until
     within_s (default settings.host_done_send_s) has passed or stopped() turns true. True when
     it was delivered."""
+    return send_record(leader, port, key_hex, build_host_done_record(host, exit_code, time.time()), within_s, stopped,
+                       settings)
+
+
+def send_host_figures(leader: str, port: int, key_hex: str, host: str, figures_json: str,
+                      within_s: float | None = None, stopped=lambda: False, settings: LaunchSettings = DEFAULTS) -> bool:
+    """This host's figures for the leader's job report (jobreport/figures.fit_figures keeps them
+    under MAX_REPORT_BYTES); as send_host_done."""
+    return send_record(leader, port, key_hex, build_host_figures_record(host, figures_json, time.time()), within_s,
+                       stopped, settings)
+
+
+def send_record(leader: str, port: int, key_hex: str, record: str, within_s: float | None, stopped,
+                settings: LaunchSettings) -> bool:
     import socket
 
     try:
-        payload = build_signed_line(key_hex, build_host_done_record(host, exit_code, time.time())).encode("utf-8")
+        payload = build_signed_line(key_hex, record).encode("utf-8")
     except ValueError:  # no valid report key: the leader's port would refuse it
         return False
     deadline = time.monotonic() + (settings.host_done_send_s if within_s is None else within_s)

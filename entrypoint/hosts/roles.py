@@ -77,7 +77,11 @@ class MultiHostRole(HostRole):
         unresolved = wait_for_hosts(self.plan.hosts, settings.host_resolution_timeout_s)
         if not unresolved:
             self.resolved = True
-            return self.start_beside()
+            self.mark("hosts resolved")
+            outcome = self.start_beside()
+            if outcome is None:
+                self.mark("peers ready")
+            return outcome
         self.collector.tail.append(f"host(s) {', '.join(unresolved)} did not resolve within "
                                    f"{settings.host_resolution_timeout_s:g} s (BYOC_HOST_RESOLUTION_TIMEOUT_S)")
         return Outcome(1, self.build_report("waiting for the other hosts' names to resolve", RunResult(1)))
@@ -155,6 +159,12 @@ class MpiWorker(HostRole):
         code, text = mpi.run_worker_host(self.plan, self.env)
         return SUCCESS if code == 0 else Outcome(code, text)
 
+    def report(self, outcome: Outcome) -> None:
+        """Never written here (the leader's report is the job's); this host's figures are not
+        sent either: mpirun's job has no port of ours, and the leader has ended by now."""
+        if self.report_part is not None:
+            self.report_part.sampler.stop()
+
 
 class JobPortRole(MultiHostRole):
     """torchrun and the parameter server: every host opens its job port, which also takes
@@ -166,19 +176,34 @@ class JobPortRole(MultiHostRole):
         self.port: JobPort | None = None
         self.refused_reports = 0
         self.watch_rendezvous = watch_rendezvous
+        self.worker_figures: dict[str, dict] = {}  # the leader's: each worker's figures, as they arrive
 
     def start_beside(self) -> Outcome | None:
         plan = self.plan
         try:
             self.port = JobPort(plan.settings.job_port, self.collector.add_line_text,
                                 report_key=plan.env_dict.get(REPORT_KEY_ENV, ""), on_refused=self.on_refused_report,
-                                on_host_done=self.on_host_done, settings=plan.settings)
+                                on_host_done=self.on_host_done, on_figures=self.on_figures, settings=plan.settings)
         except OSError as exc:
             return self.start_problem(describe_port_problem(plan.settings.job_port, plan.current_host, exc), None)
         return None
 
     def on_host_done(self, host: str, exit_code: int) -> None:
         """A host's outcome on a worker's port: only the leader waits for those."""
+
+    def on_figures(self, host: str, figures_json: str) -> None:
+        """A host's figures for the job report: only the leader takes them, from its workers,
+        keeping only what it knows of them (jobreport/figures.parse_host_figures)."""
+        if not self.plan.is_leader or host not in self.plan.peers or host in self.worker_figures:
+            self.on_refused_report(host, "figures from a host that is not one of this leader's workers, or again")
+            return
+        from entrypoint.jobreport.figures import parse_host_figures
+
+        figures = parse_host_figures(figures_json, host)
+        if figures is None:
+            self.on_refused_report(host, "a host's figures that are not figures")
+        else:
+            self.worker_figures[host] = figures
 
     def on_refused_report(self, address: str, why: str) -> None:
         """A report on the job port that is not this job's: logged (the first few), dropped."""
@@ -261,6 +286,12 @@ class JobPortLeader(JobPortRole):
             what=self.what, host=host, exit_code=code, root_cause=first_root_cause(self.collector.root_causes),
             current_host=self.plan.current_host, environ=self.env))
 
+    def report(self, outcome: Outcome) -> None:
+        """Every host's figures that reached this port (each worker sends its own just before
+        its outcome, so those the leader waited for are here); the others are reported missing."""
+        if self.report_part is not None:
+            self.write_report(outcome, dict(self.worker_figures))
+
     def wait_for_workers(self) -> tuple[str, int] | None:
         """The first worker that failed, as (host, exit code), or None."""
         plan, settings = self.plan, self.plan.settings
@@ -312,6 +343,25 @@ class JobPortWorker(JobPortRole):
                     self.wait_for_leader(stop)
         finally:
             super().close(outcome)
+
+    def report(self, outcome: Outcome) -> None:
+        """This host's figures go to the leader's job port, before its outcome (close), so a
+        leader that waits for the outcome has the figures too. Never written here: SDK v2
+        local mode merges every host's output/data, and the leader's report covers this host."""
+        if self.report_part is None:
+            return
+        _, text = self.report_part.end(self.plan.settings.report_figures_bytes)
+        plan, settings = self.plan, self.plan.settings
+        if not self.resolved:
+            return
+        stop = StopRequest()
+        with stop_signals_set(stop):
+            sent = job_port.send_host_figures(plan.leader, settings.job_port, plan.env_dict.get(REPORT_KEY_ENV, ""),
+                                              plan.current_host, text, within_s=settings.host_done_failed_send_s,
+                                              stopped=lambda: stop.signal_name is not None, settings=settings)
+        if not sent:
+            log(f"{plan.current_host}: could not send this host's figures to the leader {plan.leader}: "
+                f"its job report will say they are missing")
 
     def tell_leader(self, exit_code: int, stop: StopRequest) -> bool:
         plan, settings = self.plan, self.plan.settings

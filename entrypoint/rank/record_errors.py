@@ -498,6 +498,23 @@ def decide_exit_code(exit_arg) -> int:
     return 1
 
 
+def _start_step_figures() -> None:
+    """The job report's step figures (step_figures.py, beside this file), when the entrypoint
+    asked for them (BYOC_REPORT_DIR); loaded by path, like this file."""
+    if not os.environ.get("BYOC_REPORT_DIR"):
+        return
+    try:
+        import importlib.util
+
+        here = os.path.dirname(os.path.abspath(__file__))
+        spec = importlib.util.spec_from_file_location("byoc_rank_figures", os.path.join(here, "step_figures.py"))
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        module.start(os.environ, module)
+    except Exception:  # noqa: BLE001 - the report is a bonus: never the rank's failure
+        pass
+
+
 def main(argv: list) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         sys.stderr.write(__doc__)
@@ -506,6 +523,7 @@ def main(argv: list) -> int:
     _apply_host_env()
     _print_stacks_on_request()
     _record_fatal_signals()
+    _start_step_figures()
     _log_torchrun_restart(os.environ)
     if argv[0] == "-m":
         if len(argv) < 2:

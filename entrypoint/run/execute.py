@@ -32,6 +32,16 @@ class Launch:
         self.role: HostRole | None = None
         self.folders: tuple[str, ...] = ()
 
+    def report(self, outcome: Outcome) -> None:
+        """The job report (jobreport/), after the outcome is written: a report that cannot be
+        made is logged, never the job's failure."""
+        if self.role is None:
+            return
+        try:
+            self.role.report(outcome)
+        except Exception as exc:  # noqa: BLE001 - the report is a bonus
+            log(f"job report: not written: {type(exc).__name__}: {exc}")
+
     def close(self, outcome: Outcome) -> None:
         try:
             if self.role is not None:
@@ -46,6 +56,7 @@ def run_plan(plan: LaunchPlan, paths: MlPaths, environ: dict[str, str], launch: 
     env = {**environ, **plan.env_dict}
     collector = OutputCollector(secret_values(env))
     role = launch.role = choose_role(plan, collector, env, paths)
+    role.start_report()
     outcome = build_capacity_over(plan) or run_install_steps(plan, env, role) or check_health(plan, env) or role.start()
     if outcome is not None:
         return outcome

@@ -6,7 +6,9 @@ run/execute.py drives and cli.main ends:
                      names, sshd, the job port); an Outcome when the launch cannot start
     run(launch)      the job's processes: launch() runs the plan's, with restarts
     finish(outcome)  after them, before anything is written: a leader may wait for its workers
-    close(outcome)   after the outcome is written (cli.main): tell the other hosts, release
+    report(outcome)  after the outcome is written (cli.main): the job report (jobreport/): the
+                     leader, or the one host, writes it; a worker hands the leader its figures
+    close(outcome)   after that: tell the other hosts, release
 
 and the hooks a run calls: on_processes_started(supervisor), on_rank_killed(env, signum),
 ask_other_hosts (None, or a callable). The multi-host roles are in hosts/roles.py, imported
@@ -43,6 +45,18 @@ class HostRole:
         self.started_at: float | None = None  # time.monotonic() when the job's processes first started
         self.lost: str | None = None  # why another host was lost during the run
         self.peer_failed: str | None = None  # a worker host's part failed while this host's ran
+        self.report_part = None  # this host's part of the job report (jobreport/host.HostReport), when on
+
+    def start_report(self) -> None:
+        """Sampling starts as soon as the plan is decided, so the report shows the start-up too."""
+        if self.plan.report is not None:
+            from entrypoint.jobreport.host import HostReport  # only when the report is on
+
+            self.report_part = HostReport(self.plan.report, self.plan.current_host)
+
+    def mark(self, phase: str) -> None:
+        if self.report_part is not None:
+            self.report_part.mark(phase)
 
     def start(self) -> Outcome | None:
         return None
@@ -54,6 +68,7 @@ class HostRole:
 
     def on_processes_started(self, supervisor) -> None:
         self.supervisor = supervisor
+        self.mark("processes started")
 
     def on_rank_killed(self, env: dict[str, str], signum: int):
         """A rank this host started itself died of a signal: on one host, its exit code says it."""
@@ -61,6 +76,21 @@ class HostRole:
 
     def finish(self, outcome: Outcome) -> Outcome:
         return outcome
+
+    def report(self, outcome: Outcome) -> None:
+        """This host's figures are the whole report."""
+        if self.report_part is not None:
+            self.write_report(outcome, {})
+
+    def write_report(self, outcome: Outcome, others: dict[str, dict]) -> None:
+        """The report of this host's figures and others' (host -> figures; a host of the job
+        without any is reported missing)."""
+        from entrypoint.jobreport.host import write_job_report
+
+        figures, _ = self.report_part.end(self.plan.settings.report_figures_bytes)
+        write_job_report(self.paths.output_data_dir, self.what, self.plan.current_host,
+                         self.plan.hosts or (self.plan.current_host,), outcome.exit_code,
+                         {**others, self.plan.current_host: figures}, [])
 
     def close(self, outcome: Outcome) -> None:
         return None

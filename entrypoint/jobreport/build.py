@@ -1,0 +1,84 @@
+"""The job's report from every host's figures (pure): report.json's content and the summary
+table the leader logs. Schema: docs/job-report.md."""
+
+from __future__ import annotations
+
+import statistics
+
+from entrypoint.jobreport.stragglers import decide_stragglers
+
+VERSION = 1
+
+
+def build_missing_host(host: str) -> dict:
+    return {"status": "missing", "interval_s": None, "cores": None, "sampler_cpu_s": None, "series": {}}
+
+
+def build_report(what: str, leader: str, hosts: tuple[str, ...], exit_code: int, figures: dict[str, dict],
+                 notes: list[str]) -> dict:
+    """figures: host -> its figures (figures.build_host_figures); a host of `hosts` without any
+    is reported missing, and a note says so."""
+    notes = list(notes)
+    report_hosts, phases, ranks = {}, [], []
+    for host in hosts:
+        got = figures.get(host)
+        if got is None:
+            report_hosts[host] = build_missing_host(host)
+            notes.append(f"host {host}'s figures did not reach the leader: its part is not in this report")
+            continue
+        report_hosts[host] = {k: got.get(k) for k in ("status", "interval_s", "cores", "sampler_cpu_s", "series")}
+        phases.extend(got.get("phases") or [])
+        ranks.extend(got.get("ranks") or [])
+        if got.get("note"):
+            notes.append(f"host {host}: {got['note']}")
+    ranks.sort(key=lambda r: (str(r.get("host")), r["rank"] if isinstance(r.get("rank"), int) else 1 << 30))
+    if not ranks:
+        notes.append("no PyTorch optimizer step was seen (not a PyTorch program, or it ended before its first "
+                     "step): the report has the hosts' figures only")
+    times = [p["time"] for p in phases]
+    return {"version": VERSION,
+            "job": {"what": what, "leader": leader, "hosts": list(hosts), "exit_code": exit_code,
+                    "started": min(times) if times else None, "ended": max(times) if times else None,
+                    "framework": "pytorch" if ranks else "none"},
+            "phases": sorted(phases, key=lambda p: p["time"]), "hosts": report_hosts, "ranks": ranks,
+            "stragglers": decide_stragglers(ranks), "notes": notes}
+
+
+def _cell(value, digits: int = 1) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+
+
+def _mean(values) -> float | None:
+    values = [v for v in values or () if isinstance(v, (int, float))]
+    return statistics.fmean(values) if values else None
+
+
+def build_summary_lines(report: dict, max_ranks: int = 16) -> list[str]:
+    """The table at the end of the leader's log: a line a host, a line a rank (the first
+    max_ranks and every straggler), then the stragglers named."""
+    lines = ["job report: host      cpu%  tree cpu%  tree MB  net MB/s in/out  sampler cpu s"]
+    for host, h in report["hosts"].items():
+        s = h.get("series") or {}
+        if h.get("status") != "reported":
+            lines.append(f"job report: {host:<9} (figures missing)")
+            continue
+        rss = [v for v in s.get("tree_rss_mb") or () if v is not None]
+        lines.append(f"job report: {host:<9} {_cell(_mean(s.get('cpu_pct'))):>5} {_cell(_mean(s.get('tree_cpu_pct'))):>10} "
+                     f"{_cell(max(rss) if rss else None):>8} {_cell(_mean(s.get('net_rx_mbps')), 2):>8}/"
+                     f"{_cell(_mean(s.get('net_tx_mbps')), 2):<7} {_cell(h.get('sampler_cpu_s'), 2):>13}")
+    slow = {(s.get("rank"), s["host"]) for s in report["stragglers"] if s["kind"] == "rank"}
+    shown = [r for i, r in enumerate(report["ranks"]) if i < max_ranks or (r["rank"], r["host"]) in slow]
+    if shown:
+        lines.append("job report: rank host       steps  step ms  compute ms  wait ms  (compute: how measured)")
+    for r in shown:
+        lines.append(f"job report: {str(r['rank']):>4} {r['host']:<9} {r['steps']:>6} {_cell(r['step_ms']):>8} "
+                     f"{_cell(r['compute_ms']):>11} {_cell(r['wait_ms']):>8}  ({r['compute_source']})")
+    if len(shown) < len(report["ranks"]):
+        lines.append(f"job report: ... {len(report['ranks']) - len(shown)} more rank(s) in report.json")
+    for s in report["stragglers"]:
+        lines.append(f"job report: straggler: {s['line']}")
+    if not report["stragglers"] and report["ranks"]:
+        lines.append("job report: no rank or host stood out (docs/job-report.md: the rule)")
+    return lines

@@ -1,0 +1,180 @@
+"""A host's figures for the job report: its sampled series and its ranks' step figures (the
+files rank/step_figures.py writes), in the form the leader merges (build_) and bounded in
+size, since a worker sends them over the job port (fit_figures)."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+
+from entrypoint.jobreport.sampler import halve_points
+
+SERIES_ORDER = ("time", "cpu_pct", "tree_cpu_pct", "core_pct", "tree_rss_mb", "cgroup_mb", "net_rx_mbps",
+                "net_tx_mbps", "disk_read_mbps", "disk_write_mbps", "gpu_util_pct", "gpu_mem_mb", "gpu_power_w",
+                "neuron_util_pct")
+
+
+def build_columns(points: list[dict]) -> dict[str, list]:
+    """Points (one dict a sample) as one list a measure, aligned on time; a measure a point
+    lacks (a GPU reading not there yet) is None there. Measures no point has are left out."""
+    names = [n for n in SERIES_ORDER if any(n in p for p in points)]
+    return {n: [p.get(n) for p in points] for n in names}
+
+
+def load_rank_files(folder: str) -> list[dict]:
+    """Every rank-<N>.json in folder that parses; a rank killed while writing left only its
+    temporary file, which is not read."""
+    ranks = []
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return []
+    for name in names:
+        if name.startswith("rank-") and name.endswith(".json"):
+            try:
+                with open(os.path.join(folder, name)) as f:
+                    data = json.load(f)
+            except (OSError, ValueError):
+                continue
+            if isinstance(data, dict) and isinstance(data.get("series"), dict):
+                ranks.append(data)
+    return ranks
+
+
+def _median(values) -> float | None:
+    values = [v for v in values if isinstance(v, (int, float))]
+    return round(statistics.median(values), 3) if values else None
+
+
+def decide_compute_source(series: dict, ddp: bool) -> str:
+    if ddp:
+        return "DDP forward"
+    if any(series.get("data_wait_ms") or ()):
+        return "train/ script"
+    if any(series.get("wait_ms") or ()):
+        return "step minus collectives"
+    return "step (no collective seen)"
+
+
+def build_compute_series(series: dict, source: str) -> list[float]:
+    steps = series.get("step_ms") or []
+    if source == "DDP forward":
+        return list(series.get("forward_ms") or [])
+    waits = series.get("wait_ms") or [0.0] * len(steps)
+    data = series.get("data_wait_ms") or [0.0] * len(steps)
+    return [max(0.0, s - w - d) for s, w, d in zip(steps, waits, data)]
+
+
+def build_rank_figures(raw: dict, host: str) -> dict:
+    """One rank's summary (medians a step) and its series, from what its wrapper wrote."""
+    series = raw.get("series") or {}
+    source = decide_compute_source(series, bool(raw.get("ddp")))
+    compute = build_compute_series(series, source)
+    samples = [s for s in (series.get("samples") or []) if s]
+    step_ms = _median(series.get("step_ms") or [])
+    samples_per_s = round(statistics.median(samples) * 1e3 / step_ms, 1) if samples and step_ms else None
+    rank = raw.get("rank")
+    return {
+        "rank": int(rank) if str(rank).isdigit() else rank, "host": host,
+        "local_rank": int(raw["local_rank"]) if str(raw.get("local_rank", "")).isdigit() else None,
+        "steps": int(raw.get("steps") or 0), "step_ms": step_ms, "compute_ms": _median(compute),
+        "wait_ms": _median(series.get("wait_ms") or []), "data_wait_ms": _median(series.get("data_wait_ms") or [])
+        if source == "train/ script" else None, "compute_source": source, "samples_per_s": samples_per_s,
+        "first_step_at": raw.get("first_step_at"),
+        "series": {"step": list(series.get("step") or []), "step_ms": [round(v, 3) for v in series.get("step_ms") or []],
+                   "compute_ms": [round(v, 3) for v in compute]},
+    }
+
+
+def build_host_figures(host: str, points: list[dict], phases: dict[str, float], ranks: list[dict],
+                       interval_s: float, cores: int, sampler_cpu_s: float) -> dict:
+    """What a host gives the leader (and the leader keeps of itself)."""
+    return {"host": host, "status": "reported", "interval_s": interval_s, "cores": cores,
+            "sampler_cpu_s": round(sampler_cpu_s, 3), "series": build_columns(points),
+            "phases": [{"host": host, "name": n, "time": round(t, 3)} for n, t in sorted(phases.items(), key=lambda p: p[1])],
+            "ranks": [build_rank_figures(r, host) for r in ranks]}
+
+
+def halve_rank_series(rank: dict) -> dict:
+    series = rank["series"]
+    keep = range(0, len(series["step"]), 2)
+    return {**rank, "series": {name: [values[i] for i in keep] for name, values in series.items()}}
+
+
+def fit_figures(host: str, points: list[dict], phases: dict[str, float], ranks: list[dict], interval_s: float,
+                cores: int, sampler_cpu_s: float, max_bytes: int) -> tuple[dict, str]:
+    """The host's figures and their JSON, at most max_bytes: the series are halved (the whole
+    span at a coarser step) until they fit; past that, only the summaries go."""
+    figures = build_host_figures(host, points, phases, ranks, interval_s, cores, sampler_cpu_s)
+    while True:
+        text = json.dumps(figures, ensure_ascii=True, separators=(",", ":"))
+        if len(text) <= max_bytes:
+            return figures, text
+        if len(points) > 2 or any(len(r["series"]["step"]) > 2 for r in figures["ranks"]):
+            points = halve_points(points)
+            figures = {**figures, "series": build_columns(points),
+                       "ranks": [halve_rank_series(r) for r in figures["ranks"]]}
+        else:
+            figures = {**figures, "series": {}, "ranks": [{**r, "series": {}} for r in figures["ranks"]],
+                       "note": "too large for the job port's limit: the series were left out"}
+            text = json.dumps(figures, ensure_ascii=True, separators=(",", ":"))
+            if len(text) > max_bytes:
+                figures = {**figures, "ranks": [], "note": "too large for the job port's limit: only the phases"}
+                text = json.dumps(figures, ensure_ascii=True, separators=(",", ":"))
+            return figures, text
+
+
+# --- a worker's figures, as the leader takes them (any bytes may arrive on the job port) --------
+
+RANK_NUMBERS = ("steps", "step_ms", "compute_ms", "wait_ms", "data_wait_ms", "samples_per_s", "first_step_at")
+MAX_TEXT = 200
+
+
+def _finite(value):
+    """A number the report can carry (finite, not a bool), or None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return value if value == value and abs(value) != float("inf") else None
+
+
+def _clean_list(values) -> list:
+    if not isinstance(values, list):
+        return []
+    return [[_finite(x) for x in v] if isinstance(v, list) else _finite(v) for v in values]
+
+
+def _clean_text(value) -> str:
+    return str(value)[:MAX_TEXT] if isinstance(value, (str, int)) and not isinstance(value, bool) else ""
+
+
+def _clean_rank(rank, host: str) -> dict | None:
+    if not isinstance(rank, dict):
+        return None
+    series = rank.get("series") if isinstance(rank.get("series"), dict) else {}
+    clean = {name: _finite(rank.get(name)) for name in RANK_NUMBERS}
+    clean.update({"rank": _finite(rank.get("rank")) if _finite(rank.get("rank")) is not None else _clean_text(rank.get("rank")),
+                  "host": host, "local_rank": _finite(rank.get("local_rank")),
+                  "compute_source": _clean_text(rank.get("compute_source")),
+                  "series": {n: _clean_list(series.get(n)) for n in ("step", "step_ms", "compute_ms")}})
+    clean["steps"] = int(clean["steps"] or 0)
+    return clean
+
+
+def parse_host_figures(text: str, host: str) -> dict | None:
+    """A worker's figures (the JSON of fit_figures) as the leader keeps them: only the known
+    fields, every number finite, every text short; the host is the one the word was signed
+    for. None when it is not figures at all."""
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(data, dict) or data.get("host") != host or not isinstance(data.get("series", {}), dict):
+        return None
+    phases = [{"host": host, "name": _clean_text(p.get("name")), "time": _finite(p.get("time"))}
+              for p in data.get("phases") or [] if isinstance(p, dict) and _finite(p.get("time")) is not None]
+    ranks = [r for r in (_clean_rank(r, host) for r in data.get("ranks") or [] if isinstance(data.get("ranks"), list)) if r]
+    return {"host": host, "status": "reported", "interval_s": _finite(data.get("interval_s")),
+            "cores": _finite(data.get("cores")), "sampler_cpu_s": _finite(data.get("sampler_cpu_s")),
+            "series": {n: _clean_list(data["series"].get(n)) for n in SERIES_ORDER if n in data.get("series", {})},
+            "phases": phases, "ranks": ranks, "note": _clean_text(data.get("note")) or None}

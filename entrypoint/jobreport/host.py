@@ -1,0 +1,81 @@
+"""This host's part of the job report, owned by its role (run/roles.py): started when the
+plan is decided, marked at each phase, ended when the host's part ends. The leader (or the one
+host) writes the report; a worker hands its figures to the leader (hosts/roles.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from entrypoint.jobreport.figures import fit_figures, load_rank_files
+from entrypoint.jobreport.sampler import HostSampler
+from entrypoint.jobreport.spec import ReportSpec
+
+def probe_process_start() -> float:
+    """When this process started (epoch s): the entrypoint's first phase, measured by the
+    kernel, before any of our code ran."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return time.time()
+
+
+class HostReport:
+    def __init__(self, spec: ReportSpec, host: str):
+        self.spec, self.host = spec, host
+        self.sampler = HostSampler(spec.interval_s, os.getpid(), spec.gpu_count, spec.neuron_cores)
+        self.sampler.mark("entrypoint start", probe_process_start())
+        self.sampler.mark("job read")
+        try:
+            os.makedirs(spec.rank_folder, mode=0o700, exist_ok=True)
+        except OSError:
+            pass  # no rank figures: the ranks find no folder and write none
+        self.sampler.start()
+
+    def mark(self, phase: str) -> None:
+        self.sampler.mark(phase)
+
+    def end(self, max_bytes: int) -> tuple[dict, str]:
+        """Stop sampling; this host's figures and their JSON, at most max_bytes."""
+        self.sampler.stop()
+        self.sampler.mark("end")
+        ranks = load_rank_files(self.spec.rank_folder)
+        points, phases = self.sampler.snapshot()
+        first = [r["first_step_at"] for r in ranks if isinstance(r.get("first_step_at"), (int, float))]
+        if first:
+            phases.setdefault("first training step", min(first))
+        return fit_figures(self.host, points, phases, ranks, self.spec.interval_s, self.sampler.cores,
+                           self.sampler.cpu_s, max_bytes)
+
+
+def write_report_files(output_data_dir: str, report: dict) -> str:
+    """output/data/report/report.json and index.html; returns the folder."""
+    folder = os.path.join(output_data_dir, "report")
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "report.json"), "w", encoding="utf-8") as f:
+        json.dump(report, f, ensure_ascii=True, allow_nan=False)
+    from entrypoint.jobreport.html import build_report_html
+
+    with open(os.path.join(folder, "index.html"), "w", encoding="utf-8", errors="replace") as f:
+        f.write(build_report_html(report))
+    return folder
+
+
+def write_job_report(output_data_dir: str, what: str, leader: str, hosts: tuple[str, ...], exit_code: int,
+                     figures: dict[str, dict], notes: list[str]) -> dict:
+    """The leader's (or the one host's) last step: report.json, index.html and the summary
+    table in the log. Returns the report."""
+    from entrypoint.jobreport.build import build_report, build_summary_lines
+    from entrypoint.log import log
+
+    report = build_report(what, leader, hosts, exit_code, figures, notes)
+    for line in build_summary_lines(report):
+        log(line)
+    folder = write_report_files(output_data_dir, report)
+    log(f"job report: {os.path.join(folder, 'index.html')} (and report.json; BYOC_REPORT=0 turns it off)")
+    return report

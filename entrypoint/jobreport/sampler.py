@@ -1,0 +1,104 @@
+"""This host's side of the job report: a sampler thread at BYOC_REPORT_INTERVAL_S (1 s by
+default) and the launch's phases. A role owns one (run/roles.py) from the moment the plan is
+decided to the end of its part; what it gathered becomes the host's figures (figures.py).
+
+The sampler's own CPU is measured (its thread's CPU time and the streaming tools'), and goes
+in the report: the budget is 1% of one core.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+from entrypoint.jobreport import sample
+from entrypoint.jobreport.accelerators import start_tools
+
+# At most this many points a series keeps; past it, neighbouring points are merged (a day at
+# 1 s is 86,400 points: the report shows the whole span at a coarser step).
+MAX_POINTS = 2048
+PHASES = ("entrypoint start", "job read", "hosts resolved", "peers ready", "processes started",
+          "first training step", "end")
+
+
+def merge_points(a: dict, b: dict) -> dict:
+    """Two neighbouring points as one: means of the rates, the later memory and time."""
+    merged = {}
+    for name, later in b.items():
+        earlier = a.get(name)
+        if name in ("time", "tree_rss_mb", "cgroup_mb") or earlier is None or later is None:
+            merged[name] = later
+        elif isinstance(later, list):
+            merged[name] = [None if x is None or y is None else round((x + y) / 2, 3) for x, y in zip(earlier, later)]
+        else:
+            merged[name] = round((earlier + later) / 2, 3)
+    return merged
+
+
+def halve_points(points: list[dict]) -> list[dict]:
+    return [merge_points(points[i], points[i + 1]) for i in range(0, len(points) - 1, 2)] + (
+        [points[-1]] if len(points) % 2 else [])
+
+
+class HostSampler:
+    def __init__(self, interval_s: float, root_pid: int, gpu_count: int = 0, neuron_cores: int = 0):
+        self.interval_s = interval_s
+        self.root_pid = root_pid
+        self.points: list[dict] = []
+        self.phases: dict[str, float] = {}
+        self.cores = os.cpu_count() or 1
+        self.cpu_s = 0.0  # the sampler thread's own CPU
+        self._gpu_count, self._neuron_cores = gpu_count, neuron_cores
+        self._tools: dict = {}
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="byoc-report-sampler")
+
+    def start(self) -> "HostSampler":
+        self._thread.start()
+        return self
+
+    def mark(self, phase: str, when: float | None = None) -> None:
+        """A phase of the launch, the first time it is reached (a restart does not move it)."""
+        self.phases.setdefault(phase, time.time() if when is None else when)
+
+    def _run(self) -> None:
+        started = time.thread_time()
+        self._tools = start_tools(self.interval_s, self._gpu_count, self._neuron_cores)
+        disks = sample.probe_whole_disks()
+        before = sample.probe_counters(time.time(), self.root_pid, disks)
+        while not self._stop.wait(self.interval_s):
+            after = sample.probe_counters(time.time(), self.root_pid, disks)
+            point = sample.build_rates(before, after)
+            self._add_accelerators(point)
+            with self._lock:
+                self.points.append(point)
+                if len(self.points) >= MAX_POINTS:
+                    self.points = halve_points(self.points)
+            before = after
+            self.cpu_s = time.thread_time() - started
+
+    def _add_accelerators(self, point: dict) -> None:
+        gpus = self._tools["gpu"].latest if "gpu" in self._tools else None
+        if gpus:
+            point["gpu_util_pct"] = [g["util"] for g in gpus]
+            point["gpu_mem_mb"] = [g["mem_mb"] for g in gpus]
+            point["gpu_power_w"] = [g["power_w"] for g in gpus]
+        cores = self._tools["neuron"].latest if "neuron" in self._tools else None
+        if cores:
+            point["neuron_util_pct"] = cores
+
+    def stop(self) -> None:
+        """Ends the sampling (the last point is the one before); idempotent."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        self._thread.join(timeout=self.interval_s + 5)
+        for tool in self._tools.values():
+            self.cpu_s += tool.cpu_s()
+            tool.stop()
+
+    def snapshot(self) -> tuple[list[dict], dict[str, float]]:
+        with self._lock:
+            return list(self.points), dict(self.phases)

@@ -1,0 +1,60 @@
+"""Which rank, or which host, is slow (pure).
+
+The rule (docs/job-report.md): compare each rank's compute a step (its median) with the
+median of the OTHER ranks' (so with two ranks, each is compared with the other, and one slow
+rank does not pull the yardstick towards itself). A rank is a straggler when it is more than
+STRAGGLER_PCT (20%) and more than MIN_EXCESS_MS (1 ms) above that, over at least MIN_STEPS
+steps. Compute, not step time: in data-parallel training every rank's step takes as long as the
+slowest one's, and the ranks that wait for it do so inside a collective (or, under DDP,
+after their forward pass), which their compute leaves out, so they are never flagged.
+Hosts: the same rule on each host's median of its ranks' compute, with two hosts or more.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+STRAGGLER_PCT = 20.0
+MIN_EXCESS_MS = 1.0
+MIN_STEPS = 5
+
+
+def decide_outliers(values: dict, pct: float = STRAGGLER_PCT) -> list[tuple[object, float, float, int]]:
+    """(key, value, median of the others, excess %) of each value that stands out."""
+    found = []
+    for key, value in values.items():
+        others = [v for k, v in values.items() if k != key]
+        if not others:
+            continue
+        median = statistics.median(others)
+        if median <= 0 or value - median <= MIN_EXCESS_MS:
+            continue
+        excess = round(100 * (value - median) / median)
+        if excess > pct:
+            found.append((key, value, median, excess))
+    return sorted(found, key=lambda f: -f[3])
+
+
+def describe(who: str, value: float, median: float, excess: int) -> str:
+    return f"{who}: compute {value:.0f} ms a step, median of the others {median:.0f} ms (+{excess}%)"
+
+
+def decide_stragglers(ranks: list[dict], pct: float = STRAGGLER_PCT) -> list[dict]:
+    """The stragglers among ranks (build_rank_figures' dicts), ranks first, then hosts."""
+    timed = [r for r in ranks if isinstance(r.get("compute_ms"), (int, float)) and (r.get("steps") or 0) >= MIN_STEPS]
+    by_rank = {(r["rank"], r["host"]): r["compute_ms"] for r in timed}
+    stragglers = []
+    for (rank, host), value, median, excess in decide_outliers(by_rank, pct):
+        stragglers.append({"kind": "rank", "rank": rank, "host": host, "compute_ms": round(value, 1),
+                           "median_ms": round(median, 1), "excess_pct": excess,
+                           "line": describe(f"rank {rank} on {host}", value, median, excess)})
+    per_host: dict[str, list[float]] = {}
+    for r in timed:
+        per_host.setdefault(r["host"], []).append(r["compute_ms"])
+    if len(per_host) >= 2:
+        medians = {h: statistics.median(v) for h, v in per_host.items()}
+        for host, value, median, excess in decide_outliers(medians, pct):
+            stragglers.append({"kind": "host", "host": host, "compute_ms": round(value, 1),
+                               "median_ms": round(median, 1), "excess_pct": excess,
+                               "line": describe(f"host {host}", value, median, excess)})
+    return stragglers

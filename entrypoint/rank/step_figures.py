@@ -1,0 +1,209 @@
+"""A rank's step figures for the job report, with no change to the user's script: loaded by the
+rank wrapper (record_errors.py) when BYOC_REPORT_DIR is set, standard library only.
+
+What it measures, once torch's modules are imported by the script (an import hook: nothing is
+imported here that the script does not import itself):
+  - a step: from one optimizer step's end to the next (torch's global optimizer-step hooks,
+    torch.optim.optimizer.register_optimizer_step_{pre,post}_hook), so any optimizer counts;
+  - wait: the time inside torch.distributed's collectives the script calls (all_reduce,
+    all_gather, broadcast, barrier, ...), wrapped where torch.distributed defines them. A rank
+    that waits for a slow peer waits there; compute = step - wait;
+  - DDP: its gradient all-reduce runs in C++ inside backward(), where no wrapper sees it, so
+    a DDP rank's compute is its forward pass (DistributedDataParallel.forward, timed), which a
+    peer's slowness does not lengthen;
+  - data wait, and samples a step, when the script says so (train/'s library does:
+    add_data_wait, add_samples, through sys.modules["byoc_rank_figures"]).
+Written as JSON to BYOC_REPORT_DIR/rank-<RANK>.json every WRITE_EVERY_S from the training
+thread (a rank killed outright leaves its figures up to then) and at exit. Bounded: at most
+MAX_POINTS points a series; past that, pairs of steps are merged (the stride doubles).
+"""
+
+import os
+import sys
+import time
+
+REPORT_DIR_ENV = "BYOC_REPORT_DIR"
+WRITE_EVERY_S = 5.0
+MAX_POINTS = 512
+MODULE_NAME = "byoc_rank_figures"  # where a script's library finds this module (train/lib)
+COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_to_all",
+               "all_to_all_single", "barrier", "broadcast", "broadcast_object_list", "gather", "reduce",
+               "reduce_scatter", "reduce_scatter_tensor", "scatter", "monitored_barrier")
+
+
+class Figures:
+    """The rank's running figures (one training thread: no lock; the writer copies)."""
+
+    def __init__(self, path: str, rank: str, local_rank: str, host: str):
+        self.path, self.rank, self.local_rank, self.host = path, rank, local_rank, host
+        self.steps = 0
+        self.first_step_at = None  # epoch s of the first optimizer step's end
+        self.last_step_end = None  # time.perf_counter() of the last optimizer step's end
+        self.wait = 0.0  # seconds inside collectives since the last step's end
+        self.forward = 0.0  # seconds in DDP's forward since the last step's end
+        self.data_wait = 0.0
+        self.samples = 0
+        self.ddp = False
+        self.stride = 1  # steps per point
+        self.series = {"step": [], "step_ms": [], "wait_ms": [], "forward_ms": [], "data_wait_ms": [], "samples": []}
+        self.pending = None  # the point being filled when stride > 1
+        self.written_at = time.monotonic()
+
+    def on_step_end(self) -> None:
+        now = time.perf_counter()
+        if self.last_step_end is not None:
+            self.add_point(now - self.last_step_end)
+        else:
+            self.first_step_at = time.time()
+        self.steps += 1
+        self.last_step_end = now
+        self.wait = self.forward = self.data_wait = 0.0
+        self.samples = 0
+        if time.monotonic() - self.written_at >= WRITE_EVERY_S:
+            self.write()
+
+    def add_point(self, step_s: float) -> None:
+        point = [self.steps, step_s * 1e3, self.wait * 1e3, self.forward * 1e3, self.data_wait * 1e3, self.samples]
+        if self.pending is None:
+            self.pending = [point, 1]
+        else:
+            kept = self.pending[0]
+            self.pending = [[kept[0]] + [a + b for a, b in zip(kept[1:], point[1:])], self.pending[1] + 1]
+        if self.pending[1] < self.stride:
+            return
+        merged, count = self.pending
+        self.pending = None
+        for name, value in zip(self.series, merged):
+            self.series[name].append(value if name in ("step",) else value / count)
+        if len(self.series["step"]) >= MAX_POINTS:
+            self.halve()
+
+    def halve(self) -> None:
+        """Merge neighbouring points: the series keeps its whole span in half the points."""
+        for name, values in self.series.items():
+            pairs = [values[i:i + 2] for i in range(0, len(values) - 1, 2)]
+            self.series[name] = [p[0] if name == "step" else (p[0] + p[1]) / 2 for p in pairs]
+        self.stride *= 2
+
+    def as_dict(self) -> dict:
+        return {"rank": self.rank, "local_rank": self.local_rank, "host": self.host, "pid": os.getpid(),
+                "steps": self.steps, "first_step_at": self.first_step_at, "ddp": self.ddp, "stride": self.stride,
+                "series": {k: list(v) for k, v in self.series.items()}}
+
+    def write(self) -> None:
+        self.written_at = time.monotonic()
+        try:
+            import json
+
+            tmp = f"{self.path}.{os.getpid()}.tmp"
+            with open(tmp, "w") as f:
+                json.dump(self.as_dict(), f)
+            os.replace(tmp, self.path)  # the host reads whole files only
+        except (OSError, ValueError, TypeError):
+            pass  # the report is a bonus: never the rank's failure
+
+
+_figures = None
+
+
+def add_data_wait(seconds: float) -> None:
+    """A script's library: time this step waited for its data (train/'s loaders call it)."""
+    if _figures is not None:
+        _figures.data_wait += seconds
+
+
+def add_samples(count: int) -> None:
+    """A script's library: samples this step processed (for samples a second)."""
+    if _figures is not None:
+        _figures.samples += count
+
+
+def timed(fn, slot: str):
+    """fn, its time added to the figures' `slot` (wait or forward)."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        started = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if _figures is not None:
+                setattr(_figures, slot, getattr(_figures, slot) + time.perf_counter() - started)
+
+    wrapper.__byoc_timed__ = True
+    return wrapper
+
+
+def patch_collectives(module) -> None:
+    """Wrap torch.distributed's collectives where they are defined (distributed_c10d), before
+    torch.distributed re-exports them."""
+    for name in COLLECTIVES:
+        fn = getattr(module, name, None)
+        if callable(fn) and not getattr(fn, "__byoc_timed__", False):
+            setattr(module, name, timed(fn, "wait"))
+
+
+def patch_optimizer(module) -> None:
+    register = getattr(module, "register_optimizer_step_post_hook", None)
+    if register is not None:
+        register(lambda optimizer, args, kwargs: _figures.on_step_end())
+
+
+def patch_ddp(module) -> None:
+    ddp = getattr(module, "DistributedDataParallel", None)
+    if ddp is None:
+        return
+    forward = timed(ddp.forward, "forward")
+
+    def ddp_forward(self, *args, **kwargs):
+        _figures.ddp = True
+        return forward(self, *args, **kwargs)
+
+    ddp.forward = ddp_forward
+
+
+PATCHES = {"torch.distributed.distributed_c10d": patch_collectives, "torch.optim.optimizer": patch_optimizer,
+           "torch.nn.parallel.distributed": patch_ddp}
+
+
+class _AfterImport:
+    """A meta path finder that runs PATCHES[name] on a module once it has executed; it finds
+    nothing itself (the normal finders do), so an import is otherwise unchanged."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in PATCHES:
+            return None
+        import importlib.machinery
+
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return None
+        exec_module = spec.loader.exec_module
+
+        def exec_then_patch(module):
+            exec_module(module)
+            try:
+                PATCHES[name](module)
+            except Exception:  # noqa: BLE001 - another torch: no figures, never a failed import
+                pass
+
+        spec.loader.exec_module = exec_then_patch
+        return spec
+
+
+def start(environ, module) -> None:
+    """Called by the rank wrapper before the script runs, with this module (loaded by path)."""
+    global _figures
+    folder = environ.get(REPORT_DIR_ENV)
+    if not folder or not os.path.isdir(folder):
+        return
+    rank = environ.get("RANK") or environ.get("OMPI_COMM_WORLD_RANK") or environ.get("PMI_RANK") or "0"
+    local = environ.get("LOCAL_RANK") or environ.get("OMPI_COMM_WORLD_LOCAL_RANK") or "0"
+    host = environ.get("SM_CURRENT_HOST") or environ.get("HOSTNAME") or ""
+    _figures = Figures(os.path.join(folder, f"rank-{rank}.json"), rank, local, host)
+    sys.modules[MODULE_NAME] = module
+    sys.meta_path.insert(0, _AfterImport())
+    import atexit
+
+    atexit.register(lambda: _figures.steps and _figures.write())
