@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import statistics
 
+from entrypoint.jobreport.figures import adjust_ddp_ranks
 from entrypoint.jobreport.stragglers import decide_stragglers
 
 VERSION = 1
@@ -31,7 +32,8 @@ def build_report(what: str, leader: str, hosts: tuple[str, ...], exit_code: int,
         ranks.extend(got.get("ranks") or [])
         if got.get("note"):
             notes.append(f"host {host}: {got['note']}")
-    ranks.sort(key=lambda r: (str(r.get("host")), r["rank"] if isinstance(r.get("rank"), int) else 1 << 30))
+    ranks = adjust_ddp_ranks(ranks)
+    ranks.sort(key=lambda r: (r["rank"] if isinstance(r.get("rank"), int) else 1 << 30, str(r.get("host"))))
     if not ranks:
         notes.append("no PyTorch optimizer step was seen (not a PyTorch program, or it ended before its first "
                      "step): the report has the hosts' figures only")

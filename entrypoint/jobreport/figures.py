@@ -47,9 +47,12 @@ def _median(values) -> float | None:
     return round(statistics.median(values), 3) if values else None
 
 
+DDP_SOURCE = "DDP: step minus backward wait"
+
+
 def decide_compute_source(series: dict, ddp: bool) -> str:
     if ddp:
-        return "DDP forward"
+        return DDP_SOURCE
     if any(series.get("data_wait_ms") or ()):
         return "train/ script"
     if any(series.get("wait_ms") or ()):
@@ -58,9 +61,11 @@ def decide_compute_source(series: dict, ddp: bool) -> str:
 
 
 def build_compute_series(series: dict, source: str) -> list[float]:
+    """Compute a step; for DDP, the step itself until the leader knows the job's shortest
+    backward (adjust_ddp_ranks)."""
     steps = series.get("step_ms") or []
-    if source == "DDP forward":
-        return list(series.get("forward_ms") or [])
+    if source == DDP_SOURCE:
+        return list(steps)
     waits = series.get("wait_ms") or [0.0] * len(steps)
     data = series.get("data_wait_ms") or [0.0] * len(steps)
     return [max(0.0, s - w - d) for s, w, d in zip(steps, waits, data)]
@@ -81,9 +86,10 @@ def build_rank_figures(raw: dict, host: str) -> dict:
         "steps": int(raw.get("steps") or 0), "step_ms": step_ms, "compute_ms": _median(compute),
         "wait_ms": _median(series.get("wait_ms") or []), "data_wait_ms": _median(series.get("data_wait_ms") or [])
         if source == "train/ script" else None, "compute_source": source, "samples_per_s": samples_per_s,
-        "first_step_at": raw.get("first_step_at"),
+        "first_step_at": raw.get("first_step_at"), "backward_ms": _median(series.get("backward_ms") or []),
         "series": {"step": list(series.get("step") or []), "step_ms": [round(v, 3) for v in series.get("step_ms") or []],
-                   "compute_ms": [round(v, 3) for v in compute]},
+                   "compute_ms": [round(v, 3) for v in compute],
+                   "backward_ms": [round(v, 3) for v in series.get("backward_ms") or []]},
     }
 
 
@@ -97,9 +103,7 @@ def build_host_figures(host: str, points: list[dict], phases: dict[str, float], 
 
 
 def halve_rank_series(rank: dict) -> dict:
-    series = rank["series"]
-    keep = range(0, len(series["step"]), 2)
-    return {**rank, "series": {name: [values[i] for i in keep] for name, values in series.items()}}
+    return {**rank, "series": {name: values[::2] for name, values in rank["series"].items()}}
 
 
 def fit_figures(host: str, points: list[dict], phases: dict[str, float], ranks: list[dict], interval_s: float,
@@ -127,7 +131,8 @@ def fit_figures(host: str, points: list[dict], phases: dict[str, float], ranks: 
 
 # --- a worker's figures, as the leader takes them (any bytes may arrive on the job port) --------
 
-RANK_NUMBERS = ("steps", "step_ms", "compute_ms", "wait_ms", "data_wait_ms", "samples_per_s", "first_step_at")
+RANK_NUMBERS = ("steps", "step_ms", "compute_ms", "wait_ms", "data_wait_ms", "samples_per_s", "first_step_at",
+                "backward_ms")
 MAX_TEXT = 200
 
 
@@ -156,7 +161,7 @@ def _clean_rank(rank, host: str) -> dict | None:
     clean.update({"rank": _finite(rank.get("rank")) if _finite(rank.get("rank")) is not None else _clean_text(rank.get("rank")),
                   "host": host, "local_rank": _finite(rank.get("local_rank")),
                   "compute_source": _clean_text(rank.get("compute_source")),
-                  "series": {n: _clean_list(series.get(n)) for n in ("step", "step_ms", "compute_ms")}})
+                  "series": {n: _clean_list(series.get(n)) for n in ("step", "step_ms", "compute_ms", "backward_ms")}})
     clean["steps"] = int(clean["steps"] or 0)
     return clean
 
@@ -178,3 +183,26 @@ def parse_host_figures(text: str, host: str) -> dict | None:
             "cores": _finite(data.get("cores")), "sampler_cpu_s": _finite(data.get("sampler_cpu_s")),
             "series": {n: _clean_list(data["series"].get(n)) for n in SERIES_ORDER if n in data.get("series", {})},
             "phases": phases, "ranks": ranks, "note": _clean_text(data.get("note")) or None}
+
+
+def adjust_ddp_ranks(ranks: list[dict]) -> list[dict]:
+    """DDP ranks wait for the slowest one's gradients inside backward(), where nothing sees the
+    wait. The slowest rank waits least, so the wait of each is taken as its backward time
+    beyond the job's shortest (median) backward; compute is the step without it."""
+    ddp = [r for r in ranks if r.get("compute_source") == DDP_SOURCE and isinstance(r.get("backward_ms"), (int, float))]
+    if not ddp:
+        return ranks
+    shortest = min(r["backward_ms"] for r in ddp)
+    adjusted = []
+    for r in ranks:
+        if r in ddp:
+            series = r.get("series") or {}
+            compute = [round(max(0.0, s - max(0.0, b - shortest)), 3) if isinstance(s, (int, float))
+                       and isinstance(b, (int, float)) else None
+                       for s, b in zip(series.get("step_ms") or [], series.get("backward_ms") or [])]
+            wait = round(r["backward_ms"] - shortest, 3)
+            step = r.get("step_ms") if isinstance(r.get("step_ms"), (int, float)) else None
+            r = {**r, "wait_ms": wait, "compute_ms": round(step - wait, 3) if step is not None else None,
+                 "series": {**series, "compute_ms": compute}}
+        adjusted.append(r)
+    return adjusted

@@ -8,9 +8,11 @@ imported here that the script does not import itself):
   - wait: the time inside torch.distributed's collectives the script calls (all_reduce,
     all_gather, broadcast, barrier, ...), wrapped where torch.distributed defines them. A rank
     that waits for a slow peer waits there; compute = step - wait;
-  - DDP: its gradient all-reduce runs in C++ inside backward(), where no wrapper sees it, so
-    a DDP rank's compute is its forward pass (DistributedDataParallel.forward, timed), which a
-    peer's slowness does not lengthen;
+  - DDP: its gradient all-reduce runs in C++ inside backward(), where no wrapper sees it; the
+    rank's backward() is timed (torch.autograd.backward), and the leader takes as the wait the
+    backward time beyond the job's shortest (the slowest rank waits least: jobreport/figures);
+  - Horovod: its DistributedOptimizer waits for the all-reduces inside step(): that step's time
+    is wait;
   - data wait, and samples a step, when the script says so (train/'s library does:
     add_data_wait, add_samples, through sys.modules["byoc_rank_figures"]).
 Written as JSON to BYOC_REPORT_DIR/rank-<RANK>.json every WRITE_EVERY_S from the training
@@ -40,12 +42,13 @@ class Figures:
         self.first_step_at = None  # epoch s of the first optimizer step's end
         self.last_step_end = None  # time.perf_counter() of the last optimizer step's end
         self.wait = 0.0  # seconds inside collectives since the last step's end
-        self.forward = 0.0  # seconds in DDP's forward since the last step's end
+        self.backward = 0.0  # seconds in backward() since the last step's end
+        self.step_started = None  # perf_counter() at a Horovod optimizer's step start
         self.data_wait = 0.0
         self.samples = 0
         self.ddp = False
         self.stride = 1  # steps per point
-        self.series = {"step": [], "step_ms": [], "wait_ms": [], "forward_ms": [], "data_wait_ms": [], "samples": []}
+        self.series = {"step": [], "step_ms": [], "wait_ms": [], "backward_ms": [], "data_wait_ms": [], "samples": []}
         self.pending = None  # the point being filled when stride > 1
         self.written_at = time.monotonic()
 
@@ -57,13 +60,13 @@ class Figures:
             self.first_step_at = time.time()
         self.steps += 1
         self.last_step_end = now
-        self.wait = self.forward = self.data_wait = 0.0
+        self.wait = self.backward = self.data_wait = 0.0
         self.samples = 0
         if time.monotonic() - self.written_at >= WRITE_EVERY_S:
             self.write()
 
     def add_point(self, step_s: float) -> None:
-        point = [self.steps, step_s * 1e3, self.wait * 1e3, self.forward * 1e3, self.data_wait * 1e3, self.samples]
+        point = [self.steps, step_s * 1e3, self.wait * 1e3, self.backward * 1e3, self.data_wait * 1e3, self.samples]
         if self.pending is None:
             self.pending = [point, 1]
         else:
@@ -74,7 +77,7 @@ class Figures:
         merged, count = self.pending
         self.pending = None
         for name, value in zip(self.series, merged):
-            self.series[name].append(value if name in ("step",) else value / count)
+            self.series[name].append(value if name == "step" else round(value / count, 3))
         if len(self.series["step"]) >= MAX_POINTS:
             self.halve()
 
@@ -82,7 +85,7 @@ class Figures:
         """Merge neighbouring points: the series keeps its whole span in half the points."""
         for name, values in self.series.items():
             pairs = [values[i:i + 2] for i in range(0, len(values) - 1, 2)]
-            self.series[name] = [p[0] if name == "step" else (p[0] + p[1]) / 2 for p in pairs]
+            self.series[name] = [p[0] if name == "step" else round((p[0] + p[1]) / 2, 3) for p in pairs]
         self.stride *= 2
 
     def as_dict(self) -> dict:
@@ -119,7 +122,7 @@ def add_samples(count: int) -> None:
 
 
 def timed(fn, slot: str):
-    """fn, its time added to the figures' `slot` (wait or forward)."""
+    """fn, its time added to the figures' `slot` (wait or backward)."""
     import functools
 
     @functools.wraps(fn)
@@ -144,17 +147,34 @@ def patch_collectives(module) -> None:
             setattr(module, name, timed(fn, "wait"))
 
 
+def on_step_start(optimizer, args, kwargs) -> None:
+    if type(optimizer).__module__.startswith("horovod"):
+        _figures.step_started = time.perf_counter()
+
+
+def on_step_end(optimizer, args, kwargs) -> None:
+    if _figures.step_started is not None:
+        _figures.wait += time.perf_counter() - _figures.step_started
+        _figures.step_started = None
+    _figures.on_step_end()
+
+
 def patch_optimizer(module) -> None:
-    register = getattr(module, "register_optimizer_step_post_hook", None)
-    if register is not None:
-        register(lambda optimizer, args, kwargs: _figures.on_step_end())
+    if hasattr(module, "register_optimizer_step_post_hook"):
+        module.register_optimizer_step_pre_hook(on_step_start)
+        module.register_optimizer_step_post_hook(on_step_end)
+
+
+def patch_autograd(module) -> None:
+    if callable(getattr(module, "backward", None)):
+        module.backward = timed(module.backward, "backward")
 
 
 def patch_ddp(module) -> None:
     ddp = getattr(module, "DistributedDataParallel", None)
     if ddp is None:
         return
-    forward = timed(ddp.forward, "forward")
+    forward = ddp.forward
 
     def ddp_forward(self, *args, **kwargs):
         _figures.ddp = True
@@ -164,7 +184,7 @@ def patch_ddp(module) -> None:
 
 
 PATCHES = {"torch.distributed.distributed_c10d": patch_collectives, "torch.optim.optimizer": patch_optimizer,
-           "torch.nn.parallel.distributed": patch_ddp}
+           "torch.autograd": patch_autograd, "torch.nn.parallel.distributed": patch_ddp}
 
 
 class _AfterImport:

@@ -1,0 +1,104 @@
+"""The job report through the real entrypoint and real ranks (mpirun, 2 ranks on this host):
+the slow rank is named and the one waiting for it is not (plain all_reduce, and DDP); a
+failing job still writes its report; BYOC_REPORT=0 writes none; a program that is not
+PyTorch gets the host's figures and a note saying so."""
+
+import json
+import socket
+
+import pytest
+
+from support.jobtree import run_entrypoint, write_tree
+
+pytestmark = pytest.mark.slow
+
+MPI_2 = {"sagemaker_mpi_enabled": True, "sagemaker_mpi_num_of_processes_per_host": 2}
+
+# Rank 1 computes 3x longer; rank 0 waits for it inside all_reduce.
+PLAIN = """
+import os, time, torch, torch.distributed as dist
+rank, world = int(os.environ["OMPI_COMM_WORLD_RANK"]), int(os.environ["OMPI_COMM_WORLD_SIZE"])
+dist.init_process_group("gloo", rank=rank, world_size=world)
+model = torch.nn.Linear(64, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for step in range(40):
+    loss = model(torch.randn(32, 64)).pow(2).mean()
+    opt.zero_grad(); loss.backward()
+    time.sleep(0.03 if rank == 1 else 0.01)
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+    opt.step()
+    if step == int(os.environ.get("FAIL_AT", "-1")):
+        raise RuntimeError("injected failure at step %d" % step)
+"""
+
+# Rank 1's data arrives slowly (before forward); rank 0 waits inside DDP's backward.
+DDP = """
+import os, time, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+rank, world = int(os.environ["OMPI_COMM_WORLD_RANK"]), int(os.environ["OMPI_COMM_WORLD_SIZE"])
+dist.init_process_group("gloo", rank=rank, world_size=world)
+model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)))
+opt = torch.optim.Adam(model.parameters())
+for step in range(40):
+    time.sleep(0.03 if rank == 1 else 0.005)
+    loss = model(torch.randn(32, 64)).pow(2).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+"""
+
+
+def run_job(tmp_path, script, hps=MPI_2, **env):
+    host = socket.gethostname()
+    root = write_tree(tmp_path, script=script, hosts=(host,), current_host=host, hyperparameters=hps)
+    done = run_entrypoint(root, **env)
+    folder = root / "output" / "data" / "report"
+    report = json.loads((folder / "report.json").read_text()) if (folder / "report.json").exists() else None
+    return host, done, report, folder
+
+
+def rank_names(report):
+    return sorted((s["rank"], s["kind"]) for s in report["stragglers"] if s["kind"] == "rank")
+
+
+@pytest.mark.parametrize("script, source", [(PLAIN, "step minus collectives"), (DDP, "DDP: step minus backward wait")])
+def test_the_slow_rank_is_named_and_not_the_one_that_waits(tmp_path, script, source):
+    host, done, report, folder = run_job(tmp_path, script)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert set(report) >= {"hosts", "ranks", "stragglers", "phases"}
+    assert rank_names(report) == [(1, "rank")], report["stragglers"]
+    assert [(r["rank"], r["steps"], r["compute_source"]) for r in report["ranks"]] == [(0, 40, source), (1, 40, source)]
+    # the step takes as long on both (they are in step); compute tells them apart
+    fast, slow = report["ranks"]
+    assert abs(fast["step_ms"] - slow["step_ms"]) < 0.25 * slow["step_ms"], report["ranks"]
+    assert f"job report: straggler: rank 1 on {host}: compute " in done.stderr
+    phases = [p["name"] for p in report["phases"]]
+    assert phases[:3] == ["entrypoint start", "job read", "processes started"] and phases[-1] == "end"
+    assert "first training step" in phases
+    series = report["hosts"][host]["series"]
+    assert len(series["time"]) >= 3 and max(series["tree_cpu_pct"]) > 10 and max(series["tree_rss_mb"]) > 100
+    assert (folder / "index.html").read_text().count("<svg") >= 4
+
+
+def test_a_failing_job_still_writes_what_ran(tmp_path):
+    host, done, report, _ = run_job(tmp_path, PLAIN.replace('os.environ.get("FAIL_AT", "-1")', '"20"'))
+    assert done.returncode == 1 and (tmp_path / "output" / "failure").exists()
+    assert report["job"]["exit_code"] == 1
+    assert {r["rank"] for r in report["ranks"]} == {0, 1} and min(r["steps"] for r in report["ranks"]) >= 20
+    assert report["phases"][-1]["name"] == "end"
+
+
+def test_byoc_report_0_writes_none_and_tells_the_ranks_nothing(tmp_path):
+    script = "import json, os; json.dump(dict(os.environ), open(os.environ['SM_MODEL_DIR'] + '/env.json', 'w'))\n"
+    _, done, report, folder = run_job(tmp_path, script, hps={}, BYOC_REPORT="0")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert report is None and not folder.exists() and "job report" not in done.stderr
+    assert "BYOC_REPORT_DIR" not in json.loads((tmp_path / "model" / "env.json").read_text())
+
+
+def test_a_program_that_is_not_pytorch_gets_the_hosts_figures_and_a_note(tmp_path):
+    host, done, report, folder = run_job(tmp_path, "import time\nfor i in range(25):\n    time.sleep(0.1)\n", hps={})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert report["ranks"] == [] and report["job"]["framework"] == "none"
+    assert any("not a PyTorch program" in n for n in report["notes"])
+    assert len(report["hosts"][host]["series"]["time"]) >= 1
+    assert (folder / "index.html").exists()

@@ -1,0 +1,211 @@
+"""The job report's pure parts: the straggler rule at its edges, the bounded figures, a
+worker's figures taken on the leader's terms, the samplers' parsers; and the BYOC-HOST-FIGURES
+word through a real job port (signed, bounded, refused when hostile)."""
+
+import json
+import math
+import socket
+import time
+
+import pytest
+
+from entrypoint.hosts.job_port import (HOST_FIGURES, MAX_REPORT_BYTES, JobPort, build_host_figures_record,
+                                       build_signed_line, send_host_figures)
+from entrypoint.jobreport import accelerators, sample
+from entrypoint.jobreport.build import build_report, build_summary_lines
+from entrypoint.jobreport.figures import fit_figures, parse_host_figures
+from entrypoint.jobreport.sampler import MAX_POINTS, halve_points
+from entrypoint.jobreport.stragglers import MIN_STEPS, STRAGGLER_PCT, decide_stragglers
+
+KEY = "cd" * 32
+
+
+def rank(r, host, compute, steps=50, step=None):
+    return {"rank": r, "host": host, "steps": steps, "compute_ms": compute, "step_ms": step or 60.0}
+
+
+# --- stragglers ---------------------------------------------------------------------------------
+
+
+def test_the_slow_rank_is_named_and_the_ranks_waiting_for_it_are_not():
+    # every step takes 55 ms on every rank (they wait for rank 3); compute tells them apart
+    ranks = [rank(0, "algo-1", 37.0), rank(1, "algo-1", 36.0), rank(2, "algo-2", 38.0), rank(3, "algo-2", 52.0)]
+    found = decide_stragglers(ranks)
+    assert [(s["kind"], s.get("rank"), s["host"]) for s in found if s["kind"] == "rank"] == [("rank", 3, "algo-2")]
+    assert found[0]["line"] == "rank 3 on algo-2: compute 52 ms a step, median of the others 37 ms (+41%)"
+
+
+def test_two_ranks_each_compared_with_the_other():
+    found = decide_stragglers([rank(0, "h", 10.0), rank(1, "h", 30.0)])
+    assert [s["rank"] for s in found] == [1]
+
+
+@pytest.mark.parametrize("excess_pct, flagged", [(STRAGGLER_PCT - 1, False), (STRAGGLER_PCT, False),
+                                                 (STRAGGLER_PCT + 1, True)])
+def test_the_threshold_just_under_at_and_over(excess_pct, flagged):
+    ranks = [rank(0, "h", 100.0), rank(1, "h", 100.0), rank(2, "h", 100.0 + excess_pct)]
+    assert bool(decide_stragglers(ranks)) is flagged
+
+
+def test_too_few_steps_or_a_sub_millisecond_difference_flags_nobody():
+    assert decide_stragglers([rank(0, "h", 10.0), rank(1, "h", 30.0, steps=MIN_STEPS - 1)]) == []
+    assert decide_stragglers([rank(0, "h", 0.1), rank(1, "h", 0.9)]) == []  # +800%, but 0.8 ms
+    assert decide_stragglers([rank(0, "h", 10.0)]) == []  # alone: nobody to compare with
+    assert decide_stragglers([]) == []
+
+
+def test_a_slow_host_is_named_as_a_host():
+    ranks = [rank(i, f"algo-{1 + i // 2}", 80.0 if i >= 4 else 40.0) for i in range(6)]
+    hosts = [s for s in decide_stragglers(ranks) if s["kind"] == "host"]
+    assert [s["host"] for s in hosts] == ["algo-3"]
+
+
+# --- figures: bounded, and a worker's taken on the leader's terms --------------------------------
+
+
+def points(n):
+    return [{"time": 1000.0 + i, "cpu_pct": 50.0, "core_pct": [10.0] * 96, "tree_cpu_pct": 120.0, "tree_rss_mb": 500.0,
+             "cgroup_mb": 900.0, "net_rx_mbps": 1.0, "net_tx_mbps": 1.0, "disk_read_mbps": 0.0,
+             "disk_write_mbps": 0.0} for i in range(n)]
+
+
+def rank_file(r, n):
+    return {"rank": str(r), "local_rank": str(r % 8), "steps": n, "first_step_at": 1001.0, "ddp": False,
+            "series": {"step": list(range(n)), "step_ms": [40.0] * n, "wait_ms": [5.0] * n, "forward_ms": [0.0] * n,
+                       "data_wait_ms": [0.0] * n, "samples": [0] * n}}
+
+
+@pytest.mark.parametrize("max_bytes", [MAX_REPORT_BYTES - 5536, 20000, 3000])
+def test_figures_fit_the_limit_whatever_the_job_length(max_bytes):
+    figures, text = fit_figures("algo-2", points(MAX_POINTS), {"end": 2000.0}, [rank_file(r, 512) for r in range(8)],
+                                1.0, 96, 0.5, max_bytes)
+    assert len(text) <= max_bytes and json.loads(text) == figures
+    assert figures["phases"] == [{"host": "algo-2", "name": "end", "time": 2000.0}]
+
+
+def test_halving_keeps_the_span_and_means_the_rates():
+    halved = halve_points([{"time": 1.0, "cpu_pct": 10.0, "tree_rss_mb": 5.0}, {"time": 2.0, "cpu_pct": 30.0, "tree_rss_mb": 7.0},
+                           {"time": 3.0, "cpu_pct": 50.0, "tree_rss_mb": 9.0}])
+    assert halved == [{"time": 2.0, "cpu_pct": 20.0, "tree_rss_mb": 7.0}, {"time": 3.0, "cpu_pct": 50.0, "tree_rss_mb": 9.0}]
+
+
+HOSTILE = [
+    "not json", "[]", "1e999", '{"host": "algo-3"}', "[" * 100000 + "]" * 100000,
+    json.dumps({"host": "algo-2", "series": "x"}),
+]
+
+
+@pytest.mark.parametrize("text", HOSTILE)
+def test_what_is_not_this_hosts_figures_is_refused(text):
+    assert parse_host_figures(text, "algo-2") is None
+
+
+def test_a_workers_figures_keep_only_finite_numbers_and_short_text():
+    text = ('{"host": "algo-2", "interval_s": NaN, "cores": true, "series": {"cpu_pct": [1, Infinity, "x", [2, NaN]],'
+            ' "evil": [1]}, "phases": [{"name": "' + "<script>" * 100 + '", "time": 5}, {"name": "x", "time": "y"}],'
+            ' "ranks": [{"rank": "0\\udc80", "steps": 1e400, "step_ms": -Infinity, "series": {"step": [1, NaN]}}, 7],'
+            ' "extra": {"deep": 1}}')
+    got = parse_host_figures(text, "algo-2")
+    assert got["interval_s"] is None and got["cores"] is None
+    assert got["series"] == {"cpu_pct": [1, None, None, [2, None]]}
+    assert got["phases"] == [{"host": "algo-2", "name": ("<script>" * 100)[:200], "time": 5}]
+    assert got["ranks"][0]["rank"] == "0\udc80" and got["ranks"][0]["steps"] == 0 and got["ranks"][0]["step_ms"] is None
+    assert len(got["ranks"]) == 1 and "extra" not in got
+    report = build_report("x", "algo-1", ("algo-1", "algo-2"), 0, {"algo-2": got}, [])
+    json.dumps(report, allow_nan=False)  # what write_report_files does: no NaN reaches report.json
+
+
+def test_a_host_without_figures_is_reported_missing_and_a_note_says_so():
+    report = build_report("torchrun on 2 host(s)", "algo-1", ("algo-1", "algo-2"), 1, {}, [])
+    assert set(report) >= {"hosts", "ranks", "stragglers", "phases"}
+    assert report["hosts"]["algo-2"]["status"] == "missing"
+    assert any("algo-2's figures did not reach the leader" in n for n in report["notes"])
+    assert any("not a PyTorch program" in n for n in report["notes"])
+    assert "(figures missing)" in "\n".join(build_summary_lines(report))
+
+
+# --- the word on a real job port ---------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(seen, count=1):
+    deadline = time.monotonic() + 10
+    while len(seen) < count and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def test_signed_figures_reach_the_leader_and_hostile_ones_are_refused():
+    port, figures, refused = free_port(), [], []
+    job_port = JobPort(port, on_report=lambda line: None, report_key=KEY, on_figures=lambda h, t: figures.append((h, t)),
+                       on_refused=lambda a, why: refused.append(why))
+    try:
+        assert send_host_figures("127.0.0.1", port, KEY, "algo-2", '{"host": "algo-2"}', within_s=5)
+        wait_for(figures)
+        assert figures == [("algo-2", '{"host": "algo-2"}')]
+        record = build_host_figures_record("algo-2", "{}", time.time())
+        for line in (record + "\n",  # unsigned
+                     build_signed_line("ef" * 32, record),  # another job's key
+                     build_signed_line(KEY, HOST_FIGURES + json.dumps({"time": time.time(), "figures": 1})),
+                     build_signed_line(KEY, build_host_figures_record("algo-2", "x" * MAX_REPORT_BYTES, time.time()))):
+            with socket.create_connection(("127.0.0.1", port)) as conn:
+                conn.sendall(line.encode())
+        wait_for(refused, 4)
+        assert len(figures) == 1 and len(refused) == 4, refused
+    finally:
+        job_port.close()
+
+
+# --- the samplers' parsers ---------------------------------------------------------------------
+
+
+def test_proc_stat_with_spaces_and_parentheses_in_the_command_name():
+    fields = ["S", "7"] + ["0"] * 9 + ["100", "50", "25", "25"] + ["0"] * 6 + ["10"]
+    parsed = sample.parse_proc_stat("42 (a) b (c)) " + " ".join(fields))
+    assert parsed == (42, 7, 200 / sample.CLOCK_TICKS, 10 * sample.PAGE_BYTES)
+    assert sample.parse_proc_stat("garbage") is None
+
+
+def test_the_tree_is_root_and_what_is_below_it_only():
+    stats = [(1, 0, 1.0, 10), (5, 1, 2.0, 20), (6, 5, 3.0, 30), (7, 1, 4.0, 40), (9, 0, 100.0, 1000)]
+    assert sample.build_tree(stats, 5) == (5.0, 50)
+
+
+def test_cpu_rates_and_counters_that_go_backwards():
+    machine, cores = sample.parse_cpu_lines("cpu  10 0 10 80 0 0 0 0\ncpu0 5 0 5 40 0 0 0 0\ncpu1 5 0 5 40 0 0 0 0\n")
+    assert machine == (20, 100) and cores == ((10, 50), (10, 50))
+    a = sample.Counters(0.0, ((0, 0),), (0, 0), 5.0, 0, None, (100, 100), None)
+    b = sample.Counters(1.0, ((50, 100),), (50, 100), 4.0, 0, None, (50, 100 + 2_000_000), None)
+    rates = sample.build_rates(a, b)
+    assert rates["tree_cpu_pct"] == 0.0 and rates["net_rx_mbps"] == 0.0 and rates["net_tx_mbps"] == 2.0
+    assert rates["core_pct"] == [50.0] and rates["cgroup_mb"] is None and rates["disk_read_mbps"] is None
+
+
+def test_nvidia_smi_and_neuron_monitor_readings():
+    assert accelerators.parse_gpu_line("0, 87, 12034, 310.52") == (0, {"util": 87.0, "mem_mb": 12034.0, "power_w": 310.52})
+    assert accelerators.parse_gpu_line("1, 0, 3, [N/A]")[1]["power_w"] is None
+    assert accelerators.parse_gpu_line("No devices were found") is None
+    report = {"neuron_runtime_data": [{"report": {"neuroncore_counters": {"neuroncores_in_use": {
+        "0": {"neuroncore_utilization": 91.5}, "2": {"neuroncore_utilization": 10.0}}}}}]}
+    assert accelerators.parse_neuron_report(json.dumps(report)) == [91.5, None, 10.0]
+    assert accelerators.parse_neuron_report("{") is None
+    assert "--loop-ms=1000" in accelerators.build_nvidia_smi_argv(1.0)
+    assert math.isclose(float(accelerators.build_neuron_monitor_config(0.4)["period"][:-1]), 1)
+
+
+def test_ddp_ranks_wait_is_their_backward_beyond_the_shortest():
+    from entrypoint.jobreport.figures import DDP_SOURCE, adjust_ddp_ranks
+
+    def ddp(r, backward):
+        return {"rank": r, "host": "h", "steps": 50, "step_ms": 60.0, "compute_ms": 60.0, "backward_ms": backward,
+                "compute_source": DDP_SOURCE, "series": {"step_ms": [60.0, 60.0], "backward_ms": [backward, backward]}}
+
+    # rank 1 is slow before backward (its data): rank 0 waits 20 ms for it inside backward()
+    adjusted = adjust_ddp_ranks([ddp(0, 30.0), ddp(1, 10.0), {"rank": 2, "host": "h", "compute_ms": 5.0}])
+    assert [(r.get("compute_ms"), r.get("wait_ms")) for r in adjusted] == [(40.0, 20.0), (60.0, 0.0), (5.0, None)]
+    assert adjusted[0]["series"]["compute_ms"] == [40.0, 40.0]
+    assert [s["rank"] for s in decide_stragglers(adjusted[:2])] == [1]
