@@ -165,3 +165,23 @@ def test_every_host_stops_its_ranks_before_a_training_plans_capacity_ends(distri
             first = failure(cluster, host).splitlines()[0]
             assert "because the training plan's reserved capacity ends at" in first, (host, first)
         assert "finished" not in "".join(outputs.values())
+
+
+def test_torchrun_two_hosts_one_report_on_the_leader_covers_both():
+    """The worker's figures reach the leader's job port (BYOC-HOST-FIGURES) before its outcome;
+    the leader's report has both hosts and names the slow rank on the worker; the worker writes
+    no report of its own (SDK v2 local mode merges the hosts' output/data)."""
+    with EmulatedCluster(["algo-1", "algo-2"], job("steps_job.py", "torch_distributed", **{"slow-rank": 1})) as cluster:
+        result = cluster.run_all(ENTRYPOINT, env=FAST, timeout=180)
+        assert result.ok, {h: r.output[-3000:] for h, r in result.results.items()}
+        folder = os.path.join(cluster.opt_ml("algo-1"), "output", "data", "report")
+        report = json.load(open(os.path.join(folder, "report.json")))
+        assert {h: v["status"] for h, v in report["hosts"].items()} == {"algo-1": "reported", "algo-2": "reported"}
+        assert [(r["rank"], r["host"], r["steps"]) for r in report["ranks"]] == [(0, "algo-1", 40), (1, "algo-2", 40)]
+        assert [(s["kind"], s["host"]) for s in report["stragglers"]] == [("rank", "algo-2"), ("host", "algo-2")]
+        assert {p["host"] for p in report["phases"] if p["name"] == "peers ready"} == {"algo-1", "algo-2"}
+        assert len(report["hosts"]["algo-2"]["series"]["time"]) >= 2 and report["notes"] == []
+        assert os.path.exists(os.path.join(folder, "index.html"))
+        assert not os.path.exists(os.path.join(cluster.opt_ml("algo-2"), "output", "data", "report"))
+        assert "job report: straggler: rank 1 on algo-2" in result.results["algo-1"].output
+        assert_nothing_left(cluster)
