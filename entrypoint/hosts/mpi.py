@@ -25,6 +25,7 @@ from entrypoint.run import processes
 from entrypoint.hosts import ssh
 from entrypoint.report.failure import build_job_outcome_report
 from entrypoint.log import log as log_line
+from entrypoint.jobreport.spec import HOST_FIGURES_FILE
 from entrypoint.decide.plan import LaunchPlan
 from entrypoint.decide.settings import DEFAULTS, decide_capacity_stop_at
 from entrypoint.hosts.job_port import PeerWatch
@@ -178,22 +179,39 @@ def ask_workers_for_stacks(plan: LaunchPlan, log) -> None:
     run_on_workers(plan, f"kill -USR1 \"$(cut -d' ' -f1 {owner})\"", b"", "ask {host} for its ranks' stacks", log)
 
 
-def run_on_workers(plan: LaunchPlan, command: str, payload: bytes, what: str, log) -> None:
+def collect_worker_figures(plan: LaunchPlan, log) -> dict[str, str]:
+    """Each worker's figures for the job report (host -> their JSON): SIGUSR2 to its
+    entrypoint, which writes them in its job folder (jobreport/host.write_figures_file), then
+    read back, over the same SSH the job already trusts. Only our constant paths appear in
+    the command; a worker that has none within 5 s is left out (the report says so)."""
+    owner = shlex.quote(plan.files.owner)
+    figures = shlex.quote(os.path.join(plan.report.rank_folder, HOST_FIGURES_FILE))
+    command = (f"rm -f {figures}; kill -USR2 \"$(cut -d' ' -f1 {owner})\" && for i in $(seq 50); do "
+               f"[ -s {figures} ] && exec cat {figures}; sleep 0.1; done; echo 'no figures within 5 s' >&2; exit 1")
+    got = run_on_workers(plan, command, b"", "read {host}'s figures for the job report", log)
+    return {host: out.decode("utf-8", "replace") for host, out in got.items()}
+
+
+def run_on_workers(plan: LaunchPlan, command: str, payload: bytes, what: str, log) -> dict[str, bytes]:
     """One SSH session to every worker, running `command` with `payload` on its stdin, in
     parallel (MAX_PARALLEL_SESSIONS at a time); a worker that fails or times out is logged
-    ("could not " + what) and skipped."""
+    ("could not " + what) and skipped. Returns each other worker's stdout."""
     files = plan.files.ssh
     timeout_s = plan.settings.ssh_session_timeout_s
 
-    def on(host: str) -> None:
+    def on(host: str) -> bytes | None:
         try:
             done = subprocess.run(ssh_argv(files, host, command), input=payload, capture_output=True, timeout=timeout_s)
             if done.returncode != 0:
                 log(f"could not {what.format(host=host)}: {done.stderr.decode(errors='replace').strip()}")
+                return None
+            return done.stdout
         except subprocess.TimeoutExpired:
             log(f"could not {what.format(host=host)}: timed out")
+            return None
 
-    run_per_host(on, list(plan.peers))
+    hosts = list(plan.peers)
+    return {host: out for host, out in zip(hosts, run_per_host(on, hosts)) if out is not None}
 
 
 # --- worker ------------------------------------------------------------------------------------

@@ -137,6 +137,21 @@ class MpiLeader(MultiHostRole):
         reach this host's log through mpirun."""
         self.mpi.ask_workers_for_stacks(self.plan, log)
 
+    def report(self, outcome: Outcome) -> None:
+        """The workers' figures are read over SSH (they have no job port here), while they
+        still serve it: before close tells them the outcome."""
+        if self.report_part is None:
+            return
+        others = {}
+        if self.resolved and self.plan.peers:
+            from entrypoint.jobreport.figures import parse_host_figures
+
+            for host, text in self.mpi.collect_worker_figures(self.plan, log).items():
+                figures = parse_host_figures(text, host)
+                if figures is not None:
+                    others[host] = figures
+        self.write_report(outcome, others)
+
     def close(self, outcome: Outcome) -> None:
         """The outcome is written here first: a worker exits as soon as it has the outcome, and
         SDK v2 local mode then stops this container. Workers are told what this host reports:
@@ -154,14 +169,27 @@ class MpiLeader(MultiHostRole):
 class MpiWorker(HostRole):
     def run(self, launch) -> Outcome:
         """Not the plan's processes: mpirun on the leader starts this host's ranks over SSH."""
+        import signal
+
         from entrypoint.hosts import mpi
 
-        code, text = mpi.run_worker_host(self.plan, self.env)
+        previous = signal.signal(signal.SIGUSR2, self.on_figures_request)
+        try:
+            code, text = mpi.run_worker_host(self.plan, self.env)
+        finally:
+            signal.signal(signal.SIGUSR2, previous)
         return SUCCESS if code == 0 else Outcome(code, text)
 
+    def on_figures_request(self, _signum, _frame) -> None:
+        """The leader asks for this host's figures (hosts/mpi.collect_worker_figures)."""
+        if self.report_part is not None:
+            try:
+                self.report_part.write_figures_file(self.plan.settings.report_figures_bytes)
+            except OSError as exc:
+                log(f"job report: could not write this host's figures: {exc}")
+
     def report(self, outcome: Outcome) -> None:
-        """Never written here (the leader's report is the job's); this host's figures are not
-        sent either: mpirun's job has no port of ours, and the leader has ended by now."""
+        """Never written here: the leader read this host's figures before it told the outcome."""
         if self.report_part is not None:
             self.report_part.sampler.stop()
 

@@ -10,7 +10,7 @@ import os
 import time
 from entrypoint.jobreport.figures import fit_figures, load_rank_files
 from entrypoint.jobreport.sampler import HostSampler
-from entrypoint.jobreport.spec import ReportSpec
+from entrypoint.jobreport.spec import HOST_FIGURES_FILE, ReportSpec
 
 def probe_process_start() -> float:
     """When this process started (epoch s): the entrypoint's first phase, measured by the
@@ -43,6 +43,18 @@ class HostReport:
     def end(self, max_bytes: int) -> tuple[dict, str]:
         """Stop sampling; this host's figures and their JSON, at most max_bytes."""
         self.sampler.stop()
+        return self.build_figures(max_bytes)
+
+    def write_figures_file(self, max_bytes: int) -> None:
+        """An MPI worker's figures so far, for the leader to read over SSH (hosts/mpi.py):
+        written whole (a rename), in its job folder's report/."""
+        _, text = self.build_figures(max_bytes)
+        tmp = os.path.join(self.spec.rank_folder, f".{HOST_FIGURES_FILE}.tmp")
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, os.path.join(self.spec.rank_folder, HOST_FIGURES_FILE))
+
+    def build_figures(self, max_bytes: int) -> tuple[dict, str]:
         self.sampler.mark("end")
         ranks = load_rank_files(self.spec.rank_folder)
         points, phases = self.sampler.snapshot()

@@ -185,3 +185,17 @@ def test_torchrun_two_hosts_one_report_on_the_leader_covers_both():
         assert not os.path.exists(os.path.join(cluster.opt_ml("algo-2"), "output", "data", "report"))
         assert "job report: straggler: rank 1 on algo-2" in result.results["algo-1"].output
         assert_nothing_left(cluster)
+
+
+def test_mpirun_two_hosts_the_leader_reads_the_workers_figures_over_ssh():
+    spec = JobSpec(**{**job("steps_job.py", "mpi", **{"slow-rank": 3}).__dict__, "processes_per_host": 2})
+    with EmulatedCluster(["algo-1", "algo-2"], spec) as cluster:
+        result = cluster.run_all(ENTRYPOINT, env=FAST, timeout=180)
+        assert result.ok, {h: r.output[-3000:] for h, r in result.results.items()}
+        report = json.load(open(os.path.join(cluster.opt_ml("algo-1"), "output", "data", "report", "report.json")))
+        assert {h: v["status"] for h, v in report["hosts"].items()} == {"algo-1": "reported", "algo-2": "reported"}
+        assert [(r["rank"], r["host"]) for r in report["ranks"]] == [(0, "algo-1"), (1, "algo-1"), (2, "algo-2"),
+                                                                     (3, "algo-2")]
+        assert [(s["kind"], s.get("rank"), s["host"]) for s in report["stragglers"]][0] == ("rank", 3, "algo-2")
+        assert not os.path.exists(os.path.join(cluster.opt_ml("algo-2"), "output", "data", "report"))
+        assert_nothing_left(cluster)
