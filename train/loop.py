@@ -28,6 +28,7 @@ from train.devices import decide_precision, probe_bf16_supported
 from train.metrics import Reporter, format_progress
 from train.models import build_mlp, save_model, unwrap
 from train.paths import load_job_paths
+from train.report_hooks import add_samples, timed_as
 from train.schedule import build_lr, build_peak_lr, build_warmup_steps
 from train.watchdog import StepWatchdog
 
@@ -210,10 +211,13 @@ def _train(config, backend, environ, paths, reporter, stop, watchdog) -> TrainRe
     while step < total_steps:
         epoch, in_epoch = divmod(step, steps_per_epoch)
         if epoch != epoch_loaded:
-            table, epoch_loaded = reader.load_pass(), epoch
+            with timed_as("data_wait"):  # a Pipe-mode channel is read again each epoch
+                table, epoch_loaded = reader.load_pass(), epoch
             order = build_epoch_order(len(table), config.seed, epoch, config.shuffle)
-        x, y = _to_device(table, build_batch_indices(order, in_epoch, config.batch_size, shard.index,
-                                                     shard.count), device)
+        with timed_as("data_wait"):
+            x, y = _to_device(table, build_batch_indices(order, in_epoch, config.batch_size, shard.index,
+                                                         shard.count), device)
+        add_samples(len(y))
         lr = build_lr(step, config.lr, peak_lr, warmup_steps)
         for group in optimizer.param_groups:
             group["lr"] = lr

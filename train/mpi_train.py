@@ -21,6 +21,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import torch
 
+from train.report_hooks import timed_as
 from train.backend import Backend
 from train.config import TrainConfig
 from train.devices import probe_device, probe_device_type, setup_cpu
@@ -157,12 +158,14 @@ class MPIBackend(Backend):
         optimizer.zero_grad(set_to_none=True)
         if scaler is not None:
             scaler.scale(loss).backward()
-            self.allreduce.wait()
+            with timed_as("wait"):
+                self.allreduce.wait()
             scaler.step(optimizer)
             scaler.update()
             return
         loss.backward()
-        self.allreduce.wait()
+        with timed_as("wait"):
+            self.allreduce.wait()
         optimizer.step()
 
 

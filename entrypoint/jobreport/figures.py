@@ -53,22 +53,20 @@ DDP_SOURCE = "DDP: step minus backward wait"
 def decide_compute_source(series: dict, ddp: bool) -> str:
     if ddp:
         return DDP_SOURCE
-    if any(series.get("data_wait_ms") or ()):
-        return "train/ script"
     if any(series.get("wait_ms") or ()):
         return "step minus collectives"
     return "step (no collective seen)"
 
 
 def build_compute_series(series: dict, source: str) -> list[float]:
-    """Compute a step; for DDP, the step itself until the leader knows the job's shortest
-    backward (adjust_ddp_ranks)."""
+    """Compute a step: the rank's own time, the step without its wait for the others (its data
+    loading included: a rank slow to load holds the others up too); for DDP, the step itself
+    until the leader knows the job's shortest backward (adjust_ddp_ranks)."""
     steps = series.get("step_ms") or []
     if source == DDP_SOURCE:
         return list(steps)
     waits = series.get("wait_ms") or [0.0] * len(steps)
-    data = series.get("data_wait_ms") or [0.0] * len(steps)
-    return [max(0.0, s - w - d) for s, w, d in zip(steps, waits, data)]
+    return [max(0.0, s - w) for s, w in zip(steps, waits)]
 
 
 def build_rank_figures(raw: dict, host: str) -> dict:
@@ -85,7 +83,7 @@ def build_rank_figures(raw: dict, host: str) -> dict:
         "local_rank": int(raw["local_rank"]) if str(raw.get("local_rank", "")).isdigit() else None,
         "steps": int(raw.get("steps") or 0), "step_ms": step_ms, "compute_ms": _median(compute),
         "wait_ms": _median(series.get("wait_ms") or []), "data_wait_ms": _median(series.get("data_wait_ms") or [])
-        if source == "train/ script" else None, "compute_source": source, "samples_per_s": samples_per_s,
+        if any(series.get("data_wait_ms") or ()) else None, "compute_source": source, "samples_per_s": samples_per_s,
         "first_step_at": raw.get("first_step_at"), "backward_ms": _median(series.get("backward_ms") or []),
         "series": {"step": list(series.get("step") or []), "step_ms": [round(v, 3) for v in series.get("step_ms") or []],
                    "compute_ms": [round(v, 3) for v in compute],

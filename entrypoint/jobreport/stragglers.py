@@ -7,6 +7,8 @@ STRAGGLER_PCT (20%) and more than MIN_EXCESS_MS (1 ms) above that, over at least
 steps. Compute, not step time: in data-parallel training every rank's step takes as long as the
 slowest one's, and the ranks that wait for it do so inside a collective (or, under DDP,
 after their forward pass), which their compute leaves out, so they are never flagged.
+Compute includes the rank's data loading (a rank slow to load its data holds the others up as
+much); train/'s scripts report that part (data_wait_ms), and the straggler's line says it.
 Hosts: the same rule on each host's median of its ranks' compute, with two hosts or more.
 """
 
@@ -44,10 +46,13 @@ def decide_stragglers(ranks: list[dict], pct: float = STRAGGLER_PCT) -> list[dic
     timed = [r for r in ranks if isinstance(r.get("compute_ms"), (int, float)) and (r.get("steps") or 0) >= MIN_STEPS]
     by_rank = {(r["rank"], r["host"]): r["compute_ms"] for r in timed}
     stragglers = []
+    data_wait = {(r["rank"], r["host"]): r.get("data_wait_ms") for r in timed}
     for (rank, host), value, median, excess in decide_outliers(by_rank, pct):
+        line = describe(f"rank {rank} on {host}", value, median, excess)
+        if isinstance(data_wait.get((rank, host)), (int, float)):
+            line += f", of which {data_wait[(rank, host)]:.0f} ms waiting for data"
         stragglers.append({"kind": "rank", "rank": rank, "host": host, "compute_ms": round(value, 1),
-                           "median_ms": round(median, 1), "excess_pct": excess,
-                           "line": describe(f"rank {rank} on {host}", value, median, excess)})
+                           "median_ms": round(median, 1), "excess_pct": excess, "line": line})
     per_host: dict[str, list[float]] = {}
     for r in timed:
         per_host.setdefault(r["host"], []).append(r["compute_ms"])

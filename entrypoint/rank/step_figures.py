@@ -115,6 +115,13 @@ def add_data_wait(seconds: float) -> None:
         _figures.data_wait += seconds
 
 
+def add_wait(seconds: float) -> None:
+    """A script's library: time this step waited in a collective the wrapper does not see
+    (mpi4py's, train/mpi_train.py)."""
+    if _figures is not None:
+        _figures.wait += seconds
+
+
 def add_samples(count: int) -> None:
     """A script's library: samples this step processed (for samples a second)."""
     if _figures is not None:

@@ -102,3 +102,22 @@ def test_a_program_that_is_not_pytorch_gets_the_hosts_figures_and_a_note(tmp_pat
     assert any("not a PyTorch program" in n for n in report["notes"])
     assert len(report["hosts"][host]["series"]["time"]) >= 1
     assert (folder / "index.html").exists()
+
+
+def test_trains_own_scripts_add_data_wait_and_samples(tmp_path):
+    """train/'s loop tells the report its data wait and samples (train/report_hooks.py), and
+    mpi4py's all-reduce wait, which the wrapper cannot see."""
+    from tests.train.train_helpers import write_job
+
+    host = socket.gethostname()
+    write_job(tmp_path)
+    root = write_tree(tmp_path, script="import runpy\nrunpy.run_module('train.mpi_train', run_name='__main__')\n",
+                      program="job.py", hosts=(host,), current_host=host,
+                      hyperparameters={**MPI_2, "epochs": 3, "batch_size": 8, "hidden_sizes": "[32]", "log_every": 5})
+    done = run_entrypoint(root, OMP_NUM_THREADS="1", SM_NUM_CPUS="2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((root / "output" / "data" / "report" / "report.json").read_text())
+    assert [r["rank"] for r in report["ranks"]] == [0, 1]
+    for r in report["ranks"]:
+        assert r["compute_source"] == "step minus collectives" and r["wait_ms"] > 0, r
+        assert r["data_wait_ms"] > 0 and r["samples_per_s"] > 0, r

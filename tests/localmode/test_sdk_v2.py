@@ -93,6 +93,17 @@ def test_two_hosts_torch_distributed(tmp_path):
     assert_every_host_succeeded(result, 2)
     check_torch_allreduce(result, world=2)
     assert all(r["master_port"] == "7777" for r in rank_records(result, 2))
+    check_job_report(result)
+
+
+def check_job_report(result: V2JobResult) -> None:
+    """The leader's job report survives local mode's merge of the hosts' output into
+    output.tar.gz, and covers both hosts (a worker's figures reach the leader)."""
+    outputs = result.output_files()
+    assert "data/report/report.json" in outputs and "data/report/index.html" in outputs, outputs
+    report = json.loads(result.output_text("data/report/report.json"))
+    assert {h: v["status"] for h, v in report["hosts"].items()} == {h: "reported" for h in result.hosts}
+    assert {p["host"] for p in report["phases"] if p["name"] == "end"} == set(result.hosts)
 
 
 def test_two_hosts_pytorchddp(tmp_path):
@@ -139,6 +150,7 @@ def test_two_hosts_mpi_two_processes_per_host(tmp_path):
         # The estimator's environment= reaches the ranks on every host, not only the leader's.
         assert record["user_env"] == "from the estimator"
     assert [r["host"] for r in records] == [hosts[0], hosts[0], hosts[1], hosts[1]]  # -map-by slot
+    check_job_report(result)
 
 
 def test_two_hosts_parameter_server(tmp_path):
