@@ -309,15 +309,17 @@ def build_phase_numbers(phases: list) -> dict:
 
 
 def _job_window(job: dict, hosts: dict, phases: list) -> tuple:
-    """(start, span) of the job in epoch seconds: the job's own, else what the samples and
-    phases cover. The span is never zero (it divides)."""
+    """(start, span) of the job in epoch seconds: from the job's start (else the first sample
+    or phase) to the last of its end, samples and phases, so that a worker's later "end" is
+    still drawn. The span is never zero (it divides)."""
     times = [t for h in hosts.values() for t in map(_number, _list(_mapping(_mapping(h).get("series")).get("time")))
              if t is not None]
     times += [t for t in (_number(p.get("time")) for p in phases if isinstance(p, dict)) if t is not None]
     start = _number(job.get("started"))
     end = _number(job.get("ended"))
     start = start if start is not None else (min(times) if times else 0.0)
-    end = end if end is not None else (max(times) if times else start + 1.0)
+    ends = [t for t in (end, *times) if t is not None]
+    end = max(ends) if ends else start + 1.0
     return start, max(end - start, 1e-3)
 
 
