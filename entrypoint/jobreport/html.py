@@ -31,6 +31,7 @@ PHASE_ORDER = ("entrypoint start", "job read", "hosts resolved", "peers ready",
 MAX_DEVICE_LINES = 8
 # C0 and C1 controls but tab and newline: HTML forbids most, and a reader should see them.
 _CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_SLOW = ' class="slow"'
 # Beyond this a value is a broken figure, not a measurement; kept out of the scales.
 _LARGEST = 1e12
 
@@ -41,6 +42,8 @@ class Line(NamedTuple):
     xs: list
     ys: list
     width: float = 1.6
+    opacity: float = 1.0
+    emphasis: bool = False  # a straggler: bold in the legend
 
 
 class Chart(NamedTuple):
@@ -51,6 +54,7 @@ class Chart(NamedTuple):
     x_label: str
     phases: list = []  # (x, number) for the vertical lines
     y_max: float = 0.0  # the least top of the y axis (100 for a percentage)
+    zoom: bool = False  # the y axis may start above 0, where the values sit far above it
     width: int = 600
     height: int = 210
 
@@ -73,7 +77,7 @@ def build_report_html(report: dict) -> str:
         _render_header(job, _list(report.get("notes"))),
         _render_stragglers(stragglers),
         _section("Ranks", _render_rank_table(ranks, stragglers)),
-        _section("Step times", _render_step_charts(ranks, stragglers)),
+        _section("Step times", _render_step_charts(ranks, stragglers)) if ranks else "",
         _section("Hosts", _render_host_panels(report, job)),
         f'<footer>report.json version {_text(report.get("version", "?"))}</footer>',
     ])
@@ -135,7 +139,7 @@ def _describe_straggler(straggler: dict) -> str:
 def _render_rank_table(ranks: list, stragglers: list) -> str:
     if not ranks:
         return '<p class="empty">No PyTorch step figures: host figures only.</p>'
-    slow = _straggler_ranks(stragglers)
+    slow, slow_hosts = _straggler_ranks(stragglers), _straggler_hosts(stragglers)
     columns = ("rank", "host", "steps", "step ms", "compute ms", "wait ms", "data-wait ms",
                "samples/s", "compute source")
     head = "".join(f"<th>{c}</th>" for c in columns)
@@ -146,16 +150,25 @@ def _render_rank_table(ranks: list, stragglers: list) -> str:
                                                       "samples_per_s")]
         cells.append(_text(r.get("compute_source") or ""))
         tds = "".join(f'<td class="{"num" if 2 <= i <= 7 else "txt"}">{c}</td>' for i, c in enumerate(cells))
-        mark = ' class="slow"' if r.get("rank") in slow else ""
+        mark = (' class="slow"' if _plain(r.get("rank")) in slow else
+                ' class="slowhost"' if _plain(r.get("host")) in slow_hosts else "")
         rows.append(f"<tr{mark}>{tds}</tr>")
-    note = ('<p class="hint">Medians over the steps; wait: collectives. '
-            "Highlighted rows are stragglers.</p>" if slow else
-            '<p class="hint">Medians over the steps; wait: collectives.</p>')
-    return f'<table class="ranks"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>{note}'
+    marks = ["highlighted: a straggling rank"] * bool(slow) + ["tinted: the ranks of a straggling host"] * bool(slow_hosts)
+    hint = "; ".join(["Medians over the steps", "wait: in collectives", *marks])
+    # Many ranks scroll in a box of their own: the plots stay near the top of the page.
+    box = "ranks-box tall" if len(ranks) > 16 else "ranks-box"
+    return (f'<div class="{box}"><table class="ranks"><thead><tr>{head}</tr></thead>'
+            f'<tbody>{"".join(rows)}</tbody></table></div><p class="hint">{hint}.</p>')
 
 
 def _straggler_ranks(stragglers: list) -> set:
-    return {s.get("rank") for s in stragglers if s.get("kind") == "rank" and s.get("rank") is not None}
+    """The straggling ranks, as text: a rank's number is compared as the reader sees it (and
+    a report's odd value, a list, cannot break a set)."""
+    return {_plain(s.get("rank")) for s in stragglers if s.get("kind") == "rank" and s.get("rank") is not None}
+
+
+def _straggler_hosts(stragglers: list) -> set:
+    return {_plain(s.get("host")) for s in stragglers if s.get("kind") == "host" and s.get("host") is not None}
 
 
 # ------------------------------------------------------------------------- the step plots
@@ -164,28 +177,35 @@ def _render_step_charts(ranks: list, stragglers: list) -> str:
     """One line per rank, step time against the step; stragglers drawn thicker, on top."""
     if not ranks:
         return '<p class="empty">No PyTorch step figures: host figures only.</p>'
-    slow = _straggler_ranks(stragglers)
-    colours = build_colours(len(ranks))
-    # Stragglers last: drawn over the others, where they are seen.
-    order = sorted(range(len(ranks)), key=lambda i: ranks[i].get("rank") in slow)
+    many = len(ranks) > 12
     charts = []
     for key, title in (("step_ms", "Step time per rank"), ("compute_ms", "Compute time per rank")):
-        lines = []
-        for i in order:
-            series = _mapping(ranks[i].get("series"))
-            thick = ranks[i].get("rank") in slow
-            lines.append(Line(f"rank {_plain(ranks[i].get('rank', '?'))} ({_plain(ranks[i].get('host', '?'))})"
-                              + (" - straggler" if thick else ""), colours[i],
-                              _list(series.get("step")), _list(series.get(key)), 2.6 if thick else 1.4))
+        lines, legend = build_rank_lines(ranks, key, _straggler_ranks(stragglers))
         if not any(_has_values(line.ys) for line in lines):
             if key == "step_ms":
                 charts.append('<p class="empty">The ranks recorded no step times.</p>')
             continue
         x_range = _value_range([x for line in lines for x in line.xs])
-        # The legend keeps the ranks' own order, whatever order they are drawn in.
-        charts.append(render_chart(Chart(title, "ms", lines, x_range, "step", width=1200, height=320),
-                                   legend=[lines[order.index(i)] for i in range(len(ranks))]))
+        chart = Chart(title, "ms", lines, x_range, "step", width=1200, height=320, zoom=True)
+        # Many ranks: one legend (64 entries twice would push the second plot off the screen).
+        charts.append(render_chart(chart, legend if not (many and charts) else [], "colours as above"))
     return "\n".join(charts)
+
+
+def build_rank_lines(ranks: list, key: str, slow: set) -> tuple:
+    """(lines in drawing order, lines in the ranks' order for the legend): a colour per rank;
+    stragglers last, thick and opaque, so they sit on top of the others where they are seen."""
+    colours = build_colours(len(ranks))
+    faint = 0.75 if len(ranks) > 12 else 1.0
+    legend = []
+    for rank, colour in zip(ranks, colours):
+        series = _mapping(rank.get("series"))
+        straggler = _plain(rank.get("rank")) in slow
+        legend.append(Line(f"rank {_plain(rank.get('rank', '?'))} ({_plain(rank.get('host', '?'))})", colour,
+                           _list(series.get("step")), _list(series.get(key)), 2.6 if straggler else 1.3,
+                           1.0 if straggler else faint, straggler))
+    drawn = [line for line in legend if not line.emphasis] + [line for line in legend if line.emphasis]
+    return drawn, legend
 
 
 # ---------------------------------------------------------------------- the host timelines
@@ -208,11 +228,12 @@ def _render_host_panels(report: dict, job: dict) -> str:
 
 
 def _render_host_panel(name, host: dict, phases: list, numbers: dict, start: float, span: float, axis) -> str:
-    title = f"<h3>{_text(name)}</h3>"
+    # <details open>: a reader folds the hosts he has seen, with no script.
+    title = f"<details open><summary>{_text(name)}</summary>"
     if host.get("status") == "missing" or not host:
         return (f'<div class="host missing">{title}<p>The figures of this host did not arrive: '
                 "its sampler did not report to the leader (the host may have died or been cut off)."
-                "</p></div>")
+                "</p></details></div>")
     divisor, unit = axis
     series = _mapping(host.get("series"))
     times = [(t - start) / divisor if t is not None else None for t in map(_number, _list(series.get("time")))]
@@ -225,7 +246,7 @@ def _render_host_panel(name, host: dict, phases: list, numbers: dict, start: flo
     about = _render_host_facts(host, len(times))
     key = _render_phase_key(phases, numbers, start)
     body = f'<div class="grid">{"".join(charts)}</div>' if charts else '<p class="empty">No samples recorded.</p>'
-    return f'<div class="host">{title}<p class="hint">{about}</p>{key}{body}</div>'
+    return f'<div class="host">{title}<p class="hint">{about}</p>{key}{body}</details></div>'
 
 
 def _render_host_facts(host: dict, samples: int) -> str:
@@ -334,13 +355,17 @@ def build_time_axis(span: float) -> tuple:
 
 # -------------------------------------------------------------------------------- one plot
 
-def render_chart(chart: Chart, legend: list | None = None) -> str:
-    """A figure: title, legend (HTML: it wraps, and stays readable with 64 ranks) and the SVG."""
+def render_chart(chart: Chart, legend: list | None = None, no_legend: str = "") -> str:
+    """A figure: title, legend (HTML: it wraps, and stays readable with 64 ranks) and the SVG.
+    An empty legend list shows no_legend instead."""
     entries = legend if legend is not None else chart.lines
-    items = "".join(f'<li><i style="background:{line.colour}"></i>{_text(line.label)}</li>' for line in entries)
+    # A line with no value (a cgroup's memory unknown) stays in the legend, saying so.
+    items = "".join(f'<li{_SLOW if line.emphasis else ""}><i style="background:{line.colour}"></i>'
+                    f'{_text(line.label)}{"" if _has_values(line.ys) else " (no figures)"}</li>' for line in entries)
     many = " many" if len(entries) > 12 else ""
+    keyed = f'<ul class="legend{many}">{items}</ul>' if entries else f'<span class="unit">{_text(no_legend)}</span>'
     return (f'<figure><figcaption><b>{_text(chart.title)}</b> <span class="unit">({_text(chart.unit)})</span>'
-            f'<ul class="legend{many}">{items}</ul></figcaption>{render_svg(chart)}</figure>')
+            f"{keyed}</figcaption>{render_svg(chart)}</figure>")
 
 
 def render_svg(chart: Chart) -> str:
@@ -349,8 +374,7 @@ def render_svg(chart: Chart) -> str:
     plot_w, plot_h = w - m.left - m.right, h - m.top - m.bottom
     x_lo, x_hi = chart.x_range
     x_lo, x_hi = (x_lo, x_hi) if x_hi > x_lo else (x_lo - 0.5, x_lo + 0.5)
-    y_values = [y for line in chart.lines for y in line.ys if y is not None]
-    y_ticks = build_ticks(min([0.0, *y_values]), max([chart.y_max, *y_values]), 5, extend=True)
+    y_ticks = build_y_ticks(chart)
     y_lo, y_hi = y_ticks[0], y_ticks[-1]
 
     def sx(x):
@@ -378,6 +402,21 @@ def render_svg(chart: Chart) -> str:
         parts.append(render_line(line, sx, sy))
     parts.append("</svg>")
     return "".join(parts)
+
+
+def build_y_ticks(chart: Chart) -> list:
+    """From 0 (or the least value, if negative) to the top value, and to at least chart.y_max;
+    a zoomed chart whose values all sit above half their top starts near its least value, so
+    a 52 ms straggler among 37 ms ranks is not a thin band at the top of an empty plot."""
+    values = [y for line in chart.lines for y in map(_number, line.ys) if y is not None]
+    lo, hi = min([0.0, *values]), max([chart.y_max, *values])
+    if chart.zoom and values and min(values) > max(values) / 2:
+        # At least a quarter of the top in view: a jitter of 1 ms in 55 is not blown up to
+        # fill the plot, which would read as a wild one.
+        least, most = min(values), max(values)
+        middle, half = (least + most) / 2, max(most - least, most * 0.25) * 0.65
+        lo, hi = middle - half, middle + half
+    return build_ticks(lo, hi, 5, extend=True)
 
 
 def _render_phase_marks(phases: list, sx, x_lo: float, x_hi: float, top: float, bottom: float) -> list:
@@ -413,7 +452,8 @@ def render_line(line: Line, sx, sy) -> str:
             run = []
         else:
             run.append((sx(x), sy(y)))
-    path = (f'<path d="{"".join(d)}" stroke="{line.colour}" stroke-width="{line.width}" fill="none" '
+    faint = f' stroke-opacity="{line.opacity}"' if line.opacity < 1 else ""
+    path = (f'<path d="{"".join(d)}" stroke="{line.colour}" stroke-width="{line.width}"{faint} fill="none" '
             f'stroke-linejoin="round"/>' if d else "")
     return path + "".join(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2.5" fill="{line.colour}"/>' for x, y in dots)
 
@@ -560,6 +600,8 @@ h2{font-size:17px;margin:0 0 8px}
 h3{font-size:15px;margin:0 0 4px}
 header,section,.host{background:#fff;border:1px solid var(--line);border-radius:8px;padding:14px 16px;margin:0 0 14px}
 section .host{border-color:#e6e8ee;margin:10px 0 0}
+summary{font-size:15px;font-weight:600;cursor:pointer;margin-bottom:2px}
+.missing p{margin:6px 0 0;color:#a3231b}
 .badge{display:inline-block;padding:2px 10px;border-radius:12px;font-weight:600;font-size:13px;vertical-align:4px}
 .badge.ok{background:#e3f4e6;color:#1b6b2a}.badge.fail{background:#fde3e1;color:#a3231b}.badge.unknown{background:#eee;color:#555}
 .facts{display:grid;grid-template-columns:max-content 1fr;gap:2px 14px;margin:8px 0 0}
@@ -575,13 +617,16 @@ table.ranks{border-collapse:collapse;width:100%;font-size:13px}
 .ranks th,.ranks td{padding:4px 8px;border-bottom:1px solid #eceef2;white-space:nowrap}
 .ranks th{text-align:left;background:#f1f3f7;font-weight:600}
 .ranks td.num{text-align:right;font-variant-numeric:tabular-nums}
-.ranks tr.slow td{background:#fff1cc;font-weight:600}
+.ranks tr.slow td{background:#fff1cc;font-weight:600}.ranks tr.slowhost td{background:#fff8e8}
+.ranks-box.tall{max-height:460px;overflow:auto;border:1px solid #eceef2;border-radius:4px}
+.ranks th{position:sticky;top:0}
 figure{margin:6px 0 8px;min-width:0}
 figcaption{font-size:13px;display:flex;flex-wrap:wrap;align-items:baseline;gap:2px 10px}
 figcaption .unit{color:var(--muted)}
 .legend{list-style:none;margin:0;padding:0;display:flex;flex-wrap:wrap;gap:2px 12px;font-size:12px}
 .legend.many{display:grid;grid-template-columns:repeat(auto-fill,minmax(150px,1fr));width:100%;gap:1px 8px;font-size:11.5px}
 .legend li{white-space:nowrap;overflow:hidden;text-overflow:ellipsis}
+.legend li.slow{font-weight:700;background:#fff1cc;border-radius:3px;padding:0 4px}
 .legend i{display:inline-block;width:16px;height:4px;border-radius:2px;margin:0 5px 3px 0;vertical-align:middle}
 .grid{display:grid;grid-template-columns:repeat(auto-fill,minmax(520px,1fr));gap:4px 22px}
 svg{width:100%;height:auto;display:block}

@@ -120,8 +120,13 @@ def test_the_sample_report_has_a_plot_per_metric_and_step_series():
     assert titles.count("CPU") == 2 and titles.count("GPU power") == 1
     assert "succeeded: exit code 0" in page and "88.0 s" in page
     assert "<li>host algo-3&#x27;s figures did not arrive</li>" in page
-    for legend in ("rank 0 (algo-1)", "rank 3 (algo-2) - straggler", "GPU 0", "GPU 1", "received", "sent"):
+    for legend in ("rank 0 (algo-1)", "GPU 0", "GPU 1", "received", "sent"):
         assert legend in page
+    # The straggler stands out in each legend, in its line's colour (red, drawn last and thick).
+    assert page.count('<li class="slow"><i style="background:#d62728"></i>rank 3 (algo-2)</li>') == 2
+    step_svg = re.findall(r"<svg .*?</svg>", page)[0]
+    assert re.findall(r'<path d="[^"]*" stroke="(#[0-9a-f]{6})" stroke-width="([0-9.]+)"', step_svg)[-1] == (
+        "#d62728", "2.6")
     assert_self_contained_text(page)
 
 
@@ -187,8 +192,8 @@ def test_no_ranks_says_host_figures_only():
     report["ranks"], report["stragglers"] = [], []
     report["job"]["framework"] = "none"
     page = build_report_html(report)
-    assert "No PyTorch step figures: host figures only." in page
-    assert svg_count(page) == 7 + 4 and "<table" not in page
+    assert page.count("No PyTorch step figures: host figures only.") == 1
+    assert svg_count(page) == 7 + 4 and "<table" not in page and "Step times" not in page
 
 
 def test_a_missing_host_gets_a_panel_saying_its_figures_did_not_arrive():
@@ -251,6 +256,7 @@ def test_nulls_inside_a_series_leave_gaps():
     # A line with no value at all is not drawn; its chart keeps the other line.
     memory_svg = re.findall(r"<svg .*?</svg>", page)[3]
     assert memory_svg.count("<path ") == 1
+    assert "container (cgroup) (no figures)</li>" in page
 
 
 def test_all_equal_and_all_zero_values_divide_by_nothing():
@@ -292,11 +298,16 @@ def test_sixty_four_ranks_get_their_own_colours_and_a_readable_legend():
     page = build_report_html(report)
     step_figure = page[page.index("Step time per rank"):page.index("Compute time per rank")]
     assert '<ul class="legend many">' in step_figure
-    entries = re.findall(r'<li><i style="background:(#[0-9a-f]{6})"></i>([^<]*)</li>', step_figure)
+    entries = re.findall(r'<li(?: class="slow")?><i style="background:(#[0-9a-f]{6})"></i>([^<]*)</li>',
+                         step_figure)
     assert [label for _, label in entries][:2] == ["rank 0 (algo-1)", "rank 1 (algo-1)"]
     assert entries[-1][1] == "rank 63 (algo-8)"
     assert len({colour for colour, _ in entries}) == 64
     assert len(set(build_colours(64))) == 64
+    # One legend for both plots (twice 64 entries would push the second off the screen).
+    assert page.count('<ul class="legend many">') == 1 and "colours as above" in page
+    # The ranks' table scrolls in a box of its own.
+    assert '<div class="ranks-box tall">' in page
 
 
 def test_many_neuron_cores_are_drawn_as_their_min_mean_and_max():
