@@ -153,12 +153,13 @@ def _render_rank_table(ranks: list, stragglers: list) -> str:
         mark = (' class="slow"' if _plain(r.get("rank")) in slow else
                 ' class="slowhost"' if _plain(r.get("host")) in slow_hosts else "")
         rows.append(f"<tr{mark}>{tds}</tr>")
-    marks = ["highlighted: a straggling rank"] * bool(slow) + ["tinted: the ranks of a straggling host"] * bool(slow_hosts)
-    hint = "; ".join(["Medians over the steps", "wait: in collectives", *marks])
+    hint = ["Medians over the steps", "wait: in collectives"]
+    hint += ["highlighted: a straggling rank"] if slow else []
+    hint += ["tinted: the ranks of a straggling host"] if slow_hosts else []
     # Many ranks scroll in a box of their own: the plots stay near the top of the page.
     box = "ranks-box tall" if len(ranks) > 16 else "ranks-box"
     return (f'<div class="{box}"><table class="ranks"><thead><tr>{head}</tr></thead>'
-            f'<tbody>{"".join(rows)}</tbody></table></div><p class="hint">{hint}.</p>')
+            f'<tbody>{"".join(rows)}</tbody></table></div><p class="hint">{"; ".join(hint)}.</p>')
 
 
 def _straggler_ranks(stragglers: list) -> set:
@@ -237,7 +238,7 @@ def _render_host_panel(name, host: dict, phases: list, numbers: dict, start: flo
     divisor, unit = axis
     series = _mapping(host.get("series"))
     times = [(t - start) / divisor if t is not None else None for t in map(_number, _list(series.get("time")))]
-    marks = [((t - start) / divisor, numbers.get(p.get("name"), 0)) for p, t in
+    marks = [((t - start) / divisor, _phase_number(numbers, p)) for p, t in
              ((p, _number(p.get("time"))) for p in phases) if t is not None]
     charts = [render_chart(Chart(title_, unit_, lines, (0.0, span / divisor), f"time since job start ({unit})",
                                  marks, y_max))
@@ -269,8 +270,10 @@ def build_host_charts(series: dict, times: list, cores: float | None) -> list:
 
     # The tree's % is of one core (over 100 with many): as a share of the machine it sits on
     # the machine's scale, instead of flattening it on a 96-core host.
-    tree = (line("tree_cpu_pct", f"job's processes (% of all {_format_number(cores, 0)} cores)",
-                 PALETTE[1], cores) if cores and cores > 0 else line("tree_cpu_pct", "job's processes (% of one core)", PALETTE[1]))
+    if cores and cores > 0:
+        tree = line("tree_cpu_pct", f"job's processes (% of all {_format_number(cores, 0)} cores)", PALETTE[1], cores)
+    else:
+        tree = line("tree_cpu_pct", "job's processes (% of one core)", PALETTE[1])
     busiest = [max(vs) if vs else None for vs in
                ([v for v in map(_number, _list(s)) if v is not None] for s in _list(series.get("core_pct")))]
     charts = [
@@ -287,8 +290,10 @@ def build_host_charts(series: dict, times: list, cores: float | None) -> list:
             charts.append((title, unit, build_device_lines(_list(series.get(key)), times, name),
                            100.0 if unit == "%" else 0.0))
     charts += [
-        ("Network", "MB/s", [line("net_rx_mbps", "received", PALETTE[0]), line("net_tx_mbps", "sent", PALETTE[1])], 0.0),
-        ("Disk", "MB/s", [line("disk_read_mbps", "read", PALETTE[0]), line("disk_write_mbps", "written", PALETTE[1])], 0.0),
+        ("Network", "MB/s", [line("net_rx_mbps", "received", PALETTE[0]),
+                             line("net_tx_mbps", "sent", PALETTE[1])], 0.0),
+        ("Disk", "MB/s", [line("disk_read_mbps", "read", PALETTE[0]),
+                          line("disk_write_mbps", "written", PALETTE[1])], 0.0),
     ]
     return charts
 
@@ -311,8 +316,8 @@ def _render_phase_key(phases: list, numbers: dict, start: float) -> str:
     items = []
     for p in sorted(phases, key=lambda p: _number(p.get("time")) or 0.0):
         t = _number(p.get("time"))
-        when = f" +{_format_number(t - start, 1)} s" if t is not None else ""
-        items.append(f'<li><b>{numbers.get(p.get("name"), "?")}</b> {_text(p.get("name", ""))}{when}</li>')
+        when = "" if t is None else f" {'+' if t >= start else '-'}{_format_duration(abs(t - start))}"
+        items.append(f'<li><b>{_phase_number(numbers, p)}</b> {_text(p.get("name", ""))}{when}</li>')
     if not items:
         return ""
     return f'<ul class="phases"><li class="k">phases (dashed lines):</li>{"".join(items)}</ul>'
@@ -327,6 +332,11 @@ def build_phase_numbers(phases: list) -> dict:
         if isinstance(name, str) and name not in numbers:
             numbers[name] = len(numbers) + 1
     return numbers
+
+
+def _phase_number(numbers: dict, phase: dict) -> int:
+    name = phase.get("name")
+    return numbers.get(name, 0) if isinstance(name, str) else 0
 
 
 def _job_window(job: dict, hosts: dict, phases: list) -> tuple:
@@ -432,8 +442,8 @@ def _render_phase_marks(phases: list, sx, x_lo: float, x_hi: float, top: float, 
     parts = [f'<line x1="{sx(x):.1f}" x2="{sx(x):.1f}" y1="{top}" y2="{bottom}" class="phase"/>' for x, _ in inside]
     for group in groups:
         numbers = [n for _, n in group]
-        label = (f"{numbers[0]}\u2013{numbers[-1]}" if len(numbers) > 2 and numbers == list(range(numbers[0], numbers[-1] + 1))
-                 else ",".join(str(n) for n in numbers))
+        run = len(numbers) > 2 and numbers == list(range(numbers[0], numbers[-1] + 1))
+        label = f"{numbers[0]}\u2013{numbers[-1]}" if run else ",".join(str(n) for n in numbers)
         parts.append(f'<text x="{sx(group[0][0]):.1f}" y="{top - 6}" class="pl">{label}</text>')
     return parts
 

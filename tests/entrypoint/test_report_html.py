@@ -216,6 +216,26 @@ def test_a_report_short_of_keys_or_of_the_wrong_shape_still_renders(report):
     assert_self_contained_text(page)
 
 
+def test_values_of_the_wrong_type_anywhere_are_left_out_not_raised_on():
+    report = sample_report()
+    report["phases"][0]["name"] = ["entrypoint start"]  # unhashable where a name belongs
+    report["phases"][1]["time"] = "soon"
+    report["ranks"][0]["rank"] = [0]
+    report["ranks"][1]["series"] = {"step": "x", "step_ms": {"a": 1}, "compute_ms": None}
+    report["ranks"][2]["steps"] = "many"
+    report["stragglers"].append({"kind": "rank", "rank": {"r": 1}, "host": None})
+    series = report["hosts"]["algo-1"]["series"]
+    series["cpu_pct"][5:8] = ["12", True, [3]]
+    series["gpu_util_pct"][3] = 7  # a number where a list of GPUs belongs
+    series["core_pct"] = None
+    report["hosts"]["algo-2"]["series"] = ["not", "a", "mapping"]
+    page = build_report_html(report)
+    assert_self_contained_text(page)
+    assert "<td class=\"txt\">[0]</td>" in page and "<td class=\"num\">many</td>" in page
+    assert svg_count(page) == 2 + 7  # algo-2's series unreadable: its panel says no samples
+    assert "No samples recorded." in page
+
+
 def test_empty_series_draw_no_plot():
     report = sample_report()
     report["hosts"]["algo-2"]["series"] = {key: [] for key in report["hosts"]["algo-2"]["series"]}
