@@ -6,6 +6,7 @@
 #   - A project-local virtual environment in .venv with the package and its exact torch stack.
 #   - The SageMaker Python SDK v2 in .venv-sdk-v2 (the version pinned in pyproject.toml).
 # and, for the tests only (--for tests, the default):
+#   - Debian's chromium (tests/entrypoint/test_report_html.py screenshots the job report);
 #   - the test tools in .venv and Horovod (its wheel shared with the CPU image's build:
 #     compiled at most once per machine, docker/wheelhouse/README.md);
 #   - the SDK v3 in .venv-sdk-v3 (about 1 GB; only tests/localmode uses it).
@@ -31,15 +32,15 @@ while (($#)); do
     esac
 done
 case "$purpose" in
-    tests) horovod=1 extras=test,stack sdks=(v2 v3) ;;
-    main-job) extras=stack sdks=(v2) ;;
+    tests) horovod=1 extras=test,stack sdks=(v2 v3) test_apt=(chromium) ;;
+    main-job) extras=stack sdks=(v2) test_apt=() ;;
     *) echo "bootstrap: --for tests|main-job (got '$purpose')" >&2; exit 2 ;;
 esac
 started=$SECONDS did=0
 
 apt_packages=(python3 python3-venv python3-dev python3-pip ca-certificates git
               openmpi-bin libopenmpi-dev openssh-server openssh-client iproute2 procps util-linux cmake g++ make
-              docker.io docker-compose docker-registry debootstrap)
+              docker.io docker-compose docker-registry debootstrap "${test_apt[@]}")
 missing=()
 for pkg in "${apt_packages[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
@@ -53,7 +54,7 @@ if ((${#missing[@]})); then
         echo "bootstrap: need root (or sudo) to apt-get install: ${missing[*]}" >&2
         exit 1
     fi
-    stage apt "Debian packages (${#missing[@]}: Python, Open MPI, OpenSSH, compilers, Docker)" install_apt
+    stage apt "Debian packages (${#missing[@]}: Python, Open MPI, OpenSSH, compilers, Docker${test_apt:+, chromium})" install_apt
     did=1
 fi
 
