@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import subprocess
-import tempfile
 import threading
 
 GPU_QUERY = "index,utilization.gpu,memory.used,power.draw"
@@ -64,6 +61,8 @@ class StreamingTool:
     last reading parsed. Its CPU counts as the sampler's (cpu_s)."""
 
     def __init__(self, argv: list[str], take_line, cleanup: str | None = None):
+        import subprocess
+
         self.latest = None
         self._take_line = take_line
         self._cleanup = cleanup
@@ -84,6 +83,8 @@ class StreamingTool:
             return 0.0
 
     def stop(self) -> None:
+        import subprocess
+
         self.proc.terminate()
         try:
             self.proc.wait(timeout=2)
@@ -111,8 +112,14 @@ class GpuReadings:
 
 
 def start_tools(interval_s: float, gpu_count: int, neuron_cores: int) -> dict[str, StreamingTool]:
-    """The streaming tools this machine has and needs: none on a CPU machine."""
+    """The streaming tools this machine has and needs: none on a CPU machine (which imports
+    none of shutil, subprocess, tempfile here: a 1-host CPU run's start-up stays lean)."""
     tools = {}
+    if not gpu_count and not neuron_cores:
+        return tools
+    import shutil
+    import tempfile
+
     try:
         if gpu_count and shutil.which("nvidia-smi"):
             tools["gpu"] = StreamingTool(build_nvidia_smi_argv(interval_s), GpuReadings().take)

@@ -209,3 +209,30 @@ def test_ddp_ranks_wait_is_their_backward_beyond_the_shortest():
     assert [(r.get("compute_ms"), r.get("wait_ms")) for r in adjusted] == [(40.0, 20.0), (60.0, 0.0), (5.0, None)]
     assert adjusted[0]["series"]["compute_ms"] == [40.0, 40.0]
     assert [s["rank"] for s in decide_stragglers(adjusted[:2])] == [1]
+
+
+@pytest.mark.parametrize("raw, ok", [("0.09", False), ("0.1", True), ("60", True), ("60.1", False), ("x", False)])
+def test_the_sampling_interval_just_under_at_and_over_its_limits(raw, ok):
+    from entrypoint.decide.settings import parse_launch_settings
+    from entrypoint.errors import JobDefinitionError
+
+    if ok:
+        assert parse_launch_settings({"BYOC_REPORT_INTERVAL_S": raw}).report_interval_s == float(raw)
+    else:
+        with pytest.raises(JobDefinitionError, match="BYOC_REPORT_INTERVAL_S"):
+            parse_launch_settings({"BYOC_REPORT_INTERVAL_S": raw})
+
+
+@pytest.mark.parametrize("raw, on", [("", True), ("1", True), ("on", True), ("0", False), ("off", False), ("False", False)])
+def test_byoc_report_switch(raw, on):
+    from entrypoint.decide.settings import parse_launch_settings
+
+    assert parse_launch_settings({"BYOC_REPORT": raw}).report is on
+
+
+def test_a_byoc_report_that_is_neither_is_a_bad_job_definition():
+    from entrypoint.decide.settings import parse_launch_settings
+    from entrypoint.errors import JobDefinitionError
+
+    with pytest.raises(JobDefinitionError, match=r"BYOC_REPORT='maybe' must be 1 \(on\) or 0 \(off\)"):
+        parse_launch_settings({"BYOC_REPORT": "maybe"})
