@@ -14,6 +14,7 @@
 # usage: scripts/bootstrap.sh [--for tests|main-job] [--with-horovod]
 #   --for main-job   what `scripts/run-main-job.sh` needs, nothing more
 #   --with-horovod   Horovod in .venv as well (the main job's --emulated runs need it)
+#   --apt-only       the Debian packages only (run-main-job.sh starts the image build after them)
 # Each stage with work to do prints one line (scripts/lib/stages.sh); its output goes to
 # .work/setup-logs/. Safe to run again: each stage checks what is already there.
 set -euo pipefail
@@ -23,11 +24,12 @@ cd "$repo_root"
 # shellcheck source=scripts/lib/stages.sh
 source scripts/lib/stages.sh
 
-purpose=tests horovod=0
+purpose=tests horovod=0 apt_only=0
 while (($#)); do
     case "$1" in
         --for) purpose=${2:?--for needs tests or main-job}; shift 2 ;;
         --with-horovod) horovod=1; shift ;;
+        --apt-only) apt_only=1; shift ;;
         *) echo "bootstrap: unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -56,6 +58,10 @@ if ((${#missing[@]})); then
     fi
     stage apt "Debian packages (${#missing[@]}: Python, Open MPI, OpenSSH, compilers, Docker${test_apt:+, chromium})" install_apt
     did=1
+fi
+
+if ((apt_only)); then
+    exit 0
 fi
 
 python_bin="${PYTHON:-python3}"

@@ -330,7 +330,7 @@ def _pip_requirements(script: str) -> list[list[str]]:
     """The non-option words of every `pip install`/`pip download` in a script."""
     joined = script.replace("\\\n", " ")
     found = []
-    takes_value = {"--index-url", "--extra-index-url", "-d", "--no-binary", "-w", "--find-links"}
+    takes_value = {"--index-url", "--extra-index-url", "-d", "--no-binary", "--only-binary", "-w", "--find-links"}
     for line in joined.splitlines():
         if line.lstrip().startswith("#"):
             continue
