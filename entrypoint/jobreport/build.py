@@ -12,7 +12,8 @@ VERSION = 1
 
 
 def build_missing_host(host: str) -> dict:
-    return {"status": "missing", "interval_s": None, "cores": None, "sampler_cpu_s": None, "series": {}}
+    return {"status": "missing", "interval_s": None, "cores": None, "sampler_cpu_s": None, "samples_per_s": None,
+            "series": {}}
 
 
 def build_report(what: str, leader: str, hosts: tuple[str, ...], exit_code: int, figures: dict[str, dict],
@@ -27,7 +28,8 @@ def build_report(what: str, leader: str, hosts: tuple[str, ...], exit_code: int,
             report_hosts[host] = build_missing_host(host)
             notes.append(f"host {host}'s figures did not reach the leader: its part is not in this report")
             continue
-        report_hosts[host] = {k: got.get(k) for k in ("status", "interval_s", "cores", "sampler_cpu_s", "series")}
+        report_hosts[host] = {k: got.get(k) for k in ("status", "interval_s", "cores", "sampler_cpu_s", "samples_per_s",
+                                                      "series")}
         phases.extend(got.get("phases") or [])
         ranks.extend(got.get("ranks") or [])
         if got.get("note"):
@@ -70,6 +72,10 @@ def build_summary_lines(report: dict, max_ranks: int = 16) -> list[str]:
         lines.append(f"job report: {host:<9} {_cell(_mean(s.get('cpu_pct'))):>5} {_cell(_mean(s.get('tree_cpu_pct'))):>10} "
                      f"{_cell(max(rss) if rss else None):>8} {_cell(_mean(s.get('net_rx_mbps')), 2):>8}/"
                      f"{_cell(_mean(s.get('net_tx_mbps')), 2):<7} {_cell(h.get('sampler_cpu_s'), 2):>13}")
+    for host, h in report["hosts"].items():
+        if h.get("samples_per_s") is not None:
+            lines.append(f"job report: {host}: the script's own output reports {h['samples_per_s']:,.1f} samples/s "
+                         f"(median)")
     slow = {(s.get("rank"), s["host"]) for s in report["stragglers"] if s["kind"] == "rank"}
     shown = [r for i, r in enumerate(report["ranks"]) if i < max_ranks or (r["rank"], r["host"]) in slow]
     if shown:

@@ -92,10 +92,11 @@ def build_rank_figures(raw: dict, host: str) -> dict:
 
 
 def build_host_figures(host: str, points: list[dict], phases: dict[str, float], ranks: list[dict],
-                       interval_s: float, cores: int, sampler_cpu_s: float) -> dict:
-    """What a host gives the leader (and the leader keeps of itself)."""
+                       interval_s: float, cores: int, sampler_cpu_s: float, samples_per_s: float | None = None) -> dict:
+    """What a host gives the leader (and the leader keeps of itself). samples_per_s: what the
+    script's own output lines on this host report (metric_lines.py), their median."""
     return {"host": host, "status": "reported", "interval_s": interval_s, "cores": cores,
-            "sampler_cpu_s": round(sampler_cpu_s, 3), "series": build_columns(points),
+            "sampler_cpu_s": round(sampler_cpu_s, 3), "samples_per_s": samples_per_s, "series": build_columns(points),
             "phases": [{"host": host, "name": n, "time": round(t, 3)} for n, t in sorted(phases.items(), key=lambda p: p[1])],
             "ranks": [build_rank_figures(r, host) for r in ranks]}
 
@@ -105,10 +106,10 @@ def halve_rank_series(rank: dict) -> dict:
 
 
 def fit_figures(host: str, points: list[dict], phases: dict[str, float], ranks: list[dict], interval_s: float,
-                cores: int, sampler_cpu_s: float, max_bytes: int) -> tuple[dict, str]:
+                cores: int, sampler_cpu_s: float, max_bytes: int, samples_per_s: float | None = None) -> tuple[dict, str]:
     """The host's figures and their JSON, at most max_bytes: the series are halved (the whole
     span at a coarser step) until they fit; past that, only the summaries go."""
-    figures = build_host_figures(host, points, phases, ranks, interval_s, cores, sampler_cpu_s)
+    figures = build_host_figures(host, points, phases, ranks, interval_s, cores, sampler_cpu_s, samples_per_s)
     while True:
         text = json.dumps(figures, ensure_ascii=True, separators=(",", ":"))
         if len(text) <= max_bytes:
@@ -179,6 +180,7 @@ def parse_host_figures(text: str, host: str) -> dict | None:
     ranks = [r for r in (_clean_rank(r, host) for r in data.get("ranks") or [] if isinstance(data.get("ranks"), list)) if r]
     return {"host": host, "status": "reported", "interval_s": _finite(data.get("interval_s")),
             "cores": _finite(data.get("cores")), "sampler_cpu_s": _finite(data.get("sampler_cpu_s")),
+            "samples_per_s": _finite(data.get("samples_per_s")),
             "series": {n: _clean_list(data["series"].get(n)) for n in SERIES_ORDER if n in data.get("series", {})},
             "phases": phases, "ranks": ranks, "note": _clean_text(data.get("note")) or None}
 

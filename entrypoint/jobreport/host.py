@@ -9,6 +9,7 @@ import json
 import os
 import time
 from entrypoint.jobreport.figures import fit_figures, load_rank_files
+from entrypoint.jobreport.metric_lines import ReportedThroughput
 from entrypoint.jobreport.sampler import HostSampler
 from entrypoint.jobreport.spec import HOST_FIGURES_FILE, ReportSpec
 
@@ -29,6 +30,7 @@ class HostReport:
     def __init__(self, spec: ReportSpec, host: str):
         self.spec, self.host = spec, host
         self.sampler = HostSampler(spec.interval_s, os.getpid(), spec.gpu_count, spec.neuron_cores)
+        self.throughput = ReportedThroughput()  # what the script's own lines say (metric_lines.py)
         self.sampler.mark("entrypoint start", probe_process_start())
         self.sampler.mark("job read")
         try:
@@ -61,8 +63,9 @@ class HostReport:
         first = [r["first_step_at"] for r in ranks if isinstance(r.get("first_step_at"), (int, float))]
         if first:
             phases.setdefault("first training step", min(first))
-        return fit_figures(self.host, points, phases, ranks, self.spec.interval_s, self.sampler.cores,
-                           self.sampler.cpu_s, max_bytes)
+        figures, text = fit_figures(self.host, points, phases, ranks, self.spec.interval_s, self.sampler.cores,
+                                    self.sampler.cpu_s, max_bytes, self.throughput.median())
+        return figures, text
 
 
 def write_report_files(output_data_dir: str, report: dict) -> str:

@@ -258,6 +258,8 @@ def _render_host_facts(host: dict, samples: int) -> str:
         facts.append(f"{_format_number(host.get('cores'), 0)} cores")
     if _number(host.get("sampler_cpu_s")) is not None:
         facts.append(f"the sampler used {_format_number(host.get('sampler_cpu_s'), 2)} s of CPU")
+    if _number(host.get("samples_per_s")) is not None:
+        facts.append(f"the script's own lines report {_format_number(host.get('samples_per_s'), 1)} samples/s")
     return " · ".join(facts)
 
 

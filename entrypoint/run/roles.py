@@ -53,6 +53,7 @@ class HostRole:
             from entrypoint.jobreport.host import HostReport  # only when the report is on
 
             self.report_part = HostReport(self.plan.report, self.plan.current_host)
+            self.collector.on_line = self.report_part.throughput.take
 
     def mark(self, phase: str) -> None:
         if self.report_part is not None:

@@ -56,6 +56,7 @@ class OutputCollector:
         self.last_output = time.monotonic()  # when a child last printed a line (hang detection)
         self.capture: list[str] | None = None  # every line, while stacks are being collected
         self.stream: SecretLines | None = None  # for lines added without a stream of their own
+        self.on_line = None  # every line, for the job report (jobreport/metric_lines.py), when on
 
     def open_stream(self) -> SecretLines | None:
         """The masking state of one stream of lines (a pump's); None when there are no secrets."""
@@ -83,6 +84,8 @@ class OutputCollector:
         line's latest part)."""
         line = line.rstrip("\r\n")
         cause = parse_root_cause_line(line) if ROOT_CAUSE in line else None
+        if self.on_line is not None:
+            self.on_line(line)
         with self.lock:
             self.last_output = time.monotonic()
             if self.capture is not None and len(self.capture) < MAX_CAPTURED_LINES:

@@ -121,3 +121,6 @@ def test_trains_own_scripts_add_data_wait_and_samples(tmp_path):
     for r in report["ranks"]:
         assert r["compute_source"] == "step minus collectives" and r["wait_ms"] > 0, r
         assert r["data_wait_ms"] > 0 and r["samples_per_s"] > 0, r
+    # and its progress lines' own figure (`... samples/s`), as any script's metric lines would be read
+    assert report["hosts"][host]["samples_per_s"] > 0
+    assert f"job report: {host}: the script's own output reports " in done.stderr

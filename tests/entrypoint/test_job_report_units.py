@@ -236,3 +236,28 @@ def test_a_byoc_report_that_is_neither_is_a_bad_job_definition():
 
     with pytest.raises(JobDefinitionError, match=r"BYOC_REPORT='maybe' must be 1 \(on\) or 0 \(off\)"):
         parse_launch_settings({"BYOC_REPORT": "maybe"})
+
+
+@pytest.mark.parametrize("line, value", [
+    ("[progress] epoch 1/3 step 40/120 loss 0.5123 12,345 samples/s ETA 0:12", 12345.0),  # train/'s lines
+    ("[1,0]<stdout>:epoch 2 3.5 samples/sec", 3.5),
+    ('{"metric": "x", "samples_per_sec": 1.5e3}', 1500.0),
+    ("samples_per_second=42", 42.0),
+    ("no throughput here", None), ("12,34 samples/s", None), ("samples_per_sec=nan", None),
+    ("1" * 400 + " samples/s", None),  # float("1" * 400) is inf: no value
+    ("loss 0.1 samples 512", None),
+])
+def test_throughput_from_the_scripts_own_lines(line, value):
+    from entrypoint.jobreport.metric_lines import parse_samples_per_s
+
+    assert parse_samples_per_s(line) == value
+
+
+def test_reported_throughput_is_bounded_and_its_median_is_the_runs():
+    from entrypoint.jobreport.metric_lines import MAX_VALUES, ReportedThroughput
+
+    seen = ReportedThroughput()
+    assert seen.median() is None
+    for i in range(MAX_VALUES * 3):
+        seen.take(f"{100 + i % 3} samples/s")
+    assert len(seen.values) <= MAX_VALUES and seen.median() == 101.0
