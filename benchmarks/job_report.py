@@ -104,6 +104,8 @@ def main() -> int:
             for report in (True, False):
                 runs[report].append(run_long(args.seconds, report))
         on, off = runs[True], runs[False]
+        print("each run, with the report:", [round(r["steps_per_s"], 1) for r in on], "steps/s;",
+              "without:", [round(r["steps_per_s"], 1) for r in off], flush=True)
         rows.append((f"1 host, {args.seconds:g} s training loop: steps/s",
                      f"{median(r['steps_per_s'] for r in on):.1f}", f"{median(r['steps_per_s'] for r in off):.1f}"))
         rows.append(("  entrypoint wall time, s", f"{median(r['wall_s'] for r in on):.1f}",
@@ -115,6 +117,8 @@ def main() -> int:
             for i in range(args.repeats):
                 for report in (True, False):
                     fits[report].append(run_fit(Path(tmp), report, i))
+        print("each fit(), s, with the report:", [round(f, 1) for f in fits[True]], "without:",
+              [round(f, 1) for f in fits[False]], flush=True)
         rows.append(("main job fit() (DDP, 2 local-mode hosts), s", f"{median(fits[True]):.1f}",
                      f"{median(fits[False]):.1f}"))
     print(f"\n| median of {args.repeats} | with the report | BYOC_REPORT=0 |\n|---|---|---|")
