@@ -110,6 +110,8 @@ class LaunchSettings(NamedTuple):
     # A worker's figures for the job report: at most this many bytes of JSON (the job port
     # reads 64 KiB a connection, the signature and the word included).
     report_figures_bytes: int = 60000
+    # How long the leader waits for workers' figures still missing when it writes the report.
+    report_wait_s: float = 3.0
 
 
 DEFAULTS = LaunchSettings()

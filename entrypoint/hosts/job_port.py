@@ -183,7 +183,8 @@ class SeenSignatures:
 class JobPort:
     """The host's port for its peers. A connection that sends nothing is a liveness probe.
     A signed root cause from a rank on any host goes to on_report(record line); a worker
-    host's outcome to on_host_done(host, exit_code); anything else, and a replay, to
+    host's outcome to on_host_done(host, exit_code); a host's figures to on_figures(host,
+    figures JSON, the sender's address); anything else, and a replay, to
     on_refused(address, why), and is dropped."""
 
     def __init__(self, port: int, on_report=None, report_key: str = "", on_refused=None, on_host_done=None,
@@ -194,7 +195,7 @@ class JobPort:
         self._settings = settings
         self._on_report = on_report
         self._on_host_done = on_host_done or (lambda host, exit_code: None)
-        self._on_figures = on_figures or (lambda host, figures_json: None)
+        self._on_figures = on_figures or (lambda host, figures_json, sender: None)
         self._report_key = report_key
         self._on_refused = on_refused or (lambda address, why: None)
         self._opened_at = time.time()
@@ -250,7 +251,7 @@ class JobPort:
             if figures is None:
                 self._on_refused(sender, "a host's figures without a host name and figures")
             else:
-                self._on_figures(*figures)
+                self._on_figures(*figures, sender)
         else:
             self._on_report(record)
 

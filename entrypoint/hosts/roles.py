@@ -143,7 +143,9 @@ class MpiLeader(MultiHostRole):
         if self.report_part is None:
             return
         others = {}
-        if self.resolved and self.plan.peers:
+        # Not when the workers were never all reached (no sshd here) or one was lost: SSH to a
+        # host that is gone waits for its timeout, and the report is not worth that wait.
+        if self.resolved and self.sshd is not None and self.lost is None and self.plan.peers:
             from entrypoint.jobreport.figures import parse_host_figures
 
             for host, text in self.mpi.collect_worker_figures(self.plan, log).items():
@@ -181,12 +183,19 @@ class MpiWorker(HostRole):
         return SUCCESS if code == 0 else Outcome(code, text)
 
     def on_figures_request(self, _signum, _frame) -> None:
-        """The leader asks for this host's figures (hosts/mpi.collect_worker_figures)."""
+        """The leader asks for this host's figures (hosts/mpi.collect_worker_figures): written
+        by a thread of their own, never in the handler (it may interrupt anything, a write to
+        stderr or the sampler's lock included)."""
         if self.report_part is not None:
-            try:
-                self.report_part.write_figures_file(self.plan.settings.report_figures_bytes)
-            except OSError as exc:
-                log(f"job report: could not write this host's figures: {exc}")
+            import threading
+
+            threading.Thread(target=self.write_figures, daemon=True).start()
+
+    def write_figures(self) -> None:
+        try:
+            self.report_part.write_figures_file(self.plan.settings.report_figures_bytes)
+        except Exception as exc:  # noqa: BLE001 - the leader reports this host's figures missing
+            log(f"job report: could not write this host's figures: {type(exc).__name__}: {exc}")
 
     def report(self, outcome: Outcome) -> None:
         """Never written here: the leader read this host's figures before it told the outcome."""
@@ -219,17 +228,27 @@ class JobPortRole(MultiHostRole):
     def on_host_done(self, host: str, exit_code: int) -> None:
         """A host's outcome on a worker's port: only the leader waits for those."""
 
-    def on_figures(self, host: str, figures_json: str) -> None:
+    def on_figures(self, host: str, figures_json: str, sender: str) -> None:
         """A host's figures for the job report: only the leader takes them, from its workers,
-        keeping only what it knows of them (jobreport/figures.parse_host_figures)."""
-        if not self.plan.is_leader or host not in self.plan.peers or host in self.worker_figures:
-            self.on_refused_report(host, "figures from a host that is not one of this leader's workers, or again")
-            return
+        sent from that worker's own address (the job's key is in every rank's environment, so
+        a signature alone does not tell a host from a rank elsewhere claiming to be it), keeping
+        only what it knows of them (jobreport/figures.parse_host_figures)."""
+        from entrypoint.hosts.ssh import resolve_addresses
         from entrypoint.jobreport.figures import parse_host_figures
 
-        figures = parse_host_figures(figures_json, host)
+        if not self.plan.is_leader or host not in self.plan.peers or host in self.worker_figures:
+            self.on_refused_report(sender, f"figures for {host!r}: not one of this leader's workers, or again")
+            return
+        if sender not in resolve_addresses(host):
+            self.on_refused_report(sender, f"figures for {host!r} sent from another address")
+            return
+        try:
+            figures = parse_host_figures(figures_json, host)
+        except Exception as exc:  # noqa: BLE001 - whatever arrives, the port goes on
+            figures = None
+            log(f"job report: {host}'s figures: {type(exc).__name__}: {exc}")
         if figures is None:
-            self.on_refused_report(host, "a host's figures that are not figures")
+            self.on_refused_report(sender, f"figures for {host!r} that are not figures")
         else:
             self.worker_figures[host] = figures
 
@@ -315,10 +334,21 @@ class JobPortLeader(JobPortRole):
             current_host=self.plan.current_host, environ=self.env))
 
     def report(self, outcome: Outcome) -> None:
-        """Every host's figures that reached this port (each worker sends its own just before
-        its outcome, so those the leader waited for are here); the others are reported missing."""
-        if self.report_part is not None:
-            self.write_report(outcome, dict(self.worker_figures))
+        """Every host's figures that reached this port; the others are reported missing. Each
+        worker sends its own just before its outcome, on another connection, read by another
+        thread: they may land a moment after the outcome, and when this host's part failed it
+        did not wait for the workers at all. So a bounded wait (settings.report_wait_s) for
+        those still missing; a stop signal ends it."""
+        if self.report_part is None:
+            return
+        settings = self.plan.settings
+        deadline = time.monotonic() + settings.report_wait_s
+        stop = StopRequest()
+        with stop_signals_set(stop):
+            while (any(h not in self.worker_figures for h in self.plan.peers) and time.monotonic() < deadline
+                   and stop.signal_name is None and self.resolved):
+                time.sleep(settings.wait_poll_s)
+        self.write_report(outcome, dict(self.worker_figures))
 
     def wait_for_workers(self) -> tuple[str, int] | None:
         """The first worker that failed, as (host, exit code), or None."""

@@ -91,7 +91,10 @@ class StreamingTool:
         except subprocess.TimeoutExpired:
             self.proc.kill()
         if self._cleanup:
-            os.unlink(self._cleanup)
+            try:
+                os.unlink(self._cleanup)
+            except OSError:
+                pass
 
 
 class GpuReadings:

@@ -101,6 +101,12 @@ def build_host_figures(host: str, points: list[dict], phases: dict[str, float], 
             "ranks": [build_rank_figures(r, host) for r in ranks]}
 
 
+def wire_size(text: str) -> int:
+    """The figures' size as the job port carries them: a JSON string inside the word, every
+    quote escaped (job_port.build_host_figures_record)."""
+    return len(json.dumps(text))
+
+
 def halve_rank_series(rank: dict) -> dict:
     return {**rank, "series": {name: values[::2] for name, values in rank["series"].items()}}
 
@@ -112,7 +118,7 @@ def fit_figures(host: str, points: list[dict], phases: dict[str, float], ranks: 
     figures = build_host_figures(host, points, phases, ranks, interval_s, cores, sampler_cpu_s, samples_per_s)
     while True:
         text = json.dumps(figures, ensure_ascii=True, separators=(",", ":"))
-        if len(text) <= max_bytes:
+        if wire_size(text) <= max_bytes:
             return figures, text
         if len(points) > 2 or any(len(r["series"]["step"]) > 2 for r in figures["ranks"]):
             points = halve_points(points)
@@ -122,7 +128,7 @@ def fit_figures(host: str, points: list[dict], phases: dict[str, float], ranks: 
             figures = {**figures, "series": {}, "ranks": [{**r, "series": {}} for r in figures["ranks"]],
                        "note": "too large for the job port's limit: the series were left out"}
             text = json.dumps(figures, ensure_ascii=True, separators=(",", ":"))
-            if len(text) > max_bytes:
+            if wire_size(text) > max_bytes:
                 figures = {**figures, "ranks": [], "note": "too large for the job port's limit: only the phases"}
                 text = json.dumps(figures, ensure_ascii=True, separators=(",", ":"))
             return figures, text
@@ -130,6 +136,9 @@ def fit_figures(host: str, points: list[dict], phases: dict[str, float], ranks: 
 
 # --- a worker's figures, as the leader takes them (any bytes may arrive on the job port) --------
 
+# A number larger than these is no figure of a training job (and sums of such would overflow
+# to inf, which report.json cannot hold).
+MAX_ABS_FLOAT = 1e12
 RANK_NUMBERS = ("steps", "step_ms", "compute_ms", "wait_ms", "data_wait_ms", "samples_per_s", "first_step_at",
                 "backward_ms")
 MAX_TEXT = 200
@@ -139,7 +148,9 @@ def _finite(value):
     """A number the report can carry (finite, not a bool), or None."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return value if value == value and abs(value) != float("inf") else None
+    if isinstance(value, int):
+        return value if abs(value) <= MAX_ABS_FLOAT else None
+    return value if value == value and abs(value) <= MAX_ABS_FLOAT else None
 
 
 def _clean_list(values) -> list:
@@ -175,9 +186,11 @@ def parse_host_figures(text: str, host: str) -> dict | None:
         return None
     if not isinstance(data, dict) or data.get("host") != host or not isinstance(data.get("series", {}), dict):
         return None
+    raw_phases = data.get("phases") if isinstance(data.get("phases"), list) else []
+    raw_ranks = data.get("ranks") if isinstance(data.get("ranks"), list) else []
     phases = [{"host": host, "name": _clean_text(p.get("name")), "time": _finite(p.get("time"))}
-              for p in data.get("phases") or [] if isinstance(p, dict) and _finite(p.get("time")) is not None]
-    ranks = [r for r in (_clean_rank(r, host) for r in data.get("ranks") or [] if isinstance(data.get("ranks"), list)) if r]
+              for p in raw_phases if isinstance(p, dict) and _finite(p.get("time")) is not None]
+    ranks = [r for r in (_clean_rank(r, host) for r in raw_ranks) if r]
     return {"host": host, "status": "reported", "interval_s": _finite(data.get("interval_s")),
             "cores": _finite(data.get("cores")), "sampler_cpu_s": _finite(data.get("sampler_cpu_s")),
             "samples_per_s": _finite(data.get("samples_per_s")),

@@ -69,15 +69,19 @@ class HostReport:
 
 
 def write_report_files(output_data_dir: str, report: dict) -> str:
-    """output/data/report/report.json and index.html; returns the folder."""
-    folder = os.path.join(output_data_dir, "report")
-    os.makedirs(folder, exist_ok=True)
-    with open(os.path.join(folder, "report.json"), "w", encoding="utf-8") as f:
-        json.dump(report, f, ensure_ascii=True, allow_nan=False)
+    """output/data/report/report.json and index.html, each made whole first and then moved
+    into place (a report that cannot be made leaves no half-written file); returns the folder."""
     from entrypoint.jobreport.html import build_report_html
 
-    with open(os.path.join(folder, "index.html"), "w", encoding="utf-8", errors="replace") as f:
-        f.write(build_report_html(report))
+    texts = {"report.json": json.dumps(report, ensure_ascii=True, allow_nan=False),
+             "index.html": build_report_html(report)}
+    folder = os.path.join(output_data_dir, "report")
+    os.makedirs(folder, exist_ok=True)
+    for name, text in texts.items():
+        tmp = os.path.join(folder, f".{name}.tmp")
+        with open(tmp, "w", encoding="utf-8", errors="replace") as f:
+            f.write(text)
+        os.replace(tmp, os.path.join(folder, name))
     return folder
 
 

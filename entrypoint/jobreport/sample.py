@@ -17,7 +17,7 @@ CGROUP_MEMORY_FILES = ("/sys/fs/cgroup/memory.current", "/sys/fs/cgroup/memory/m
 
 
 class Counters(NamedTuple):
-    time: float  # time.time()
+    time: float  # time.time(): where the point goes on the job's timeline
     cores: tuple[tuple[int, int], ...]  # per core: (busy ticks, total ticks)
     machine: tuple[int, int]  # every core together
     tree_cpu_s: float  # the process tree's CPU seconds (live ones and those they reaped)
@@ -25,6 +25,7 @@ class Counters(NamedTuple):
     cgroup_bytes: int | None
     net: tuple[int, int] | None  # bytes received, sent (every interface but lo)
     disk: tuple[int, int] | None  # bytes read, written (whole disks)
+    monotonic: float = 0.0  # time.monotonic(): the rates' time step (a wall-clock step is no rate)
 
 
 def parse_cpu_lines(text: str) -> tuple[tuple[int, int], tuple[tuple[int, int], ...]]:
@@ -111,40 +112,15 @@ def probe_whole_disks() -> set[str]:
         names = os.listdir("/sys/block")
     except OSError:
         return set()
-    return {n for n in names if not n.startswith(("loop", "ram"))}
-
-
-def probe_children(pid: int) -> list[int] | None:
-    """pid's children from /proc/<pid>/task/<tid>/children (every thread's); None when the
-    kernel keeps no such files (CONFIG_PROC_CHILDREN; gVisor)."""
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return []  # it has just ended
-    children = []
-    for tid in tids:
-        text = _read(f"/proc/{pid}/task/{tid}/children")
-        if text is None:
-            return None if not os.path.exists(f"/proc/{pid}/task") or tid == tids[0] else children
-        children.extend(int(c) for c in text.split())
-    return children
+    # Not device-mapper or md devices: their bytes are their disks' bytes again (LVM, RAID).
+    return {n for n in names if not n.startswith(("loop", "ram", "dm-", "md", "zram", "nbd"))}
 
 
 def probe_tree(root: int) -> tuple[float, int]:
-    """Walks down from root, reading only the tree's own processes (the machine's other
-    processes cost nothing); on a kernel without children files, every process once."""
-    stats, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        text = _read(f"/proc/{pid}/stat")
-        parsed = parse_proc_stat(text) if text else None
-        if parsed:
-            stats.append(parsed)
-        children = probe_children(pid)
-        if children is None:
-            return probe_whole_tree(root)
-        todo.extend(children)
-    return build_tree(stats, root)
+    """One pass over /proc/<pid>/stat: its cost grows with the machine's processes (in a
+    container, the job's own), not with their threads, as a walk of the per-thread children
+    files would (a GPU rank has dozens)."""
+    return probe_whole_tree(root)
 
 
 def probe_whole_tree(root: int) -> tuple[float, int]:
@@ -166,13 +142,14 @@ def probe_cgroup_bytes() -> int | None:
     return None
 
 
-def probe_counters(now: float, root: int, disks: set[str]) -> Counters:
+def probe_counters(now: float, root: int, disks: set[str], monotonic: float = 0.0) -> Counters:
     machine, cores = parse_cpu_lines(_read("/proc/stat") or "")
     tree_cpu_s, tree_rss = probe_tree(root)
     net = _read("/proc/net/dev")
     disk = _read("/proc/diskstats")
     return Counters(now, cores, machine, tree_cpu_s, tree_rss, probe_cgroup_bytes(),
-                    parse_net_dev(net) if net else None, parse_diskstats(disk, disks) if disk and disks else None)
+                    parse_net_dev(net) if net else None, parse_diskstats(disk, disks) if disk and disks else None,
+                    monotonic)
 
 
 def _pct(before: tuple[int, int], after: tuple[int, int]) -> float:
@@ -188,7 +165,7 @@ def _rate_mb(before: tuple[int, int] | None, after: tuple[int, int] | None, inde
 
 def build_rates(before: Counters, after: Counters) -> dict:
     """One point of the host's series from two samples."""
-    dt = max(after.time - before.time, 1e-6)
+    dt = max(after.monotonic - before.monotonic if after.monotonic else after.time - before.time, 1e-3)
     return {
         "time": round(after.time, 3),
         "cpu_pct": _pct(before.machine, after.machine),

@@ -67,9 +67,9 @@ class HostSampler:
         started = time.thread_time()
         self._tools = start_tools(self.interval_s, self._gpu_count, self._neuron_cores)
         disks = sample.probe_whole_disks()
-        before = sample.probe_counters(time.time(), self.root_pid, disks)
+        before = sample.probe_counters(time.time(), self.root_pid, disks, time.monotonic())
         while not self._stop.wait(self.interval_s):
-            after = sample.probe_counters(time.time(), self.root_pid, disks)
+            after = sample.probe_counters(time.time(), self.root_pid, disks, time.monotonic())
             point = sample.build_rates(before, after)
             self._add_accelerators(point)
             with self._lock:

@@ -551,6 +551,9 @@ def main(argv: list) -> int:
         _record(exc)
         _stdlib("traceback").print_exc()
         sys.stderr.flush()
+        figures = sys.modules.get("byoc_rank_figures")
+        if figures is not None:
+            figures.write_now()  # an MPI abort ends this process before its exit handlers
         _abort_mpi_job()
         code = 1
     if "torch.distributed" in sys.modules:

@@ -20,6 +20,7 @@ thread (a rank killed outright leaves its figures up to then) and at exit. Bound
 MAX_POINTS points a series; past that, pairs of steps are merged (the stride doubles).
 """
 
+import _thread
 import os
 import sys
 import time
@@ -34,16 +35,17 @@ COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather
 
 
 class Figures:
-    """The rank's running figures (one training thread: no lock; the writer copies)."""
+    """The rank's running figures. A lock, since a script may step optimizers from several
+    threads (uncontended, it costs well under a microsecond a step)."""
 
     def __init__(self, path: str, rank: str, local_rank: str, host: str):
         self.path, self.rank, self.local_rank, self.host = path, rank, local_rank, host
+        self.lock = _thread.allocate_lock()
         self.steps = 0
         self.first_step_at = None  # epoch s of the first optimizer step's end
         self.last_step_end = None  # time.perf_counter() of the last optimizer step's end
         self.wait = 0.0  # seconds inside collectives since the last step's end
         self.backward = 0.0  # seconds in backward() since the last step's end
-        self.step_started = None  # perf_counter() at a Horovod optimizer's step start
         self.data_wait = 0.0
         self.samples = 0
         self.ddp = False
@@ -53,6 +55,10 @@ class Figures:
         self.written_at = time.monotonic()
 
     def on_step_end(self) -> None:
+        with self.lock:
+            self._end_step()
+
+    def _end_step(self) -> None:
         now = time.perf_counter()
         if self.last_step_end is not None:
             self.add_point(now - self.last_step_end)
@@ -63,7 +69,7 @@ class Figures:
         self.wait = self.backward = self.data_wait = 0.0
         self.samples = 0
         if time.monotonic() - self.written_at >= WRITE_EVERY_S:
-            self.write()
+            self._write()
 
     def add_point(self, step_s: float) -> None:
         point = [self.steps, step_s * 1e3, self.wait * 1e3, self.backward * 1e3, self.data_wait * 1e3, self.samples]
@@ -94,6 +100,10 @@ class Figures:
                 "series": {k: list(v) for k, v in self.series.items()}}
 
     def write(self) -> None:
+        with self.lock:
+            self._write()
+
+    def _write(self) -> None:
         self.written_at = time.monotonic()
         try:
             import json
@@ -128,18 +138,26 @@ def add_samples(count: int) -> None:
         _figures.samples += count
 
 
+_nesting = None  # a thread-local: timed calls under way in this thread (made by start)
+
+
 def timed(fn, slot: str):
-    """fn, its time added to the figures' `slot` (wait or backward)."""
+    """fn, its time added to the figures' `slot` (wait or backward); a timed call inside
+    another (all_gather_object calls all_gather) is not counted again."""
     import functools
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        depth = getattr(_nesting, "depth", 0)
+        _nesting.depth = depth + 1
         started = time.perf_counter()
         try:
             return fn(*args, **kwargs)
         finally:
-            if _figures is not None:
-                setattr(_figures, slot, getattr(_figures, slot) + time.perf_counter() - started)
+            _nesting.depth = depth
+            if _figures is not None and depth == 0:
+                with _figures.lock:
+                    setattr(_figures, slot, getattr(_figures, slot) + time.perf_counter() - started)
 
     wrapper.__byoc_timed__ = True
     return wrapper
@@ -155,15 +173,29 @@ def patch_collectives(module) -> None:
 
 
 def on_step_start(optimizer, args, kwargs) -> None:
-    if type(optimizer).__module__.startswith("horovod"):
-        _figures.step_started = time.perf_counter()
+    """torch's global pre-hook: the outermost step only (a wrapper optimizer's step runs its
+    inner optimizer's, and both fire the hooks). Never raises into the script's step."""
+    try:
+        depth = getattr(_nesting, "steps", 0)
+        _nesting.steps = depth + 1  # this thread's steps under way: a wrapper's runs its inner one's
+        if depth == 0 and type(optimizer).__module__.startswith("horovod"):
+            _nesting.step_started = time.perf_counter()
+    except Exception:  # noqa: BLE001
+        pass
 
 
 def on_step_end(optimizer, args, kwargs) -> None:
-    if _figures.step_started is not None:
-        _figures.wait += time.perf_counter() - _figures.step_started
-        _figures.step_started = None
-    _figures.on_step_end()
+    try:
+        _nesting.steps = max(0, getattr(_nesting, "steps", 1) - 1)
+        if _nesting.steps:
+            return
+        started, _nesting.step_started = getattr(_nesting, "step_started", None), None
+        with _figures.lock:
+            if started is not None:
+                _figures.wait += time.perf_counter() - started
+            _figures._end_step()
+    except Exception:  # noqa: BLE001
+        pass
 
 
 def patch_optimizer(module) -> None:
@@ -184,7 +216,8 @@ def patch_ddp(module) -> None:
     forward = ddp.forward
 
     def ddp_forward(self, *args, **kwargs):
-        _figures.ddp = True
+        if _figures is not None:
+            _figures.ddp = True
         return forward(self, *args, **kwargs)
 
     ddp.forward = ddp_forward
@@ -221,16 +254,23 @@ class _AfterImport:
 
 def start(environ, module) -> None:
     """Called by the rank wrapper before the script runs, with this module (loaded by path)."""
-    global _figures
+    global _figures, _nesting
     folder = environ.get(REPORT_DIR_ENV)
     if not folder or not os.path.isdir(folder):
         return
     rank = environ.get("RANK") or environ.get("OMPI_COMM_WORLD_RANK") or environ.get("PMI_RANK") or "0"
     local = environ.get("LOCAL_RANK") or environ.get("OMPI_COMM_WORLD_LOCAL_RANK") or "0"
     host = environ.get("SM_CURRENT_HOST") or environ.get("HOSTNAME") or ""
+    _nesting = _thread._local()  # threading.local without importing threading
     _figures = Figures(os.path.join(folder, f"rank-{rank}.json"), rank, local, host)
     sys.modules[MODULE_NAME] = module
     sys.meta_path.insert(0, _AfterImport())
     import atexit
 
-    atexit.register(lambda: _figures.steps and _figures.write())
+    atexit.register(write_now)
+
+
+def write_now() -> None:
+    """The figures so far, now (at exit; before a failing MPI rank aborts the job)."""
+    if _figures is not None and _figures.steps:
+        _figures.write()

@@ -21,7 +21,7 @@ from entrypoint.report.failure import describe_exit_code, describe_root_cause, f
 from entrypoint.report.outcome import SUCCESS, Outcome, build_job_failure_text, clear_previous_outcome
 from entrypoint.run import runtime_dirs
 from entrypoint.run.roles import HostRole, choose_role
-from entrypoint.run.supervise import OutputCollector, RunResult, mark_training_started, run_processes
+from entrypoint.run.supervise import OutputCollector, RunResult, StartupStopped, mark_training_started, run_processes
 
 
 class Launch:
@@ -39,7 +39,7 @@ class Launch:
             return
         try:
             self.role.report(outcome)
-        except Exception as exc:  # noqa: BLE001 - the report is a bonus
+        except (Exception, StartupStopped) as exc:  # noqa: BLE001 - the report is a bonus; a stop keeps the outcome
             log(f"job report: not written: {type(exc).__name__}: {exc}")
 
     def close(self, outcome: Outcome) -> None:

@@ -49,11 +49,16 @@ class HostRole:
 
     def start_report(self) -> None:
         """Sampling starts as soon as the plan is decided, so the report shows the start-up too."""
-        if self.plan.report is not None:
-            from entrypoint.jobreport.host import HostReport  # only when the report is on
+        if self.plan.report is None:
+            return
+        from entrypoint.jobreport.host import HostReport  # only when the report is on
 
+        try:
             self.report_part = HostReport(self.plan.report, self.plan.current_host)
-            self.collector.on_line = self.report_part.throughput.take
+        except Exception as exc:  # noqa: BLE001 - no report, never a failed job
+            log(f"job report: not started: {type(exc).__name__}: {exc}")
+            return
+        self.collector.on_line = self.report_part.throughput.take
 
     def mark(self, phase: str) -> None:
         if self.report_part is not None:

@@ -124,3 +124,61 @@ def test_trains_own_scripts_add_data_wait_and_samples(tmp_path):
     # and its progress lines' own figure (`... samples/s`), as any script's metric lines would be read
     assert report["hosts"][host]["samples_per_s"] > 0
     assert f"job report: {host}: the script's own output reports " in done.stderr
+
+
+NESTED = """
+import threading, time, torch, torch.distributed as dist
+class Wrapper(torch.optim.SGD):  # a wrapper optimizer whose step runs the inner one's, as Horovod's does
+    def step(self, closure=None):
+        time.sleep(0.02)  # Horovod waits for its all-reduces here
+        return super().step(closure)
+Wrapper.__module__ = "horovod.torch.optimizer"
+model = torch.nn.Linear(4, 1)
+opt = Wrapper(model.parameters(), lr=0.1)
+for i in range(10):
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+plain = torch.optim.SGD(model.parameters(), lr=0.1)
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % PORT, rank=0, world_size=1)
+plain.step()
+started = time.perf_counter()
+dist.all_gather_object([None], {"x": 1})  # calls all_gather inside: one wait, not two
+wall = (time.perf_counter() - started) * 1e3
+plain.step()
+def steps():  # several threads stepping at once: the hooks must neither raise nor miscount
+    own = torch.optim.SGD(model.parameters(), lr=0.1)
+    for i in range(100):
+        own.step()
+threads = [threading.Thread(target=steps) for _ in range(4)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+print("WALL", wall)
+"""
+
+
+def test_nested_steps_threads_and_nested_collectives_count_once(tmp_path):
+    import subprocess
+    import sys
+
+    from entrypoint.decide.plan import RECORD_ERRORS
+
+    folder = tmp_path / "figures"
+    folder.mkdir()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = tmp_path / "nested.py"
+    script.write_text(NESTED.replace("PORT", str(port)))
+    done = subprocess.run([sys.executable, RECORD_ERRORS, str(script)], capture_output=True, text=True, timeout=120,
+                          env={"PATH": "/usr/bin:/bin", "BYOC_REPORT_DIR": str(folder), "RANK": "0"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    wall = float(done.stdout.split("WALL")[1])
+    figures = json.loads((folder / "rank-0.json").read_text())
+    assert figures["steps"] == 10 + 2 + 4 * 100 and figures["stride"] == 1
+    series = figures["series"]
+    assert len({len(v) for v in series.values()}) == 1  # every series as long as the others
+    # the wrapper's steps (points 1-9): ~20 ms each, nearly all of it the wait inside its step
+    assert all(w >= 15 for w in series["wait_ms"][:9]), series["wait_ms"][:9]
+    # the step around all_gather_object: its wait is the call's time, counted once
+    collective = series["wait_ms"][series["step"].index(11)]  # the 12th step (points start at the 2nd)
+    assert 0.8 * wall <= collective <= wall + 1.0, (collective, wall)

@@ -141,7 +141,7 @@ def wait_for(seen, count=1):
 
 def test_signed_figures_reach_the_leader_and_hostile_ones_are_refused():
     port, figures, refused = free_port(), [], []
-    job_port = JobPort(port, on_report=lambda line: None, report_key=KEY, on_figures=lambda h, t: figures.append((h, t)),
+    job_port = JobPort(port, on_report=lambda line: None, report_key=KEY, on_figures=lambda h, t, s: figures.append((h, t)),
                        on_refused=lambda a, why: refused.append(why))
     try:
         assert send_host_figures("127.0.0.1", port, KEY, "algo-2", '{"host": "algo-2"}', within_s=5)
@@ -261,3 +261,28 @@ def test_reported_throughput_is_bounded_and_its_median_is_the_runs():
     for i in range(MAX_VALUES * 3):
         seen.take(f"{100 + i % 3} samples/s")
     assert len(seen.values) <= MAX_VALUES and seen.median() == 101.0
+
+
+@pytest.mark.parametrize("field, value", [("phases", 5), ("ranks", 7), ("phases", "x"), ("ranks", {"a": 1})])
+def test_figures_of_the_wrong_shape_are_left_out_not_raised_on(field, value):
+    got = parse_host_figures(json.dumps({"host": "algo-2", field: value}), "algo-2")
+    assert got is not None and got[field] == []
+
+
+def test_numbers_too_large_for_a_training_job_are_no_figures():
+    text = json.dumps({"host": "algo-2", "sampler_cpu_s": 1e308, "cores": 10 ** 400,
+                       "ranks": [{"rank": 0, "steps": 50, "compute_ms": 1e308, "step_ms": 1e300, "backward_ms": 1e308,
+                                  "compute_source": "DDP: step minus backward wait"}]})
+    got = parse_host_figures(text, "algo-2")
+    assert got["sampler_cpu_s"] is None and got["cores"] is None and got["ranks"][0]["compute_ms"] is None
+    report = build_report("x", "algo-1", ("algo-1", "algo-2"), 0, {"algo-2": got}, [])
+    json.dumps(report, allow_nan=False)
+    build_summary_lines(report)
+
+
+def test_the_figures_fit_the_port_as_carried_with_many_ranks():
+    """The figures travel as a JSON string in the word, every quote escaped: that is what must fit."""
+    figures, text = fit_figures("algo-2", points(64), {"end": 2000.0}, [rank_file(r, 64) for r in range(224)],
+                                1.0, 96, 0.5, 60000)
+    record = build_host_figures_record("algo-2", text, time.time())
+    assert len(build_signed_line(KEY, record).encode()) <= MAX_REPORT_BYTES
