@@ -67,7 +67,7 @@ fi
 
 start=$SECONDS
 log="$BYOC_SETUP_LOGS/image-build-${tag//[^A-Za-z0-9_.-]/_}.log"
-say_stage "the image $tag: seconds from Docker's layer cache, a first build ~13 min on 2 cores, most of it compiling mpi4py and Horovod (log: $log)"
+say_stage "the image $tag: seconds from Docker's layer cache, a first build ~9 min on 2 cores, most of it compiling Horovod (log: $log)"
 bash docker/build.sh --flavor cpu --tag "$tag" "${set_args[@]}" --wheelhouse docker/wheelhouse/cpu --log "$log" \
     -- --network host "${extra[@]}" >&2
 size=$(docker image inspect --format '{{.Size}}' "$tag")
