@@ -26,6 +26,8 @@ def non_sm_env(plan):
     """The plan's env but SM_*; the job's report key (a hash: tests/entrypoint/test_job_port.py)
     is shown as what it must be, 64 hex digits, wherever the ranks report to job ports."""
     env = {k: v for k, v in plan.env if not k.startswith("SM_")}
+    # Every rank learns where its host's report figures go: the job's runtime folder's report/.
+    assert env.pop("BYOC_REPORT_DIR") == plan.report.rank_folder == plan.files.folder + "/report"
     key = env.pop("BYOC_JOB_REPORT_KEY", None)
     assert (key is not None) == ("BYOC_JOB_PORTS" in env)
     assert key is None or (len(key) == 64 and int(key, 16) >= 0)
@@ -45,6 +47,11 @@ def test_one_host_single_process():
     assert plan.role == "single"
     assert [p.argv for p in plan.processes] == [(PY, RE, SCRIPT, "--epochs", "2", "--lr", "0.1")]
     assert non_sm_env(plan) == RENDEZVOUS_ALGO_1
+
+
+def test_byoc_report_0_leaves_the_report_out_of_the_plan():
+    plan = plan_for(make_job(hps={"epochs": 2}, environ={"BYOC_REPORT": "0"}))
+    assert plan.report is None and "BYOC_REPORT_DIR" not in dict(plan.env)
 
 
 @pytest.mark.parametrize("current", ["algo-1", "algo-2"])
@@ -144,7 +151,7 @@ def test_mpirun_leader_two_hosts_golden():
     plan = plan_for(job, CPU)
     assert plan.role == "mpi-leader"
     sm_names = sorted(k for k, _ in plan.env if k.startswith("SM_"))
-    forwarded = sorted(["AWS_SECRET_ACCESS_KEY", "BYOC_HOST_ENV_FILE", "MASTER_ADDR", "MASTER_PORT", "NCCL_SOCKET_IFNAME", "PATH", *sm_names])
+    forwarded = sorted(["AWS_SECRET_ACCESS_KEY", "BYOC_HOST_ENV_FILE", "BYOC_REPORT_DIR", "MASTER_ADDR", "MASTER_PORT", "NCCL_SOCKET_IFNAME", "PATH", *sm_names])
     expected = (
         "mpirun", "--host", "algo-1:2,algo-2:2", "-np", "4", *MPI_FLAGS,
         *[a for name in forwarded for a in ("-x", name)],
