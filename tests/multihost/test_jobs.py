@@ -199,3 +199,25 @@ def test_mpirun_two_hosts_the_leader_reads_the_workers_figures_over_ssh():
         assert [(s["kind"], s.get("rank"), s["host"]) for s in report["stragglers"]][0] == ("rank", 3, "algo-2")
         assert not os.path.exists(os.path.join(cluster.opt_ml("algo-2"), "output", "data", "report"))
         assert_nothing_left(cluster)
+
+
+def test_a_stop_while_the_leader_ends_keeps_its_exit_code():
+    """SDK v2 local mode stops every container once one has exited: a SIGTERM reaching the
+    leader just after it wrote its outcome (its report, closing its port, its interpreter's
+    teardown, which restores SIGTERM's default action) must leave its exit code alone. Before
+    the entrypoint ended with os._exit, 2 of 4 such stops ended it as killed by SIGTERM (-15)."""
+    import signal
+    import time
+
+    for delay in (0.0, 0.02, 0.04, 0.06):
+        spec = job("ps_job.py", "parameter_server", **{"linger-on": "algo-2", "linger-s": 2, "exit-code": 3})
+        with EmulatedCluster(["algo-1", "algo-2"], spec) as cluster:
+            run = start(cluster)
+            leader = run.procs["algo-1"]
+            deadline = time.monotonic() + 120
+            while "FAILED" not in leader.output and time.monotonic() < deadline:
+                time.sleep(0.005)
+            time.sleep(delay)
+            leader.send_signal(signal.SIGTERM)
+            result = run.wait(timeout=60, fail_fast=False)
+            assert {h: r.returncode for h, r in result.results.items()} == {"algo-1": 3, "algo-2": 3}, delay
