@@ -176,8 +176,15 @@ def main_sdk_v2(args) -> int:
     if not os.path.isfile(python):
         print(f"main job: {python} is missing; scripts/bootstrap.sh installs the SageMaker SDK v2 there", file=sys.stderr)
         return 2
-    print(f"main job: building (or reusing) the CPU image {args.image_tag}", flush=True)
-    image = run_build_image(args.image_tag)
+    if args.image_built:
+        # scripts/run-main-job.sh has just built it. A second build would not be a cache hit on a
+        # new machine: the first build kept its Horovod wheel in docker/wheelhouse/cpu, which
+        # the Dockerfile copies, so every layer from there would be made again (~2 min).
+        print(f"main job: the CPU image {args.image_tag} (built just now)", flush=True)
+        image = args.image_tag
+    else:
+        print(f"main job: building (or reusing) the CPU image {args.image_tag}", flush=True)
+        image = run_build_image(args.image_tag)
     code, channels = write_inputs(args.work, args.backend)
     container_root = os.path.join(args.work, "sagemaker-local")
     os.makedirs(container_root)
@@ -257,6 +264,8 @@ def main(argv=None) -> int:
     parser.add_argument("--processes-per-host", type=int, default=1)
     parser.add_argument("--work", help="the job's folder (default <cwd>/.work/main-job, or "
                         f"{FALLBACK_WORK} where SDK local mode refuses that: e.g. under /root)")
+    parser.add_argument("--image-built", action="store_true",
+                        help="use --image-tag as it is: the caller (scripts/run-main-job.sh) has just built it")
     parser.add_argument("--emulated", action="store_true",
                         help="emulated hosts (Linux namespaces, no Docker; root) instead of SDK v2 local mode")
     parser.add_argument("--image-tag", default=os.environ.get("BYOC_IMAGE_TAG") or DEFAULT_IMAGE_TAG,

@@ -23,7 +23,7 @@ for arg in "$@"; do
 done
 # The image build needs only the Debian packages (Docker): it runs in the background from then
 # on, beside the venvs' installs (they mostly download, it mostly compiles), and prints its
-# own progress lines on the same clock. run_main_job then finds the image built (seconds).
+# own progress lines on the same clock; run_main_job then takes it as built (--image-built).
 build_pid=
 if ((!emulated)); then
     bash scripts/bootstrap.sh --for main-job --apt-only
@@ -37,4 +37,7 @@ if [ -n "$build_pid" ] && ! wait "$build_pid"; then
     exit 1
 fi
 trap - EXIT
+if [ -n "$build_pid" ]; then
+    set -- "$@" --image-built
+fi
 exec .venv/bin/python -m jobs.run_main_job "$@"
