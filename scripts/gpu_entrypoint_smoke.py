@@ -7,7 +7,9 @@ NVIDIA GPUs and torch with CUDA (the GPU image, or a GPU machine's own python3):
     python3 scripts/gpu_entrypoint_smoke.py [--json]
 
 Checks: the job succeeds (exit 0, output/success); every rank saw its own GPU and the
-all-reduce's sum; the plan's NCCL line and the health check's figure are in the log. Exit
+all-reduce's sum; the plan's NCCL line and the health check's figure are in the log; the job
+report (output/data/report/) has every GPU's use, memory and power from nvidia-smi and every
+rank's steps (copied to $BYOC_SMOKE_OUT when set). Exit
 status 0 all passed, 1 a check failed (printed), 2 no GPU here.
 """
 
@@ -31,6 +33,19 @@ rank, local = dist.get_rank(), int(os.environ["LOCAL_RANK"])
 torch.cuda.set_device(local)
 model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 2).cuda(), device_ids=[local])
 model(torch.randn(4, 8, device="cuda")).sum().backward()
+# Steps for the job report (its GPU series and step figures): an optimizer loop for ~4 s.
+import time
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+big = torch.randn(4096, 4096, device="cuda")
+started = time.time()
+while True:
+    opt.zero_grad()
+    (model(torch.randn(64, 8, device="cuda")).sum() + (big @ big).mean() * 0).backward()
+    opt.step()
+    done = torch.tensor([float(time.time() - started > 4)], device="cuda")
+    dist.all_reduce(done)
+    if done.item() > 0:
+        break
 value = torch.tensor([float(rank + 1)], device="cuda")
 dist.all_reduce(value)
 record = {"rank": rank, "device": torch.cuda.get_device_name(local), "sum": value.item(),
@@ -49,6 +64,29 @@ def write_tree(root: Path, gpus: int) -> None:
     (root / "input/config/hyperparameters.json").write_text(json.dumps({k: json.dumps(v) for k, v in hps.items()}))
     (root / "input/config/inputdataconfig.json").write_text(json.dumps({"train": {"TrainingInputMode": "File"}}))
     (root / "code/train.py").write_text(RANK_SCRIPT)
+
+
+def check_report(folder: Path, gpus: int) -> list[str]:
+    """The job report's GPU series and ranks; its files copied to $BYOC_SMOKE_OUT when set."""
+    if os.environ.get("BYOC_SMOKE_OUT"):
+        shutil.copytree(folder, os.environ["BYOC_SMOKE_OUT"], dirs_exist_ok=True)
+    try:
+        report = json.loads((folder / "report.json").read_text())
+    except (OSError, ValueError) as exc:
+        return [f"no job report: {exc}"]
+    series = report["hosts"]["algo-1"]["series"]
+    problems = []
+    for name in ("gpu_util_pct", "gpu_mem_mb", "gpu_power_w"):
+        readings = [r for r in series.get(name) or [] if r]
+        if not readings or len(readings[-1]) != gpus or all(v in (None, 0) for r in readings for v in r):
+            problems.append(f"the report's {name}: {readings[-3:]}")
+    steps = [(r["rank"], r["steps"]) for r in report["ranks"]]
+    if len(steps) != gpus or any(n < 10 for _, n in steps):
+        problems.append(f"the report's ranks: {steps}")
+    print("job report:", {"samples": len(series.get("time") or []), "ranks": steps,
+                          "stragglers": [s["line"] for s in report["stragglers"]],
+                          "sampler_cpu_s": report["hosts"]["algo-1"]["sampler_cpu_s"]})
+    return problems
 
 
 def count_gpus() -> int:
@@ -87,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         for needle in ("NCCL network:", "BYOC_HEALTH_CHECK=deep"):
             if needle not in log:
                 problems.append(f"{needle!r} not in the entrypoint's log")
+        problems.extend(check_report(root / "output/data/report", gpus))
     summary = {"gpus": gpus, "exit_code": done.returncode, "ranks": ranks, "problems": problems,
                "log_tail": log[-6000:]}
     print(json.dumps(summary, indent=2) if args.json else "\n".join([log[-6000:], *problems, "OK" if not problems else "FAILED"]))
