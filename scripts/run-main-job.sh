@@ -12,32 +12,39 @@ repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo_root"
 # One clock for the set-up and the image build's progress lines (scripts/lib/stages.sh).
 export BYOC_SETUP_T0=${BYOC_SETUP_T0:-$(date +%s)}
-# Only what the main job needs: no test tools, no SDK v3; Horovod in .venv only for the
-# emulated hosts, which run the trainers with .venv's Python (the image has its own).
-bootstrap_args=(--for main-job)
+# Only what the main job needs: no test tools, no SDK v3. Horovod goes into .venv too: its
+# compile is most of a first image build, and done here, beside the image's first stages, it
+# is done once for both (the image's Horovod step installs the same wheel: the same facts).
+bootstrap_args=(--for main-job --with-horovod)
 emulated=0 tag=${BYOC_IMAGE_TAG:-byoc-training:cpu-local} previous=
 for arg in "$@"; do
-    if [ "$arg" = --emulated ]; then bootstrap_args+=(--with-horovod) emulated=1; fi
+    if [ "$arg" = --emulated ]; then emulated=1; fi
     if [ "$previous" = --image-tag ]; then tag=$arg; fi
     previous=$arg
 done
-# The image build needs only the Debian packages (Docker): it runs in the background from then
-# on, beside the venvs' installs (they mostly download, it mostly compiles), and prints its
-# own progress lines on the same clock; run_main_job then takes it as built (--image-built).
+# The image's stages before Horovod need only the Debian packages (Docker): they build in
+# the background from then on, beside the venvs' installs and Horovod's compile (those mostly
+# download and compile, these mostly unpack and write layers), with their own progress lines
+# on the same clock. Then the whole image, whose Horovod step finds the wheel just made;
+# run_main_job takes it as built (--image-built).
 build_pid=
 if ((!emulated)); then
     bash scripts/bootstrap.sh --for main-job --apt-only
-    bash scripts/build-local-image.sh --tag "$tag" >/dev/null &
+    bash scripts/build-local-image.sh --tag "$tag-builder" --target builder >/dev/null &
     build_pid=$!
     trap 'kill "$build_pid" 2>/dev/null || :' EXIT  # a failed set-up leaves no build running
 fi
 bash scripts/bootstrap.sh "${bootstrap_args[@]}"
-if [ -n "$build_pid" ] && ! wait "$build_pid"; then
-    echo "run-main-job: building the image $tag failed (its log: .work/setup-logs/)" >&2
-    exit 1
-fi
-trap - EXIT
 if [ -n "$build_pid" ]; then
+    if ! wait "$build_pid"; then
+        echo "run-main-job: building the image's stages before Horovod failed (its log: .work/setup-logs/)" >&2
+        exit 1
+    fi
+    trap - EXIT
+    bash scripts/build-local-image.sh --tag "$tag" >/dev/null
+    # Only the image keeps a tag; the builder stage's layers stay in Docker's cache.
+    eval "$(bash scripts/docker-engine.sh start 2>/dev/null)"
+    docker rmi "$tag-builder" >/dev/null
     set -- "$@" --image-built
 fi
 exec .venv/bin/python -m jobs.run_main_job "$@"

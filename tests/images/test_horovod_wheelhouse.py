@@ -2,7 +2,8 @@
 leaves its wheel and build facts in docker/wheelhouse/cpu, and install-horovod.sh installs a
 kept wheel, without compiling or downloading, only when its facts are this build's.
 
-Run against the builder stage of the image the session built (a cache hit), with no
+Run against the `venv` stage (the one that installs Horovod) of the image the session built
+(a cache hit), with no
 network: a kept wheel with matching facts installs and passes `horovodrun --check-build`;
 one whose facts differ falls through to the source build, which needs the network."""
 
@@ -17,7 +18,7 @@ import pytest
 from tests.images.image_harness import REPO_ROOT
 
 WHEELHOUSE = REPO_ROOT / "docker" / "wheelhouse" / "cpu"
-BUILDER_TAG = "byoc-training:cpu-local-builder"
+VENV_STAGE_TAG = "byoc-training:cpu-local-venv"
 
 
 def _pin(key: str) -> str:
@@ -28,12 +29,12 @@ def _pin(key: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def builder_stage(cpu_image) -> str:
-    """The builder stage of the session's image (every step a cache hit of its build)."""
-    done = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "build-local-image.sh"), "--tag", BUILDER_TAG,
-                           "--", "--target", "builder"], capture_output=True, text=True, timeout=1800)  # fmt: skip
+def venv_stage(cpu_image) -> str:
+    """The `venv` stage of the session's image (every step a cache hit of its build)."""
+    done = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "build-local-image.sh"), "--tag", VENV_STAGE_TAG,
+                           "--target", "venv"], capture_output=True, text=True, timeout=1800)  # fmt: skip
     assert done.returncode == 0, done.stderr[-4000:]
-    return BUILDER_TAG
+    return VENV_STAGE_TAG
 
 
 def _kept_entries() -> list[Path]:
@@ -58,22 +59,22 @@ def _install_horovod(image: str, wheelhouse: Path) -> subprocess.CompletedProces
     )  # fmt: skip
 
 
-def test_a_kept_wheel_with_the_same_facts_installs_without_network(builder_stage):
-    done = _install_horovod(builder_stage, WHEELHOUSE)
+def test_a_kept_wheel_with_the_same_facts_installs_without_network(venv_stage):
+    done = _install_horovod(venv_stage, WHEELHOUSE)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "reusing the kept wheel horovod-" in done.stdout
     for line in ("[X] PyTorch", "[X] MPI", "[X] Gloo", "install-horovod: horovod.torch imports"):
         assert line in done.stdout
 
 
-def test_a_kept_wheel_built_for_other_facts_is_not_used(builder_stage, tmp_path):
+def test_a_kept_wheel_built_for_other_facts_is_not_used(venv_stage, tmp_path):
     other = tmp_path / "wheelhouse"
     shutil.copytree(WHEELHOUSE, other)
     facts = _kept_entries()[0].name
     facts_file = other / facts / "build-facts.txt"
     # Another torch: same folder name (as if a stale entry were copied in), other facts.
     facts_file.write_text(facts_file.read_text().replace("torch 2.", "torch 9."))
-    done = _install_horovod(builder_stage, other)
+    done = _install_horovod(venv_stage, other)
     assert done.returncode != 0
     assert "no kept wheel for horovod-" in done.stdout and "building from source" in done.stdout
     assert "reusing" not in done.stdout
