@@ -13,7 +13,8 @@
 #
 # usage: scripts/bootstrap.sh [--for tests|main-job] [--with-horovod]
 #   --for main-job   what `scripts/run-main-job.sh` needs, nothing more
-#   --with-horovod   Horovod in .venv as well (the main job's --emulated runs need it)
+#   --with-horovod   Horovod in .venv as well (run-main-job.sh: compiled here, beside the
+#                    image's first stages, the wheel then serves the image too)
 #   --apt-only       the Debian packages only (run-main-job.sh starts the image build after them)
 # Each stage with work to do prints one line (scripts/lib/stages.sh); its output goes to
 # .work/setup-logs/. Safe to run again: each stage checks what is already there.
@@ -103,8 +104,12 @@ install_horovod() {
     done
     rm -rf -- "$out"
 }
+# In the background, beside the SDKs' installs: they mostly download, it mostly compiles.
+horovod_pid=
 if ((horovod)) && ! .venv/bin/python -c 'import horovod.torch' 2>/dev/null; then
-    stage horovod "Horovod in .venv (a kept wheel when one matches, else a ~3 min compile)" install_horovod
+    stage horovod "Horovod in .venv (a kept wheel when one matches, else a ~3 min compile)" install_horovod &
+    horovod_pid=$!
+    trap 'kill "$horovod_pid" 2>/dev/null || :' EXIT  # a failed SDK stage leaves no compile running
     did=1
 fi
 
@@ -130,6 +135,13 @@ PY
     fi
 done
 
+if [ -n "$horovod_pid" ]; then
+    # A failed Horovod stage has shown its log's tail; its exit code is the set-up's.
+    rc=0
+    wait "$horovod_pid" || rc=$?
+    trap - EXIT
+    ((rc == 0)) || exit "$rc"
+fi
 if ((did)); then
     say_stage "set-up done in $((SECONDS - started)) s"
 else

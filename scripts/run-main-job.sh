@@ -22,15 +22,16 @@ for arg in "$@"; do
     if [ "$previous" = --image-tag ]; then tag=$arg; fi
     previous=$arg
 done
-# The image's stages before Horovod need only the Debian packages (Docker): they build in
-# the background from then on, beside the venvs' installs and Horovod's compile (those mostly
-# download and compile, these mostly unpack and write layers), with their own progress lines
-# on the same clock. Then the whole image, whose Horovod step finds the wheel just made;
-# run_main_job takes it as built (--image-built).
+# The image's stages before Horovod (up to `runtime`: the venv and sshd, docker/Dockerfile.cpu)
+# need only the Debian packages (Docker): they build in the background from then on, beside
+# the venvs' installs and Horovod's compile (those mostly download and compile, these mostly
+# unpack and write layers), with their own progress lines on the same clock. Then the whole
+# image, whose Horovod step finds the wheel just made and adds a few MB; run_main_job takes it
+# as built (--image-built).
 build_pid=
 if ((!emulated)); then
     bash scripts/bootstrap.sh --for main-job --apt-only
-    bash scripts/build-local-image.sh --tag "$tag-builder" --target builder >/dev/null &
+    bash scripts/build-local-image.sh --tag "$tag-runtime" --target runtime >/dev/null &
     build_pid=$!
     trap 'kill "$build_pid" 2>/dev/null || :' EXIT  # a failed set-up leaves no build running
 fi
@@ -42,9 +43,9 @@ if [ -n "$build_pid" ]; then
     fi
     trap - EXIT
     bash scripts/build-local-image.sh --tag "$tag" >/dev/null
-    # Only the image keeps a tag; the builder stage's layers stay in Docker's cache.
+    # Only the image keeps a tag; the runtime stage's layers are the image's own.
     eval "$(bash scripts/docker-engine.sh start 2>/dev/null)"
-    docker rmi "$tag-builder" >/dev/null
+    docker rmi "$tag-runtime" >/dev/null
     set -- "$@" --image-built
 fi
 exec .venv/bin/python -m jobs.run_main_job "$@"

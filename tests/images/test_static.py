@@ -36,9 +36,10 @@ from tests.images.dockerfiles import (
 
 FLAVORS = sorted(DOCKERFILES)
 # The images that build Horovod export its wheel from a `wheelhouse` stage (docker/wheelhouse/).
-# The CPU image has Horovod in a stage of its own (`venv`), so that scripts/run-main-job.sh can
-# build everything before it while the development venv compiles the wheel it then reuses.
-STAGES = {"cpu": ("system", "builder", "venv", "wheelhouse", "sagemaker"),
+# The CPU image has its runtime (the venv, sshd) before Horovod's stage (`venv`), so that
+# scripts/run-main-job.sh builds it while the development venv compiles the wheel the image
+# then reuses.
+STAGES = {"cpu": ("system", "builder", "runtime", "venv", "wheelhouse", "sagemaker"),
           "gpu": ("system", "builder", "wheelhouse", "sagemaker"),
           "trn1": ("system", "builder", "sagemaker")}
 SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL)", re.IGNORECASE)
@@ -144,7 +145,7 @@ def test_the_same_stages_in_every_flavour(flavor):
     assert parsed.global_args == ("BASE_IMAGE", "BUILDER_IMAGE")
     assert parsed.stage("system").base == "${BASE_IMAGE}"
     assert parsed.stage("builder").base == "${BUILDER_IMAGE}"
-    assert parsed.stage("sagemaker").base == "system"
+    assert parsed.stage("sagemaker").base == ("runtime" if flavor == "cpu" else "system")
     if "wheelhouse" in STAGES[flavor]:
         wheelhouse = parsed.stage("wheelhouse")
         assert wheelhouse.base == "scratch"
@@ -154,17 +155,20 @@ def test_the_same_stages_in_every_flavour(flavor):
         assert "WHEELS_OUT=${WHEELS_OUT:-/opt/byoc-wheels-built}" in script
         assert "WHEELHOUSE_IN=${WHEELHOUSE_IN:-/opt/byoc-wheelhouse}" in script
         text = DOCKERFILES[flavor].read_text()
-        # The stage that installs Horovod is the one whose wheel is exported and whose venv
-        # the image copies.
+        # The stage that installs Horovod is the one whose wheel is exported.
         horovod_stage = next(s.name for s in parsed.stages
                              if any("install-horovod.sh" in i.args and i.keyword == "RUN" for i in s.instructions))
         assert horovod_stage == ("venv" if flavor == "cpu" else "builder")
         assert f"COPY --from={horovod_stage} /opt/byoc-wheels-built/ /wheels/" in text
-        assert f"COPY --from={horovod_stage} /opt/venv /opt/venv" in text
         if flavor == "cpu":
-            assert parsed.stage("venv").base == "builder"
+            # The runtime copies the builder's venv; the image lays Horovod's files over it.
+            assert parsed.stage("venv").base == "builder" and parsed.stage("runtime").base == "system"
+            assert "COPY --from=builder /opt/venv /opt/venv" in text
+            assert "COPY --from=venv /opt/byoc-horovod-overlay/ /opt/venv/" in text
+        else:
+            assert "COPY --from=builder /opt/venv /opt/venv" in text
         copy_in = text.index(f"COPY docker/wheelhouse/{flavor}/ /opt/byoc-wheelhouse/")
-        assert text.index("install-horovod.sh /usr/local/byoc/build/") > copy_in
+        assert text.index("COPY docker/scripts/install-horovod.sh") > copy_in
         assert (REPO_ROOT / f"docker/wheelhouse/{flavor}/.gitkeep").is_file()
 
 
