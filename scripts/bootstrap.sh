@@ -82,34 +82,52 @@ install_venv() {
     pip_install .venv/bin/python -m pip install --disable-pip-version-check -e ".[$extras]"
     echo "$want" >"$(stamp_for "$extras")"
 }
-if ! venv_current; then
-    stage venv "the development venv .venv: the project, torch and its stack (.[$extras])" install_venv
-    did=1
-fi
-
 # Horovod: docker/scripts/install-horovod.sh, the image's own installer, run against .venv.
 # It installs a wheel kept in docker/wheelhouse/cpu whose build facts (torch and its C++ ABI,
 # Open MPI, the CPython ABI, compiler, cmake, glibc, the script) are this venv's, and
-# compiles (~3 minutes on 2 cores) only when there is none; a compiled wheel is kept there,
-# where the CPU image's build finds it.
-install_horovod() {
+# compiles (~3 minutes on 2 cores, more beside other work) only when there is none; a
+# compiled wheel is kept there, where the CPU image's build finds it. The compile needs only
+# torch, so torch goes into .venv first and the wheel is made in the background, beside the
+# rest of the venv and the SDKs' installs (they mostly download, it compiles); the install
+# into .venv waits for them (one pip at a time in a venv).
+horovod_step() {  # horovod_step wheel|install
     local out
     out=$(mktemp -d)
     PATH="$repo_root/.venv/bin:$PATH" WHEELHOUSE_IN="$repo_root/docker/wheelhouse/cpu" WHEELS_OUT="$out" \
         PYPI_HOROVOD_VERSION="$(sed -n 's/^CPU_PYPI_HOROVOD_VERSION=//p' docker/versions.env)" \
-        bash docker/scripts/install-horovod.sh
+        HOROVOD_WHEEL_ONLY=$([ "$1" = wheel ] && echo 1 || echo 0) bash docker/scripts/install-horovod.sh
     local entry
     for entry in "$out"/horovod-*; do
         [ -e "docker/wheelhouse/cpu/$(basename "$entry")" ] || cp -r "$entry" docker/wheelhouse/cpu/
     done
     rm -rf -- "$out"
 }
-# In the background, beside the SDKs' installs: they mostly download, it mostly compiles.
-horovod_pid=
+install_torch() {  # the stack extra's pins (torch, numpy): what Horovod's compile needs
+    [ -x .venv/bin/python ] || "$python_bin" -m venv .venv
+    local pins
+    mapfile -t pins < <("$python_bin" -c 'import tomllib
+print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["stack"]))')
+    pip_install .venv/bin/python -m pip install --disable-pip-version-check "${pins[@]}"
+}
+kill_tree() {  # kill_tree PID: the process and everything it started (pip, cmake, the compilers)
+    local child
+    for child in $(pgrep -P "$1" || :); do kill_tree "$child"; done
+    kill "$1" 2>/dev/null || :
+}
+wheel_pid=
 if ((horovod)) && ! .venv/bin/python -c 'import horovod.torch' 2>/dev/null; then
-    stage horovod "Horovod in .venv (a kept wheel when one matches, else a ~3 min compile)" install_horovod &
-    horovod_pid=$!
-    trap 'kill "$horovod_pid" 2>/dev/null || :' EXIT  # a failed SDK stage leaves no compile running
+    if ! .venv/bin/python -c 'import torch' 2>/dev/null; then
+        stage torch "torch and numpy in .venv first (Horovod's compile needs them)" install_torch
+    fi
+    stage horovod-wheel "Horovod's wheel (a kept one when it matches, else a compile of ~3-6 min), in the background" \
+        horovod_step wheel &
+    wheel_pid=$!
+    trap 'kill_tree "$wheel_pid"' EXIT  # a failed stage leaves no compile running
+    did=1
+fi
+
+if ! venv_current; then
+    stage venv "the development venv .venv: the project, torch and its stack (.[$extras])" install_venv
     did=1
 fi
 
@@ -135,12 +153,13 @@ PY
     fi
 done
 
-if [ -n "$horovod_pid" ]; then
-    # A failed Horovod stage has shown its log's tail; its exit code is the set-up's.
+if [ -n "$wheel_pid" ]; then
+    # A failed wheel stage has shown its log's tail; its exit code is the set-up's.
     rc=0
-    wait "$horovod_pid" || rc=$?
+    wait "$wheel_pid" || rc=$?
     trap - EXIT
     ((rc == 0)) || exit "$rc"
+    stage horovod "Horovod in .venv (the wheel just kept)" horovod_step install
 fi
 if ((did)); then
     say_stage "set-up done in $((SECONDS - started)) s"

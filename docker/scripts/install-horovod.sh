@@ -13,7 +13,8 @@
 # compiled. Every build leaves its wheel and facts in $WHEELS_OUT, which the Dockerfile's
 # `wheelhouse` stage exports (docker/build.sh --wheelhouse DIR; docker/wheelhouse/README.md).
 # scripts/bootstrap.sh runs this same script against the development venv (python3, pip and
-# horovodrun from .venv/bin first on PATH), so a machine compiles Horovod once for both.
+# horovodrun from .venv/bin first on PATH), so a machine compiles Horovod once for both;
+# HOROVOD_WHEEL_ONLY=1 stops after the wheel (no install, no check).
 # Ends with `horovodrun --check-build`, asserting what was built or reused.
 set -euo pipefail
 : "${PYPI_HOROVOD_VERSION:?from docker/versions.env}"
@@ -103,6 +104,12 @@ else
     HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
     HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 MAKEFLAGS="-j$(nproc)" \
         python3 -m pip wheel --no-cache-dir -q --no-deps --no-build-isolation -w "$out" "$src"
+fi
+if [ "${HOROVOD_WHEEL_ONLY:-0}" = 1 ]; then
+    # scripts/bootstrap.sh: the wheel now, beside other installs into the same venv; the
+    # install (this script again, reusing the wheel) once they have ended.
+    echo "install-horovod: the wheel only, in $out (HOROVOD_WHEEL_ONLY=1)"
+    exit 0
 fi
 python3 -m pip install --no-cache-dir -q "$out/horovod-$PYPI_HOROVOD_VERSION"-*.whl
 
