@@ -150,6 +150,12 @@ if [ -z "$wheelhouse" ]; then
     exit
 fi
 run_build "${cmd[@]}"
+# A build whose Horovod step ran and reused a kept wheel made nothing new to keep (the wheel
+# is in DIR already): the export below, a second build command and a container, is skipped.
+if [ -n "$log_file" ] && grep -q "^install-horovod: reusing the kept wheel " "$log_file"; then
+    echo "build.sh: the build reused the Horovod wheel kept in $wheelhouse; nothing new to keep" >&2
+    exit 0
+fi
 
 # The `wheelhouse` stage: every step is a cache hit of the build above, so this costs
 # seconds. Its files replace DIR's only when they differ (an untouched DIR keeps the next

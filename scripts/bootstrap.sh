@@ -13,8 +13,9 @@
 #
 # usage: scripts/bootstrap.sh [--for tests|main-job] [--with-horovod]
 #   --for main-job   what `scripts/run-main-job.sh` needs, nothing more
-#   --with-horovod   Horovod in .venv as well (run-main-job.sh: compiled here, beside the
-#                    image's first stages, the wheel then serves the image too)
+#   --with-horovod   Horovod in .venv as well (the main job's --emulated runs need it)
+#   --horovod-wheel  Horovod's wheel only, kept in docker/wheelhouse/cpu for the CPU image's
+#                    build (run-main-job.sh: compiled here, beside the image's first stages)
 #   --apt-only       the Debian packages only (run-main-job.sh starts the image build after them)
 # Each stage with work to do prints one line (scripts/lib/stages.sh); its output goes to
 # .work/setup-logs/. Safe to run again: each stage checks what is already there.
@@ -30,12 +31,13 @@ while (($#)); do
     case "$1" in
         --for) purpose=${2:?--for needs tests or main-job}; shift 2 ;;
         --with-horovod) horovod=1; shift ;;
+        --horovod-wheel) ((horovod)) || horovod=wheel; shift ;;
         --apt-only) apt_only=1; shift ;;
         *) echo "bootstrap: unknown argument $1" >&2; exit 2 ;;
     esac
 done
 case "$purpose" in
-    tests) horovod=1 extras=test,stack sdks=(v2 v3) test_apt=(chromium) ;;
+    tests) horovod=1 extras=test,stack sdks=(v2 v3) test_apt=(chromium) ;;  # --horovod-wheel: installed too
     main-job) extras=stack sdks=(v2) test_apt=() ;;
     *) echo "bootstrap: --for tests|main-job (got '$purpose')" >&2; exit 2 ;;
 esac
@@ -114,8 +116,21 @@ kill_tree() {  # kill_tree PID: the process and everything it started (pip, cmak
     for child in $(pgrep -P "$1" || :); do kill_tree "$child"; done
     kill "$1" 2>/dev/null || :
 }
+# A wheel kept for this Horovod and this installer: cheap to tell (no torch import), and what
+# the image's build will most likely reuse (it checks all the facts itself).
+kept_wheel_for_this_installer() {
+    local version facts
+    version=$(sed -n 's/^CPU_PYPI_HOROVOD_VERSION=//p' docker/versions.env)
+    facts="install-horovod.sh $(sha256sum docker/scripts/install-horovod.sh | cut -d' ' -f1)"
+    for entry in docker/wheelhouse/cpu/horovod-"$version"-*/; do
+        [ "$(head -n1 "$entry/build-facts.txt" 2>/dev/null)" = "$facts" ] && compgen -G "$entry/*.whl" >/dev/null && return 0
+    done
+    return 1
+}
 wheel_pid=
-if ((horovod)) && ! .venv/bin/python -c 'import horovod.torch' 2>/dev/null; then
+if [ "$horovod" = wheel ] && kept_wheel_for_this_installer; then
+    :  # nothing to make
+elif [ "$horovod" != 0 ] && ! .venv/bin/python -c 'import horovod.torch' 2>/dev/null; then
     if ! .venv/bin/python -c 'import torch' 2>/dev/null; then
         stage torch "torch and numpy in .venv first (Horovod's compile needs them)" install_torch
     fi
@@ -159,7 +174,9 @@ if [ -n "$wheel_pid" ]; then
     wait "$wheel_pid" || rc=$?
     trap - EXIT
     ((rc == 0)) || exit "$rc"
-    stage horovod "Horovod in .venv (the wheel just kept)" horovod_step install
+    if [ "$horovod" = 1 ]; then
+        stage horovod "Horovod in .venv (the wheel just kept)" horovod_step install
+    fi
 fi
 if ((did)); then
     say_stage "set-up done in $((SECONDS - started)) s"

@@ -12,13 +12,14 @@ repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo_root"
 # One clock for the set-up and the image build's progress lines (scripts/lib/stages.sh).
 export BYOC_SETUP_T0=${BYOC_SETUP_T0:-$(date +%s)}
-# Only what the main job needs: no test tools, no SDK v3. Horovod goes into .venv too: its
+# Only what the main job needs: no test tools, no SDK v3. Horovod's wheel for the image: its
 # compile is most of a first image build, and done here, beside the image's first stages, it
-# is done once for both (the image's Horovod step installs the same wheel: the same facts).
-bootstrap_args=(--for main-job --with-horovod)
+# costs less (the image's Horovod step installs the wheel: the same facts). The emulated
+# hosts run the trainers with .venv's Python, so there it goes into .venv too.
+bootstrap_args=(--for main-job --horovod-wheel)
 emulated=0 tag=${BYOC_IMAGE_TAG:-byoc-training:cpu-local} previous=
 for arg in "$@"; do
-    if [ "$arg" = --emulated ]; then emulated=1; fi
+    if [ "$arg" = --emulated ]; then bootstrap_args=(--for main-job --with-horovod) emulated=1; fi
     if [ "$previous" = --image-tag ]; then tag=$arg; fi
     previous=$arg
 done

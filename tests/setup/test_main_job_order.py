@@ -23,7 +23,7 @@ STAND_IN = textwrap.dedent("""\
     name=$(basename "$0" .sh)
     echo "$name $*" >>"$EVENTS"
     case "$name $*" in
-        "bootstrap --for main-job --with-horovod")
+        "bootstrap --for main-job --horovod-wheel")
             touch "$EVENTS.setup-started"; sleep 1 ;;
         "build-local-image --tag "*"-runtime --target runtime")
             for _ in $(seq 200); do [ -e "$EVENTS.setup-started" ] && break; sleep 0.1; done
@@ -65,7 +65,7 @@ def test_the_image_build_waits_for_the_wheel_the_venv_compiles(tmp_path):
     assert done.returncode == 0, done.stderr
     assert events[0:2] == ["bootstrap --for main-job --apt-only", "bootstrap done"]
     builder = events.index("build-local-image --tag byoc-training:mine-runtime --target runtime")
-    setup = events.index("bootstrap --for main-job --with-horovod")
+    setup = events.index("bootstrap --for main-job --horovod-wheel")
     image = events.index("build-local-image --tag byoc-training:mine")
     # Both start after the Debian packages, and the set-up (with Horovod) starts while the
     # builder stage's build runs (which that stand-in checks).
