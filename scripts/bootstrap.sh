@@ -69,7 +69,9 @@ fi
 
 python_bin="${PYTHON:-python3}"
 # pip's notes about index folders this machine's pip.conf names but lacks are noise.
-pip_install() { "$@" 2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2); }
+# --no-compile: pip would compile every module's bytecode at install (~60 s of CPU for the main
+# job's venvs, beside Horovod's compile); Python compiles what is imported, once, instead.
+pip_install() { "$@" --no-compile 2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2); }
 
 # .venv: reinstalled only when pyproject.toml changed. One stamp per extras set; the full set
 # (test,stack) keeps the stamp's historic name, and satisfies the main job's too.
