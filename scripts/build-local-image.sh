@@ -77,7 +77,7 @@ if [ -n "$target" ]; then
     bash docker/build.sh --flavor cpu --tag "$tag" "${set_args[@]}" --log "$log" \
         -- --network host --target "$target" "${extra[@]}" >&2
 else
-    say_stage "the image $tag: seconds from Docker's layer cache, a first build ~6 min on 2 cores with a kept Horovod wheel, ~9 min compiling it (log: $log)"
+    say_stage "the image $tag: seconds from Docker's layer cache; a first build takes minutes, most of them Horovod's compile unless docker/wheelhouse/cpu keeps its wheel (log: $log)"
     bash docker/build.sh --flavor cpu --tag "$tag" "${set_args[@]}" --wheelhouse docker/wheelhouse/cpu --log "$log" \
         -- --network host "${extra[@]}" >&2
 fi
