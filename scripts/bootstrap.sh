@@ -37,7 +37,7 @@ while (($#)); do
     esac
 done
 case "$purpose" in
-    tests) horovod=1 extras=test,stack sdks=(v2 v3) test_apt=(chromium) ;;  # --horovod-wheel: installed too
+    tests) horovod=1 extras=test,stack sdks=(v2 v3) test_apt=(chromium) ;;  # Horovod installed in .venv
     main-job) extras=stack sdks=(v2) test_apt=() ;;
     *) echo "bootstrap: --for tests|main-job (got '$purpose')" >&2; exit 2 ;;
 esac

@@ -17,6 +17,7 @@ import pytest
 
 from tests.images.image_harness import REPO_ROOT
 
+pytestmark = pytest.mark.slow  # they build the image (or take it from Docker's cache)
 WHEELHOUSE = REPO_ROOT / "docker" / "wheelhouse" / "cpu"
 VENV_STAGE_TAG = "byoc-training:cpu-local-venv"
 
