@@ -197,3 +197,41 @@ def test_the_fallback_runs_v3s_own_command_again_with_one_line_why(tmp_path, env
     lines = [line for line in done.stderr.splitlines() if "SDK v3's own drivers run this job" in line]
     assert len(lines) == 1 and why in lines[0]
     assert not (root / "output/failure").exists()
+
+
+# --- the launcher's features, the same for a v3 job (pure plans) ---------------------------
+
+
+def v3_plan(current: str, facts, hosts=("algo-1", "algo-2"), resource=None, checkpoint=None):
+    from support.jobs import make_job, plan_for
+
+    v3 = parse_v3_job(SOURCE, {"process_count_per_node": None, "smp": None}, TRAIN_SH["torchrun"])
+    job = make_job(hosts=hosts, current=current, resource_extra=resource, checkpoint=checkpoint)
+    return plan_for(job._replace(sdk_v3=v3, program="train.py", hyperparameters=job.hyperparameters._replace(values={})),
+                    facts)
+
+
+def test_local_gpu_hosts_on_one_machine_take_their_own_share():
+    from support.jobs import GPU4
+
+    one, two = (v3_plan(h, GPU4, resource={"current_instance_type": "local_gpu"}) for h in ("algo-1", "algo-2"))
+    assert (one.env_dict["CUDA_VISIBLE_DEVICES"], two.env_dict["CUDA_VISIBLE_DEVICES"]) == ("0,1", "2,3")
+    assert one.processes_per_host == two.processes_per_host == 2  # v3 alone: 4 each, on the same GPUs
+
+
+def test_the_neuron_cache_goes_in_the_checkpoint_folder():
+    from entrypoint.job.config import CheckpointConfig
+    from support.jobs import TRN1_EFA
+
+    plan = v3_plan("algo-1", TRN1_EFA, checkpoint=CheckpointConfig("/opt/ml/checkpoints", "s3://b/c"))
+    assert plan.env_dict["NEURON_COMPILE_CACHE_URL"] == "/opt/ml/checkpoints/neuron-compile-cache"
+    assert plan.processes_per_host == 32 and "NCCL_PROTO" not in plan.env_dict
+
+
+def test_on_sagemaker_every_instance_group_takes_part_as_under_v3s_drivers():
+    from support.jobs import CPU
+
+    groups = {"instance_groups": [{"instance_group_name": "homogeneousCluster", "instance_type": "ml.c5.xlarge",
+                                   "hosts": ["algo-1", "algo-2"]}], "current_group_name": "homogeneousCluster"}
+    plan = v3_plan("algo-2", CPU, resource=groups)
+    assert (plan.role, plan.hosts) == ("torchrun", ("algo-1", "algo-2"))
