@@ -36,7 +36,7 @@ if [ -z "${BYOC_SDK_V3_RUN:-}" ] && [ -f /opt/ml/input/data/sm_drivers/sm_train.
     case "${BASH_EXECUTION_STRING:-}" in
         *sm_drivers/sm_train.sh*)
             export BYOC_SDK_V3_RUN=byoc BYOC_SDK_V3_COMMAND="$BASH_EXECUTION_STRING"
-            exec python3 -m entrypoint train ;;
+            exec python3 -m entrypoint train ;;  # as the ENTRYPOINT; cwd: the WORKDIR, v3 mounts no code there
     esac
 fi
 # What follows serves v3's own drivers (the fallback above, and v3 jobs started otherwise).
