@@ -5,8 +5,8 @@ no distributed config, and command=. v3 bypasses our ENTRYPOINT with `bash -c â€
 image's bash-env.sh hands that to our launcher, which runs the job (or, for what it does not
 understand and with BYOC_SDK_V3_DRIVERS=sdk, gives it back to v3's drivers). Each rank writes
 what it got into /opt/ml/model, which v3 collects from every host into
-compressed_artifacts/model.tar.gz; each host's own output/ (failure, report) is read where v3
-mounts it. Each job costs ~10-25 s: cases share a job where one job shows them.
+compressed_artifacts/model.tar.gz, and every host's output/ (failure, report) into
+output.tar.gz. Each job costs ~10-25 s: cases share a job where one job shows them.
 
 Run: BYOC_IMAGE_TAG=byoc-training:<tag> .venv/bin/python -m pytest tests/localmode/test_v3_jobs.py -s
 (-s prints each job's train() time.)"""
@@ -138,8 +138,9 @@ def _report(name: str, result: V3JobResult) -> None:
     print(f"\n{name}: train() {result.train_seconds} s, driver {result.wall_seconds} s, containers {result.exit_codes}")
 
 
-def _failure(result: V3JobResult, host: str) -> str:
-    path = result.host_output(host, "failure")
+def _failure(result: V3JobResult) -> str:
+    """output/failure as output.tar.gz holds it (the last host's: each leads with the job's root cause)."""
+    path = result.output_file("failure")
     assert path.exists(), result.log_tail()
     return path.read_text()
 
@@ -159,13 +160,13 @@ def test_one_host_plain_script_with_requirements_runs_through_our_launcher(image
     assert got["run"] == "launched" and "sdk-v3" not in got["path"]
     assert "SDK v3 ModelTrainer job (no distributed, train.py): launched by this image" in result.log
     assert "Running Basic Script driver" not in result.log and "byoc sdk-v3" not in result.log
-    assert result.host_output("algo-1", "data/report/report.json").exists()
+    assert result.output_file("data/report/report.json").exists()
 
 
 def test_one_host_plain_script_that_raises_names_the_exception(image, tmp_path):
     result = run_v3_job(tmp_path, image, {"train.py": PLAIN_SCRIPT}, hyperparameters={"fail": 1})
     assert not result.ok and not result.timed_out, result.log_tail()
-    assert _failure(result, "algo-1").startswith("ValueError: boom-v3-plain"), result.log_tail()
+    assert _failure(result).startswith("ValueError: boom-v3-plain"), result.log_tail()
 
 
 def test_two_hosts_torchrun_allreduce_and_the_report_covers_both_hosts(image, tmp_path):
@@ -177,7 +178,7 @@ def test_two_hosts_torchrun_allreduce_and_the_report_covers_both_hosts(image, tm
     assert [(r["rank"], r["world"], r["host"]) for r in ranks] == [(0, 2, "algo-1"), (1, 2, "algo-2")]
     assert {r["allreduce"] for r in ranks} == {3.0} and {tuple(r["argv"]) for r in ranks} == {("--x", "1")}
     assert "[entrypoint] algo-1: running torchrun on 2 host(s)" in result.log
-    report = json.loads(result.host_output("algo-1", "data/report/report.json").read_text())
+    report = json.loads(result.output_file("data/report/report.json").read_text())
     assert {h: v["status"] for h, v in report["hosts"].items()} == {"algo-1": "reported", "algo-2": "reported"}
     assert sorted((r["rank"], r["host"]) for r in report["ranks"]) == [(0, "algo-1"), (1, "algo-2")]
 
@@ -212,7 +213,7 @@ def test_a_rank_that_raises_is_named_with_its_exception_in_the_failure(image, tm
                         hyperparameters={"fail_rank": failing}, timeout_s=240)
     _report(f"2 hosts, {kind}, rank raises", result)
     assert not result.ok and not result.timed_out, result.log_tail()
-    head = _failure(result, "algo-1")[:1024]
+    head = _failure(result)[:1024]
     assert head.startswith(f"RuntimeError: {program} from rank {failing} on algo-2"), head
     assert f"First failure: rank {failing} on host algo-2" in head, head
 
@@ -227,7 +228,7 @@ def test_a_command_runs_under_our_launcher_and_its_failure_is_the_jobs(image, tm
     bad = run_v3_job(tmp_path / "bad", image, {"train.py": PLAIN_SCRIPT}, command="python train.py",
                      hyperparameters={"fail": 1})
     assert not bad.ok, bad.log_tail()
-    assert "ValueError: boom-v3-plain" in _failure(bad, "algo-1"), bad.log_tail()
+    assert "ValueError: boom-v3-plain" in _failure(bad), bad.log_tail()
 
 
 def test_a_silent_script_is_caught_as_a_hang_naming_where_it_waits(image, tmp_path):
@@ -236,7 +237,7 @@ def test_a_silent_script_is_caught_as_a_hang_naming_where_it_waits(image, tmp_pa
     _report("1 host, hang", result)
     assert not result.ok and not result.timed_out, result.log_tail()
     assert result.exit_codes == {"algo-1": 124}, result.log_tail()
-    head = _failure(result, "algo-1").splitlines()[0]
+    head = _failure(result).splitlines()[0]
     assert head.startswith("Hang: no output from any process on algo-1 for 5 s (BYOC_HANG_TIMEOUT_S)"), head
     assert "in wait_for_a_peer_that_never_comes (" in head, head
 

@@ -143,9 +143,12 @@ class V3JobResult:
             return []
         return [json.loads(p.read_text()) for p in sorted(self.model_dir.glob(prefix + "*.json"))]
 
-    def host_output(self, host: str, relative: str) -> Path:
-        """A file of one host's own /opt/ml/output (v3 mounts <root>/<host>/output there)."""
-        return Path(self.spec["container_root"]) / host / "output" / relative
+    def output_file(self, relative: str) -> Path:
+        """A file of output.tar.gz: every host's /opt/ml/output copied into one folder, host by
+        host (v3 removes each host's own folder after the job)."""
+        if self.output_dir is None:
+            raise AssertionError("the job produced no output.tar.gz")
+        return self.output_dir / relative
 
     def log_tail(self, chars: int = 8000) -> str:
         return (
