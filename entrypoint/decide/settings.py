@@ -127,17 +127,13 @@ def decide_capacity_stop_at(settings: LaunchSettings) -> float | None:
 
 def _parse_number(environ: Mapping[str, str], name: str, default: float, kind: type, low: float,
                   high: float | None = None):
+    """A BYOC_* number, by the one rule of decide/numbers.py; default when unset or empty."""
+    from entrypoint.decide.numbers import parse_setting
+
     raw = environ.get(name)
     if raw is None or raw == "":
         return default
-    try:
-        value = kind(raw)
-    except ValueError:
-        value = None
-    if value is None or value < low or (high is not None and value > high):
-        bound = f"between {low} and {high}" if high is not None else f"at least {low}"
-        raise JobDefinitionError(f"The environment variable {name}={raw!r} must be a {kind.__name__} {bound}.")
-    return value
+    return parse_setting(name, raw, kind, low, high)
 
 
 def parse_launch_settings(environ: Mapping[str, str]) -> LaunchSettings:
