@@ -143,11 +143,15 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException:
         launch.close(Outcome(1))  # an error of ours (its traceback follows): no other host waits on
         raise
+    from entrypoint.run import finishing
+
+    finish = finishing.start_finish()  # from here a stop keeps this outcome and ends the rest
     try:
         write_outcome(paths, outcome)  # the one place output/ is written
-        launch.report(outcome)  # output/data/report: the leader's; a worker sends its figures
     finally:
-        launch.close(outcome)  # after them: an MPI leader tells its workers what it wrote
+        # output/data/report (the leader's; a worker sends its figures), then closing (an MPI
+        # leader tells its workers what it wrote), each bounded: run/finishing.py.
+        finishing.run_finish(finish, launch, outcome)
     return outcome.exit_code
 
 

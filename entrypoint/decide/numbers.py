@@ -18,9 +18,10 @@ from entrypoint.errors import JobDefinitionError
 
 _INTEGER = re.compile(r"[+-]?[0-9]{1,30}")
 _DECIMAL = re.compile(r"[+-]?([0-9]{1,400}(\.[0-9]{0,400})?|\.[0-9]{1,400})([eE][+-]?[0-9]{1,6})?")
-# What datetime holds: 0001-01-01 00:00:00 UTC to 9999-12-31 23:59:59 UTC, in epoch seconds.
-EARLIEST_EPOCH_S = -62135596800.0
-LATEST_EPOCH_S = 253402300799.0
+# What datetime holds, in epoch seconds: 0001-01-01 00:00:00 UTC and 9999-12-31 23:59:59 UTC (dates,
+# not durations: no _S).
+CALENDAR_FIRST = -62135596800.0
+CALENDAR_LAST = 253402300799.0
 
 
 def parse_number(text: str, kind: type) -> int | float | None:
@@ -47,4 +48,4 @@ def parse_setting(name: str, raw: str, kind: type, low: float, high: float | Non
 
 def parse_epoch_s(value: float) -> float | None:
     """value (epoch seconds) when a calendar can hold it, else None."""
-    return value if math.isfinite(value) and EARLIEST_EPOCH_S <= value <= LATEST_EPOCH_S else None
+    return value if math.isfinite(value) and CALENDAR_FIRST <= value <= CALENDAR_LAST else None

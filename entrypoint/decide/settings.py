@@ -112,6 +112,11 @@ class LaunchSettings(NamedTuple):
     report_figures_bytes: int = 60000
     # How long the leader waits for workers' figures still missing when it writes the report.
     report_wait_s: float = 3.0
+    # The job's end after its outcome is written (run/finishing.py): the job report step (the
+    # MPI leader's SSH reads of its workers' figures included) and closing, beyond the role's
+    # own wait for its peers (peer_wait_timeout_s), each at most this long.
+    finish_report_s: float = 60.0
+    finish_close_s: float = 60.0
 
 
 DEFAULTS = LaunchSettings()

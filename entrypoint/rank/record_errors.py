@@ -346,15 +346,21 @@ def _record_fatal_signals() -> None:
     """faulthandler writes the rank's Python stacks to its crash file the moment a fatal signal
     arrives, before the process dies: the launcher takes the death's time from the file (its
     own view comes later than the peers', whose "connection closed" errors would lead) and
-    where it happened from its text. A program that runs with faulthandler on already
+    where it happened from its text. Without that launcher (one process, mpirun's ranks) the
+    stacks go to stderr, where the log and output/failure's last lines have them (mpirun only
+    prints that a rank "exited on signal 11"). A program that runs with faulthandler on already
     (PYTHONFAULTHANDLER, -X faulthandler) keeps its own, on stderr."""
     global _crash_file
-    folder = os.environ.get(CRASH_DIR_ENV)
-    if not folder:
-        return
-    import faulthandler
+    import faulthandler  # built in: no import cost
 
     if faulthandler.is_enabled():
+        return
+    folder = os.environ.get(CRASH_DIR_ENV)
+    if not folder:
+        try:
+            faulthandler.enable(file=sys.stderr, all_threads=True)
+        except (AttributeError, ValueError, OSError):  # a stderr without a descriptor
+            pass
         return
     try:
         _crash_file = open(build_crash_file_path(folder, os.getpid()), "w")

@@ -17,7 +17,7 @@ from support.jobtree import failure_text, run_entrypoint, write_tree  # noqa: E4
 
 from entrypoint.decide.capacity import describe_utc, parse_capacity_end  # noqa: E402
 from entrypoint.decide.distribution import parse_distribution  # noqa: E402
-from entrypoint.decide.numbers import LATEST_EPOCH_S, parse_epoch_s, parse_number, parse_setting  # noqa: E402
+from entrypoint.decide.numbers import CALENDAR_LAST, parse_epoch_s, parse_number, parse_setting  # noqa: E402
 from entrypoint.decide.settings import parse_launch_settings  # noqa: E402
 from entrypoint.errors import JobDefinitionError  # noqa: E402
 from entrypoint.sdk_v3.ssh import parse_peer_wait_timeout  # noqa: E402
@@ -84,8 +84,8 @@ def test_any_capacity_end_is_a_calendar_time_or_a_note_and_always_describable(ra
 @pytest.mark.parametrize("raw, readable", [
     ("99999999999999999999", False),  # milliseconds: the year 3,170,843,894
     # milliseconds (from 10^11 on): the last second of the year 9999, just under and over it
-    (str(int(LATEST_EPOCH_S * 1000) - 1), True), (str(int(LATEST_EPOCH_S * 1000)), True),
-    (str(int(LATEST_EPOCH_S * 1000) + 1000), False),
+    (str(int(CALENDAR_LAST * 1000) - 1), True), (str(int(CALENDAR_LAST * 1000)), True),
+    (str(int(CALENDAR_LAST * 1000) + 1000), False),
     ("9" * 400, False), ("0001-01-01T00:00:00+01:00", False), ("9999-12-31T23:59:59Z", True),
 ])
 def test_a_time_past_any_calendar_is_unreadable(raw, readable):
