@@ -116,6 +116,12 @@ class OutputCollector:
         return slot[0]
 
 
+def _count_after(argv, option: str) -> int | None:
+    """The whole number after option in argv (mpirun's -np), or None."""
+    at = argv.index(option) + 1 if option in argv else len(argv)
+    return int(argv[at]) if at < len(argv) and argv[at].isdecimal() else None
+
+
 def _read_chunks(pipe, lines, quiet_s: float):
     """The pipe's bytes as they come; with `lines` (tagged_lines.TaggedLines: mpirun's tagged
     output), rejoined into whole lines, a waiting piece written after quiet_s of quiet."""
@@ -211,7 +217,8 @@ class Supervisor:
             self.rank_envs[proc.pid] = env
         for pipe, sink in ((proc.stdout, sys.stdout.buffer), (proc.stderr, sys.stderr.buffer)):
             # mpirun tags what its daemons read, cut anywhere: its lines are rejoined here.
-            lines = TaggedLines() if "--tag-output" in spec.argv else None
+            lines = (TaggedLines("stdout" if pipe is proc.stdout else "stderr", _count_after(spec.argv, "-np"))
+                     if "--tag-output" in spec.argv else None)
             t = threading.Thread(target=_pump, args=(pipe, sink, self.collector, lines, self.settings.quiet_line_s),
                                  daemon=True)
             t.start()
