@@ -52,8 +52,12 @@ def load_runtime(environ: dict[str, str], job_id: str) -> Runtime:
 
 
 def decide_job_id_of(job: JobConfig) -> str:
+    """A job of one host has nobody to share its folder's path with: its id is this
+    entrypoint's own (two runs of one definition on one machine, side by side, never meet).
+    Several hosts need the same path on each (runtime_dirs.py), and each has a /run of its own."""
     return runtime_dirs.decide_job_id(job.environ.get("TRAINING_JOB_NAME", ""), job.resource.hosts,
-                                      build_json(dict(job.hyperparameters.values), sort_keys=True, default=str))
+                                      build_json(dict(job.hyperparameters.values), sort_keys=True, default=str),
+                                      str(os.getpid()) if len(job.resource.hosts) == 1 else "")
 
 
 def load_plan(job: JobConfig, facts: MachineFacts, runtime: Runtime) -> LaunchPlan:
