@@ -117,6 +117,9 @@ class LaunchSettings(NamedTuple):
     # own wait for its peers (peer_wait_timeout_s), each at most this long.
     finish_report_s: float = 60.0
     finish_close_s: float = 60.0
+    # Closing after a stop came while finishing: what it releases on this host is released
+    # either way; the words to other hosts get this long.
+    finish_after_stop_s: float = 2.0
 
 
 DEFAULTS = LaunchSettings()

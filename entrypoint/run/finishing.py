@@ -9,10 +9,11 @@ job's runtime folders are removed, whatever happened.
   settings.finish_close_s beyond the role's own wait for its peers, BYOC_PEER_WAIT_TIMEOUT_S).
   A step that blocks — a FIFO a script left where we read, a peer that accepts and never
   answers — is cut there: the signal's handler raises, which ends any blocking call.
-- A stop (SIGTERM: StopTrainingJob, `docker stop`; SIGINT) cuts the current step and skips
-  the rest. Before the steps (while the outcome is written) it is only noted, so the outcome
-  is written whole. A stop the role's own waits took (run/supervise.stop_signals_set) counts
-  the same.
+- A stop (SIGTERM: StopTrainingJob, `docker stop`; SIGINT) cuts the current step; after it the
+  report is skipped and closing gets settings.finish_after_stop_s (what it releases here, sshd
+  and the job port, is released in its `finally` blocks even when cut). Before the steps
+  (while the outcome is written) a stop is only noted, so the outcome is written whole. A stop
+  the role's own waits took (run/supervise.stop_signals_set) counts the same.
 Either way the outcome already decided stands: output/ as written, the exit code its own.
 """
 
@@ -54,11 +55,14 @@ class Finish:
     def stopped(self) -> bool:
         return self.stopped_by is not None or len(supervise.STOPS_SEEN) > self.stops_before
 
-    def step(self, what: str, limit_s: float, action, *args) -> None:
-        """action(*args), cut at limit_s or by a stop; skipped after a stop."""
+    def step(self, what: str, limit_s: float, action, *args, after_stop_s: float | None = None) -> None:
+        """action(*args), cut at limit_s or by a stop; after a stop, skipped, or given
+        after_stop_s when set."""
         if self.stopped():
-            log(f"{what}: skipped (the job was stopped while finishing)")
-            return
+            if after_stop_s is None:
+                log(f"{what}: skipped (the job was stopped while finishing)")
+                return
+            limit_s = after_stop_s
         self.limit_s = limit_s
         self.cutting = True
         signal.setitimer(signal.ITIMER_REAL, limit_s)
@@ -88,6 +92,7 @@ def run_finish(finish: Finish, launch, outcome) -> None:
     settings = role.plan.settings if role is not None else DEFAULTS
     try:
         finish.step("job report", settings.finish_report_s, launch.report, outcome)
-        finish.step("closing", settings.finish_close_s + settings.peer_wait_timeout_s, launch.close_role, outcome)
+        finish.step("closing", settings.finish_close_s + settings.peer_wait_timeout_s, launch.close_role, outcome,
+                    after_stop_s=settings.finish_after_stop_s)
     finally:
         launch.remove_folders()

@@ -195,12 +195,14 @@ def test_a_stop_while_finishing_cuts_the_step_skips_the_rest_and_keeps_the_outco
         stop_soon(signum)
         blocking_open(tmp_path / "fifo")()
 
-    code = start("print('trained')\n", report_action=report)
+    code = start("print('trained')\n", report_action=report, close_action=blocking_open(tmp_path / "fifo-2"))
     assert code == 0  # the outcome decided before the stop: success, not 143
     assert (root / "output/success").exists() and not (root / "output/failure").exists()
-    assert events[-1] == "report", "cut in the report; closing skipped"
+    # Cut in the report; closing then runs for finish_after_stop_s only (its own blocked call cut).
+    assert events[-2:] == ["report", ("close", 0, ["success"])]
     err = capfd.readouterr().err
-    assert f"received {signal.Signals(signum).name} while finishing" in err and "closing: skipped" in err
+    assert f"received {signal.Signals(signum).name} while finishing" in err
+    assert "job report: cut short: stopped by" in err and "closing: cut short: it took longer than 2 s" in err
     assert not list((tmp_path / "run").glob("*/*"))
 
 
