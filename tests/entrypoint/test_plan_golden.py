@@ -2,6 +2,8 @@
 
 import pytest
 
+from entrypoint.decide.compile_cache import LOCAL_FOLDER
+
 from entrypoint.decide.plan import LAUNCH_TORCHRUN
 from entrypoint.decide.plan import RECORD_ERRORS as RE
 from support.jobs import CPU, GPU4, GPU8_EFA, PY, TRN1_EFA, make_job, plan_for
@@ -28,6 +30,8 @@ def non_sm_env(plan):
     env = {k: v for k, v in plan.env if not k.startswith("SM_")}
     # Every rank learns where its host's report figures go: the job's runtime folder's report/.
     assert env.pop("BYOC_REPORT_DIR") == plan.report.rank_folder == plan.files.folder + "/report"
+    # torch.compile's caches, in the host-local folder by default (test_compile_cache.py).
+    assert (env.pop("TORCHINDUCTOR_CACHE_DIR"), env.pop("TRITON_CACHE_DIR")) == (LOCAL_FOLDER, LOCAL_FOLDER + "/triton")
     key = env.pop("BYOC_JOB_REPORT_KEY", None)
     assert (key is not None) == ("BYOC_JOB_PORTS" in env)
     assert key is None or (len(key) == 64 and int(key, 16) >= 0)
@@ -151,7 +155,8 @@ def test_mpirun_leader_two_hosts_golden():
     plan = plan_for(job, CPU)
     assert plan.role == "mpi-leader"
     sm_names = sorted(k for k, _ in plan.env if k.startswith("SM_"))
-    forwarded = sorted(["AWS_SECRET_ACCESS_KEY", "BYOC_HOST_ENV_FILE", "BYOC_REPORT_DIR", "MASTER_ADDR", "MASTER_PORT", "NCCL_SOCKET_IFNAME", "PATH", *sm_names])
+    forwarded = sorted(["AWS_SECRET_ACCESS_KEY", "BYOC_HOST_ENV_FILE", "BYOC_REPORT_DIR", "MASTER_ADDR", "MASTER_PORT", "NCCL_SOCKET_IFNAME", "PATH",
+                        "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", *sm_names])
     expected = (
         "mpirun", "--host", "algo-1:2,algo-2:2", "-np", "4", *MPI_FLAGS,
         *[a for name in forwarded for a in ("-x", name)],
