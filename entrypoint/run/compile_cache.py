@@ -62,7 +62,7 @@ def load_entries(folder: str) -> list[tuple[str, int, float]]:
     writing (dot files, *.tmp) and our staging folders are not entries."""
     found = []
     for root, dirs, files in os.walk(folder):
-        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        dirs[:] = [d for d in dirs if not d.startswith((".", "tmp.pid_"))]  # Triton's, while it writes
         for name in files:
             if name.startswith(".") or name.endswith(".tmp"):
                 continue

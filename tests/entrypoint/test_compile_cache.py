@@ -9,6 +9,7 @@ import gzip
 import io
 import json
 import os
+import socket
 import subprocess
 import sys
 import tarfile
@@ -47,6 +48,9 @@ with open(os.path.join(model_dir, f"counters-{attempt}-{rank}.json"), "w") as f:
 if os.environ.get("FAIL_FIRST") and attempt == "0" and rank == "0":
     sys.exit(3)
 """
+
+SHOW_ENV = ("import json, os\nnames = ('TORCHINDUCTOR_CACHE_DIR', 'TRITON_CACHE_DIR')\n"
+            "json.dump([os.environ.get(n) for n in names], open(os.environ['SM_MODEL_DIR'] + '/env.json', 'w'))\n")
 
 
 def counters(root, attempt: int = 0, rank: int = 0) -> dict:
@@ -158,7 +162,8 @@ def test_the_bound_evicts_the_oldest_first_just_under_at_and_over_it(tmp_path, b
 
 
 def test_temporary_files_torch_is_writing_are_not_entries(tmp_path):
-    fill(tmp_path, {"fxgraph/ab/entry": 10, "fxgraph/ab/.123.456.tmp": 10, "x.tmp": 10, ".byoc-restore-1/y": 10})
+    fill(tmp_path, {"fxgraph/ab/entry": 10, "fxgraph/ab/.123.456.tmp": 10, "x.tmp": 10, ".byoc-restore-1/y": 10,
+                    "triton/0/tmp.pid_12_34/k.so": 10})
     assert [e[0] for e in keep.load_entries(str(tmp_path))] == ["fxgraph/ab/entry"]
 
 
@@ -353,19 +358,29 @@ def test_a_second_job_with_the_restored_checkpoint_folder_is_warm_and_a_cache_fr
 def test_a_restart_in_place_is_warm_with_two_ranks_compiling_into_one_folder_at_once(tmp_path):
     """mpirun with 2 ranks on one host, no checkpoint folder: both compile into the host-local
     folder at once (cold), rank 0 then fails, the entrypoint restarts the job in place: warm."""
-    root = job_tree(tmp_path, "job", hyperparameters=MPI_2)
+    host = socket.gethostname()  # mpirun starts the ranks here without SSH
+    root = job_tree(tmp_path, "job", hyperparameters=MPI_2, hosts=(host,), current_host=host)
     run_job(root, tmp_path / "host-local", FAIL_FIRST="1", BYOC_MAX_RESTARTS="1")
     first = [hits_and_misses(counters(root, 0, r)) for r in (0, 1)]
     assert sum(m for _, m in first) >= 2 and all(h + m == 2 for h, m in first)  # both compiled, at once
     assert [hits_and_misses(counters(root, 1, r)) for r in (0, 1)] == [(2, 0), (2, 0)]
+    assert counters(root, 1, 0)["dir"] == str(tmp_path / "host-local")  # ours, not torch's default
     assert not (tmp_path / "checkpoints").exists()
 
 
-@pytest.mark.slow
-def test_the_jobs_own_inductor_folder_is_what_the_ranks_use(tmp_path):
-    own = tmp_path / "own"
-    root = job_tree(tmp_path, "job", tmp_path / "checkpoints")
-    run_job(root, tmp_path / "host-local", TORCHINDUCTOR_CACHE_DIR=str(own))
-    assert counters(root)["dir"] == str(own) and (own / "fxgraph").is_dir()
+def test_the_jobs_own_inductor_folder_is_what_the_ranks_get_and_nothing_is_archived(tmp_path):
+    root = write_tree(tmp_path / "job", script=SHOW_ENV)
+    with_checkpoint(root, tmp_path / "checkpoints")
+    (tmp_path / "own" / "fxgraph").mkdir(parents=True)
+    (tmp_path / "own" / "fxgraph" / "entry").write_bytes(b"x")
+    run_job(root, tmp_path / "host-local", TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "own"))
+    assert json.loads((root / "model/env.json").read_text()) == [str(tmp_path / "own"), None]
     assert not (tmp_path / "checkpoints" / "byoc-compile-cache").exists()
-    assert not (tmp_path / "host-local" / "fxgraph").exists()
+    assert not (tmp_path / "host-local").exists()
+
+
+def test_the_ranks_get_the_host_local_folder(tmp_path):
+    root = write_tree(tmp_path / "job", script=SHOW_ENV)
+    run_job(root, tmp_path / "host-local")
+    local = str(tmp_path / "host-local")
+    assert json.loads((root / "model/env.json").read_text()) == [local, local + "/triton"]
