@@ -78,6 +78,7 @@ def run_job(work: Path, name: str, checkpoints: Path, blocks: int, width: int) -
         sys.exit(f"{name} failed:\n{done.stderr[-3000:]}")
     result = json.loads((root / "model/first-step.json").read_text())
     result["to_first_step_s"] = result["first_step_done"] - started
+    result["archive_line"] = next((line for line in done.stderr.splitlines() if "written (the end)" in line), "")
     return result
 
 
@@ -103,6 +104,7 @@ def main() -> None:
             print(f"round {i + 1}: cold {rows['cold'][-1]['to_first_step_s']:.1f} s "
                   f"{rows['cold'][-1]['inductor']}, warm {rows['warm'][-1]['to_first_step_s']:.1f} s "
                   f"{rows['warm'][-1]['inductor']}, archive {archive.stat().st_size / 1e6:.2f} MB", flush=True)
+            print(f"  cold job: {rows['cold'][-1]['archive_line'].split('cache: ', 1)[-1]}", flush=True)
             shutil.rmtree(work / f"local-cold-{i}", ignore_errors=True)
     medians = {kind: statistics.median(r["to_first_step_s"] for r in runs) for kind, runs in rows.items()}
     steps = {kind: statistics.median(r["first_step_s"] for r in runs) for kind, runs in rows.items()}

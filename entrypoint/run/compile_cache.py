@@ -183,8 +183,12 @@ def restore_archive(archive: str, cache: CompileCache, stamp: dict) -> str:
         return f"torch.compile cache: {archive} not read ({exc}): not used"
     if not stat.S_ISREG(info.st_mode):  # a FIFO would block the start
         return f"torch.compile cache: {archive} is not a regular file: not used"
-    staging = os.path.join(cache.folder, f"{STAGING_PREFIX}{os.getpid()}")
+    # Named by host and process: in containers every entrypoint is PID 1, and a folder the user
+    # points several hosts at (BYOC_COMPILE_CACHE_DIR on a shared file system) is shared.
+    staging = os.path.join(cache.folder, f"{STAGING_PREFIX}{os.uname().nodename}-{os.getpid()}")
     try:
+        if os.path.isdir(staging):  # left by an entrypoint that was killed
+            _remove_tree(staging)
         os.makedirs(staging)
         files, size, why = _unpack(archive, staging, stamp, cache.max_bytes)
         if why is None:

@@ -384,3 +384,18 @@ def test_the_ranks_get_the_host_local_folder(tmp_path):
     run_job(root, tmp_path / "host-local")
     local = str(tmp_path / "host-local")
     assert json.loads((root / "model/env.json").read_text()) == [local, local + "/triton"]
+
+
+def test_the_job_report_and_the_log_say_what_the_cache_held_and_wrote(tmp_path):
+    root = write_tree(tmp_path / "job", script=SHOW_ENV)
+    with_checkpoint(root, tmp_path / "checkpoints")
+    fill(tmp_path / "host-local", {"fxgraph/ab/entry": 1000, "tj/ctj.main.so": 3000})
+    done = run_entrypoint(root, timeout=120, BYOC_COMPILE_CACHE_DIR=str(tmp_path / "host-local"),
+                          BYOC_RUNTIME_DIR=str(tmp_path / "run"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    notes = json.loads((root / "output/data/report/report.json").read_text())["notes"]
+    cache_lines = [n for n in notes if n.startswith("algo-1: torch.compile cache:")]
+    assert any("holds 2 file(s)" in n for n in cache_lines), notes
+    assert any("1 FX graph entry at the start, 0 compiled by this job" in n for n in cache_lines)
+    assert any("host-0.tar.gz written (the end): 2 file(s)" in n for n in cache_lines)
+    assert "note: torch.compile cache: TORCHINDUCTOR_CACHE_DIR=" in done.stderr  # the plan's
