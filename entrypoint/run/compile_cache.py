@@ -88,7 +88,7 @@ def decide_kept(entries: list[tuple[str, int, float]], max_bytes: int) -> tuple[
     return kept, evicted
 
 
-def stop_evicting(folder: str, max_bytes: int) -> tuple[int, int]:
+def run_eviction(folder: str, max_bytes: int) -> tuple[int, int]:
     """Remove the oldest entries until the folder fits max_bytes: (files, bytes) removed."""
     _, evicted = decide_kept(load_entries(folder), max_bytes)
     for name, _, _ in evicted:
@@ -139,8 +139,10 @@ def _unpack(archive: str, staging: str, stamp: dict, max_bytes: int) -> tuple[in
                     continue
                 target = os.path.join(staging, path)
                 os.makedirs(os.path.dirname(target), exist_ok=True)
+                source = tar.extractfile(member)
                 with open(target, "wb") as out:
-                    out.write(tar.extractfile(member).read())
+                    while chunk := source.read(1 << 20):
+                        out.write(chunk)
                 os.utime(target, (member.mtime, member.mtime))
                 files, size = files + 1, size + member.size
         while raw.read(1 << 20):  # to the end: gzip checks the whole stream's CRC there
@@ -298,7 +300,7 @@ class CacheKeeper:
                     self.say(restore_archive(archive, cache, self.stamp))
                 if not archives:
                     self.say(f"torch.compile cache: no archive in {cache.archive_folder} yet (a cold start)")
-            evicted = stop_evicting(cache.folder, cache.max_bytes)
+            evicted = run_eviction(cache.folder, cache.max_bytes)
             if evicted[0]:
                 self.say(self.describe_evicted(*evicted))
             self.at_start = load_entries(cache.folder)
@@ -348,7 +350,7 @@ class CacheKeeper:
         if self.thread is not None:
             self.thread.join(join_s)
         try:
-            evicted = stop_evicting(self.cache.folder, self.cache.max_bytes)
+            evicted = run_eviction(self.cache.folder, self.cache.max_bytes)
             if evicted[0]:
                 self.say(self.describe_evicted(*evicted))
             after = load_entries(self.cache.folder)

@@ -156,7 +156,7 @@ def fill(folder, sizes: dict[str, int], start: float = 1_000_000.0) -> None:
                                          (301, ["c/3.so", "b/2.so", "a/1.so"]), (99, []), (100, ["c/3.so"])])
 def test_the_bound_evicts_the_oldest_first_just_under_at_and_over_it(tmp_path, bound, kept):
     fill(tmp_path, {"a/1.so": 100, "b/2.so": 100, "c/3.so": 100})
-    removed, _ = keep.stop_evicting(str(tmp_path), bound)
+    removed, _ = keep.run_eviction(str(tmp_path), bound)
     assert removed == 3 - len(kept)
     assert [e[0] for e in sorted(keep.load_entries(str(tmp_path)), key=lambda e: -e[2])] == kept
 
