@@ -85,7 +85,8 @@ def start_compile_cache(plan: LaunchPlan, role: HostRole):
     keeper = CacheKeeper(plan.compile_cache, lambda: role.supervisor is not None and role.supervisor.stopped_by,
                          plan.settings.stop_check_s)
     keeper.start()
-    role.mark("compile cache ready")
+    if plan.compile_cache.archive is not None:  # a phase of its own only where archives are unpacked
+        role.mark("compile cache restored")
     return keeper
 
 

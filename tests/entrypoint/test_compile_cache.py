@@ -393,7 +393,9 @@ def test_the_job_report_and_the_log_say_what_the_cache_held_and_wrote(tmp_path):
     done = run_entrypoint(root, timeout=120, BYOC_COMPILE_CACHE_DIR=str(tmp_path / "host-local"),
                           BYOC_RUNTIME_DIR=str(tmp_path / "run"))
     assert done.returncode == 0, done.stderr[-3000:]
-    notes = json.loads((root / "output/data/report/report.json").read_text())["notes"]
+    report = json.loads((root / "output/data/report/report.json").read_text())
+    assert "compile cache restored" in [p["name"] for p in report["phases"]]
+    notes = report["notes"]
     cache_lines = [n for n in notes if n.startswith("algo-1: torch.compile cache:")]
     assert any("holds 2 file(s)" in n for n in cache_lines), notes
     assert any("1 FX graph entry at the start, 0 compiled by this job" in n for n in cache_lines)
