@@ -441,7 +441,8 @@ def decide(
     shared = _Shared(job, topo, dist.launcher, code, entry, build_install_steps(runtime.python, code_dir, code_facts),
                      {**build_sm_env(job, facts, topo), **gpu_env, **topology.build_gpu_share_env(topo), **neuron_env,
                       **compile_env, **report_env}, settings, runtime, notes)
-    plan = decide_role_plan(shared, dist, facts, launcher_kind, program_argv)._replace(report=report, compile_cache=compile_cache)
+    plan = decide_role_plan(shared, dist, facts, launcher_kind, program_argv)._replace(report=report,
+                                                                                       compile_cache=compile_cache)
     return decide_health_check(plan, job, facts, topo, runtime.python) if settings.health_check else plan
 
 

@@ -67,6 +67,8 @@ def run_plan(plan: LaunchPlan, paths: MlPaths, environ: dict[str, str], launch: 
     keeper = start_compile_cache(plan, role) if outcome is None else None
     outcome = outcome or role.start()
     if outcome is not None:
+        if keeper is not None:
+            keeper.done.set()  # no rank ran: nothing new to keep
         return outcome
     mark_training_started()
     try:
