@@ -22,7 +22,7 @@ is set, and the plan says so.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Mapping, NamedTuple
 
 if TYPE_CHECKING:
     from entrypoint.decide.topology import Topology
@@ -97,7 +97,7 @@ def describe_cores(cpu: CpuFacts, cores: int) -> str:
     return f"{cores} core(s) ({', '.join(limits)})"
 
 
-def decide_thread_budget(environ: dict[str, str], cpu: CpuFacts, processes: int, sharing_hosts: int) -> ThreadBudget:
+def decide_thread_budget(environ: Mapping[str, str], cpu: CpuFacts, processes: int, sharing_hosts: int) -> ThreadBudget:
     """Each process's threads, the variables that say it, and the plan's note."""
     cores = decide_cores(cpu)
     processes = max(1, processes)
@@ -125,7 +125,7 @@ def decide_processes_per_host(launcher_kind: str, topo: Topology) -> dict[str, i
     return {h: (topo.processes_per_host + extra if h in topo.distribution_hosts else 1) for h in topo.hosts}
 
 
-def build_thread_env(environ: dict[str, str], facts: MachineFacts, topo: Topology, instance_type: str,
+def build_thread_env(environ: Mapping[str, str], facts: MachineFacts, topo: Topology, instance_type: str,
                      launcher_kind: str) -> tuple[dict[str, str], str]:
     """(the variables for every process of the plan, the plan's note)."""
     cpu = CpuFacts(facts.cpu_count, facts.cpu_affinity, facts.cpu_quota, facts.mkl)
