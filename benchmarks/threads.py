@@ -2,7 +2,7 @@
 after, in one run; and a plain BYOC script under mpirun with 2 processes on one host.
 
     .venv/bin/python benchmarks/threads.py [--backends ddp,horovod,mpi4py] [--repeats 1]
-        [--epochs 20] [--only localmode|plain] [--json out.json]
+        [--epochs 20] [--only localmode|plain] [--configs before,no-budget,after] [--json out.json]
 
 Every configuration is the same image and code; what differs is the job's environment (the
 estimator's `environment=`), which the plan never overrides:
@@ -120,16 +120,18 @@ def main(argv=None) -> int:
     parser.add_argument("--epochs", type=int, default=DEFAULT_HYPERPARAMETERS["epochs"])
     parser.add_argument("--plain-steps", type=int, default=2000)
     parser.add_argument("--only", choices=("localmode", "plain"))
+    parser.add_argument("--configs", default=",".join(CONFIGS), help="a subset of " + ", ".join(CONFIGS))
     parser.add_argument("--json")
     args = parser.parse_args(argv)
     backends = [b for b in args.backends.split(",") if b]
     unknown = [b for b in backends if b not in BACKENDS]
-    if unknown:
-        parser.error(f"unknown backend(s) {unknown}")
+    configs = [c for c in args.configs.split(",") if c]
+    if unknown or set(configs) - set(CONFIGS):
+        parser.error(f"unknown backend(s) or configuration(s): {unknown or sorted(set(configs) - set(CONFIGS))}")
     results: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory(prefix="byoc-threads-") as tmp:
         for repeat in range(args.repeats):  # configurations interleaved, so drift touches each alike
-            for config in CONFIGS:
+            for config in configs:
                 if args.only != "plain":
                     for backend in backends:
                         key = f"localmode {backend} {config}"
