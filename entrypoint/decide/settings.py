@@ -48,6 +48,10 @@ class LaunchSettings(NamedTuple):
     # The job report (entrypoint/jobreport/, docs/job-report.md).
     report: bool = True  # BYOC_REPORT: 0 turns it off
     report_interval_s: float = 1.0  # BYOC_REPORT_INTERVAL_S: how often each host is sampled
+    # torch.compile's caches kept between jobs (decide/compile_cache.py, run/compile_cache.py).
+    compile_cache: bool = True  # BYOC_COMPILE_CACHE: 0 turns it off
+    compile_cache_max_mb: int = 1024  # BYOC_COMPILE_CACHE_MAX_MB: the folder's bound, oldest out first
+    compile_cache_save_every_s: float = 600.0  # BYOC_COMPILE_CACHE_SAVE_EVERY_S: 0: only at the end and on a stop
 
     # --- fixed ----------------------------------------------------------------------------------
     # How often this host's process tree is polled (exits, deadlines, hang checks).
@@ -172,6 +176,9 @@ def parse_launch_settings(environ: Mapping[str, str]) -> LaunchSettings:
         health_check_timeout_s=number("BYOC_HEALTH_CHECK_TIMEOUT_S", 600.0, float, 1.0),
         report=parse_switch(environ, "BYOC_REPORT", True),
         report_interval_s=number("BYOC_REPORT_INTERVAL_S", 1.0, float, 0.1, 60.0),
+        compile_cache=parse_switch(environ, "BYOC_COMPILE_CACHE", True),
+        compile_cache_max_mb=number("BYOC_COMPILE_CACHE_MAX_MB", 1024, int, 1, 1 << 20),
+        compile_cache_save_every_s=number("BYOC_COMPILE_CACHE_SAVE_EVERY_S", 600.0, float, 0.0),
         **parse_capacity_settings(environ),
     )
 

@@ -46,6 +46,7 @@ class HostRole:
         self.lost: str | None = None  # why another host was lost during the run
         self.peer_failed: str | None = None  # a worker host's part failed while this host's ran
         self.report_part = None  # this host's part of the job report (jobreport/host.HostReport), when on
+        self.report_notes: list[str] = []  # lines for the job report's notes (the compile cache's)
 
     def start_report(self) -> None:
         """Sampling starts as soon as the plan is decided, so the report shows the start-up too."""
@@ -96,7 +97,8 @@ class HostRole:
         figures, _ = self.report_part.end(self.plan.settings.report_figures_bytes)
         write_job_report(self.paths.output_data_dir, self.what, self.plan.current_host,
                          self.plan.hosts or (self.plan.current_host,), outcome.exit_code,
-                         {**others, self.plan.current_host: figures}, [])
+                         {**others, self.plan.current_host: figures},
+                         [f"{self.plan.current_host}: {n}" for n in self.report_notes])
 
     def close(self, outcome: Outcome) -> None:
         return None
