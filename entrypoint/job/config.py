@@ -27,6 +27,7 @@ RESOURCE_CONFIG = "resourceconfig.json"
 HYPERPARAMETERS = "hyperparameters.json"
 INPUT_DATA_CONFIG = "inputdataconfig.json"
 CHECKPOINT_CONFIG = "checkpointconfig.json"
+TENSORBOARD_CONFIG = "tensorboardoutputconfig.json"
 
 # Hyperparameters the SDK writes for the platform, not for the user's script
 # (sagemaker_training.params.SAGEMAKER_HYPERPARAMETERS). Everything else starting with
@@ -202,6 +203,9 @@ class JobConfig(NamedTuple):
     program: str | None  # SAGEMAKER_PROGRAM or sagemaker_program
     program_from_env: bool  # SAGEMAKER_PROGRAM wins over the hyperparameter, as in the toolkit
     environ: Mapping[str, str]  # the entrypoint's own environment, as it was at start
+    # A TensorBoard output config's LocalPath (SageMaker syncs that folder to S3 while the job
+    # runs); None without the file.
+    tensorboard_path: str | None = None
 
 
 # --- parsing (pure) -----------------------------------------------------------------------
@@ -418,6 +422,13 @@ def parse_checkpoint_config(doc: Any, paths: MlPaths) -> CheckpointConfig:
     return CheckpointConfig(local_path=local_path, s3_uri=s3_uri)
 
 
+def parse_tensorboard_config(doc: Any, paths: MlPaths) -> str:
+    """The folder SageMaker syncs to S3 while the job runs: LocalPath, default
+    output/tensorboard (what smdebug reads from the same file)."""
+    obj = _require_object(doc, TENSORBOARD_CONFIG)
+    return _string_field(obj, "LocalPath", TENSORBOARD_CONFIG, default=os.path.join(paths.base, "output", "tensorboard"))
+
+
 def parse_program(hyperparameters: Hyperparameters, environ: Mapping[str, str]) -> tuple[str | None, bool]:
     from_env = environ.get("SAGEMAKER_PROGRAM")
     if from_env:
@@ -478,6 +489,7 @@ def load_job(paths: MlPaths, environ: Mapping[str, str]) -> JobConfig:
     ckpt_doc = _read_config(paths, CHECKPOINT_CONFIG, required=False)
     checkpoint = None if ckpt_doc is None else parse_checkpoint_config(ckpt_doc, paths)
     program, program_from_env = parse_program(hyperparameters, environ)
+    tb_doc = _read_config(paths, TENSORBOARD_CONFIG, required=False)
     return JobConfig(
         paths=paths,
         resource=resource,
@@ -487,6 +499,7 @@ def load_job(paths: MlPaths, environ: Mapping[str, str]) -> JobConfig:
         program=program,
         program_from_env=program_from_env,
         environ=frozen_mapping(environ),
+        tensorboard_path=None if tb_doc is None else parse_tensorboard_config(tb_doc, paths),
     )
 
 

@@ -68,7 +68,9 @@ class Figures:
         self.last_step_end = now
         self.wait = self.backward = self.data_wait = 0.0
         self.samples = 0
-        if time.monotonic() - self.written_at >= WRITE_EVERY_S:
+        # The first point at once (the leader's live view shows the job from its first steps),
+        # then every WRITE_EVERY_S.
+        if self.steps == 2 or time.monotonic() - self.written_at >= WRITE_EVERY_S:
             self._write()
 
     def add_point(self, step_s: float) -> None:
