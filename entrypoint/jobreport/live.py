@@ -88,6 +88,11 @@ def build_rank_update(raw: dict, after_step: int, notes: Notes) -> dict | None:
     if not all(isinstance(c, list) for c in columns):
         notes.add(f"rank {str(rank)[:40]!r}: a series that is not a list, left out")
         return None
+    # The series are written in step (index by index); a column shorter than the steps (not a
+    # file of ours) lacks those values: None there. A huge series: only its end can be new.
+    count = len(columns[0])
+    start = max(0, count - 4 * MAX_POINTS)
+    columns = [(c[:count] + [None] * (count - len(c)))[start:] for c in columns]
     points, dropped = [], 0
     for values in zip(*columns):
         step = values[0]

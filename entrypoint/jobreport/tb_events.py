@@ -12,6 +12,11 @@ from __future__ import annotations
 import os
 
 
+def build_utf8(text: str) -> str:
+    """Text protobuf can encode: a lone surrogate (a rank's name can be any text) becomes '?'."""
+    return text.encode("utf-8", "replace").decode("utf-8")
+
+
 class EventsFile:
     def __init__(self, folder: str, log):
         self.folder = folder
@@ -54,7 +59,8 @@ class EventsFile:
             self._writer.write_event(Event(wall_time=wall, step=step, summary=summary))
             self.written += 1
         for tag, value, step, wall in texts:
-            self._writer.write_event(Event(wall_time=wall, step=step, summary=text_summary(tag, value)))
+            summary = text_summary(tag, build_utf8(value))
+            self._writer.write_event(Event(wall_time=wall, step=step, summary=summary))
             self.written += 1
 
     def fail(self, exc: Exception) -> None:

@@ -145,7 +145,7 @@ def test_hostile_rank_files_are_noted_and_the_rest_still_written(tmp_path):
     (ranks / "rank-3.json").write_text(json.dumps({"rank": [1], "series": 5}))
     (ranks / "rank-4.json").write_bytes(b"\xff\xfe\x00garbage")
     with open(ranks / "rank-5.json", "w") as f:
-        f.write('{"rank": "5", "series": {"step": [' + ",".join(["1"] * 1_000_000) + "]}}")
+        f.write('{"rank": "5", "series": {"step": [' + ",".join(["1"] * 2_100_000) + "]}}")
     logged = []
     spec = ReportSpec(str(ranks), 1.0, 0, 0, str(tmp_path / "tb" / "byoc-job"), 1.0, 1.0)
     loop = LiveLoop(spec, "algo-1", StandInSampler(), NoThroughput(), logged.append)

@@ -192,7 +192,6 @@ def read_scalars(folder):
     loader = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator",
                                  reason="the test extra's tensorboard (not in the image, where these tests also run)")
     acc = loader.EventAccumulator(str(folder))
-    acc = EventAccumulator(str(folder))
     acc.Reload()
     return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
 
