@@ -6,6 +6,7 @@ them); the traffic each worker sent is bounded and logged."""
 import os
 import re
 import time
+from pathlib import Path
 
 import pytest
 
@@ -16,8 +17,9 @@ accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_ac
                                   reason="the test extra's tensorboard (not in the image, where these tests also run)")
 
 pytestmark = [needs_root, pytest.mark.slow]
+# PYTHONPATH: this tree's entrypoint on every host, whatever the venv's editable install points at.
 LIVE = {"BYOC_TENSORBOARD": "1", "BYOC_LIVE_INTERVAL_S": "1", "BYOC_REPORT_INTERVAL_S": "0.5",
-        "BYOC_STATUS_INTERVAL_S": "2"}
+        "BYOC_STATUS_INTERVAL_S": "2", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
 
 
 def scalar_tags(folder: str) -> set:
