@@ -56,14 +56,21 @@ if rank == 0:
 """
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def run_long(seconds: float, report: bool, tensorboard: bool = False) -> dict:
     host = socket.gethostname()
     with tempfile.TemporaryDirectory() as tmp:
         root = write_tree(Path(tmp), script=LONG_JOB.replace("SECONDS", str(seconds)), hosts=(host,), current_host=host,
                           hyperparameters={"sagemaker_mpi_enabled": True, "sagemaker_mpi_num_of_processes_per_host": 2})
         started = time.monotonic()
+        # a free port: another job on this machine may hold the default 7777
         done = run_entrypoint(root, timeout=seconds + 300, BYOC_REPORT="1" if report else "0", OMP_NUM_THREADS="1",
-                              BYOC_TENSORBOARD="1" if tensorboard else "0")
+                              BYOC_TENSORBOARD="1" if tensorboard else "0", BYOC_MASTER_PORT=str(free_port()))
         wall = time.monotonic() - started
         if done.returncode != 0:
             raise RuntimeError(done.stderr[-3000:])
