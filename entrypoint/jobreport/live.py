@@ -1,6 +1,8 @@
-"""The job watched live (the updates, pure; live_loop.py runs them, live_view.py reads them): every interval, each host's new figures (its sampled points, its
-ranks' new steps) reach the leader, which writes them as TensorBoard scalars (tb_events.py)
-and, every BYOC_STATUS_INTERVAL_S, logs the status line (status_line.py).
+"""The job watched live: what moves (the updates; pure but for the rank files' loader).
+live_loop.py runs them, live_view.py turns them into scalars. Every interval, each host's new
+figures (its sampled points, its ranks' new steps) reach the leader, which writes them as
+TensorBoard scalars (tb_events.py) and, every BYOC_STATUS_INTERVAL_S, logs the status line
+(status_line.py).
 
     a worker (job port)   LiveLoop.tick: build_update -> fit_update -> BYOC-HOST-LIVE to the leader
     the leader / 1 host   LiveLoop.tick: build_update (its own) + the workers' (parse_update)
@@ -8,10 +10,11 @@ and, every BYOC_STATUS_INTERVAL_S, logs the status line (status_line.py).
 
 Whatever a figure holds (a rank file is the script's process's; a worker's words come over the
 network), a value that is not a finite number of sensible size is left out with a note, and a
-rank file too large or not JSON is skipped with a note: never a crash, never a lost report.
-The traffic is bounded: one message a worker an interval, at most settings.live_figures_bytes
-(the newest points kept when it must be cut); the bytes sent are counted and logged at the end.
-The thread's own CPU time is counted with the sampler's (the report's budget: 1% of a core).
+rank file too large is skipped with a note (one that does not parse, being replaced, is read
+again at the next interval): never a crash, never a lost report. The traffic is bounded: one
+message a worker an interval, at most settings.live_figures_bytes (the newest points kept when
+it must be cut); the bytes sent are counted and logged at the end. The thread's own CPU time is
+counted with the sampler's (the report's budget: 1% of a core).
 """
 
 from __future__ import annotations
