@@ -13,7 +13,7 @@ import pytest
 
 from entrypoint.decide.settings import parse_launch_settings
 from entrypoint.errors import JobDefinitionError
-from entrypoint.jobreport import live, tb_events
+from entrypoint.jobreport import live, live_view, tb_events
 from entrypoint.jobreport.live import Notes, build_rank_update, build_update, fit_update, parse_update
 from entrypoint.jobreport.live_loop import decide_tick_s
 from entrypoint.jobreport.live_view import LiveView, build_rank_values, build_tag_part
@@ -168,6 +168,24 @@ def test_tags_group_by_host_and_rank():
     assert {s for t, _, s, _ in scalars if t.startswith("host/")} == {2}
     assert sorted(s for t, _, s, _ in scalars if t == "rank/3/step_ms") == [1, 2, 3]
     assert build_tag_part(HOSTILE_TEXT) == "r____31m___.._x"
+
+
+@pytest.mark.parametrize("ranks, most", [(0, 16), (1, 16), (10, 16), (11, 15), (166, 1), (167, 1), (10_000, 1)])
+def test_rank_points_a_tick_are_bounded_by_the_job_size(ranks, most):
+    assert live_view.decide_points_per_rank(ranks) == most
+
+
+@pytest.mark.parametrize("count", [15, 16, 17, 1000])
+def test_a_ticks_rank_points_are_merged_just_over_their_bound(count):
+    points = [(step, {"step_ms": float(step)} if step % 5 else {"step_ms": float(step), "data_wait_ms": 1.0})
+              for step in range(1, count + 1)]
+    merged = live_view.build_merged(points, 16)
+    assert len(merged) <= 16 and merged[-1][0] == count
+    if count <= 16:
+        assert merged == points
+    else:  # the means of consecutive steps, at each group's last step
+        size = -(-count // 16)
+        assert merged[0] == (size, {"step_ms": (1 + size) / 2, **({"data_wait_ms": 1.0} if size >= 5 else {})})
 
 
 def test_ddp_compute_takes_the_backward_beyond_the_shortest():
