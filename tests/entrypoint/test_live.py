@@ -55,7 +55,8 @@ def start_job(tmp_path, tensorboard: bool, **env):
     files = {"GO_FILE": str(tmp_path / "go"), "FIRST_STEP_FILE": str(tmp_path / "first-step")}
     proc = subprocess.Popen([PYTHON, "-m", "entrypoint", "train"], cwd=str(REPO), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True,
-                            env=entrypoint_env(root, BYOC_REPORT_INTERVAL_S="0.5", HOLD_AT="3", **files, **env))
+                            env=entrypoint_env(root, BYOC_REPORT_INTERVAL_S="0.5", HOLD_AT="3",
+                                               BYOC_RUNTIME_DIR=str(tmp_path / "run"), **files, **env))
     return host, root, proc
 
 

@@ -66,9 +66,10 @@ def test_tensorboard_shows_a_step_time_plot_per_rank(tmp_path):
     host = socket.gethostname()
     root = write_tree(tmp_path / "ml", script=TWO_RANKS, hosts=(host,), current_host=host,
                       hyperparameters={"sagemaker_mpi_enabled": True, "sagemaker_mpi_num_of_processes_per_host": 2})
-    # The default live interval (10 s): the last write is at the job's end. A free port: another
-    # job on this machine may hold the default 7777.
-    done = run_entrypoint(root, BYOC_TENSORBOARD="1", BYOC_MASTER_PORT=str(free_port()))
+    # The default live interval (10 s): the last write is at the job's end. A free port and a
+    # runtime folder of its own: another job on this machine may hold 7777 or this job's id.
+    done = run_entrypoint(root, BYOC_TENSORBOARD="1", BYOC_MASTER_PORT=str(free_port()),
+                          BYOC_RUNTIME_DIR=str(tmp_path / "run"))
     assert done.returncode == 0, done.stderr[-3000:]
     port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "tensorboard.main", "--logdir", str(root / "output/tensorboard"),
