@@ -52,8 +52,12 @@ def load_runtime(environ: dict[str, str], job_id: str) -> Runtime:
 
 
 def decide_job_id_of(job: JobConfig) -> str:
+    """A job of one host has nobody to share its folder's path with: its id is this
+    entrypoint's own (two runs of one definition on one machine, side by side, never meet).
+    Several hosts need the same path on each (runtime_dirs.py), and each has a /run of its own."""
     return runtime_dirs.decide_job_id(job.environ.get("TRAINING_JOB_NAME", ""), job.resource.hosts,
-                                      build_json(dict(job.hyperparameters.values), sort_keys=True, default=str))
+                                      build_json(dict(job.hyperparameters.values), sort_keys=True, default=str),
+                                      str(os.getpid()) if len(job.resource.hosts) == 1 else "")
 
 
 def load_plan(job: JobConfig, facts: MachineFacts, runtime: Runtime) -> LaunchPlan:
@@ -143,11 +147,15 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException:
         launch.close(Outcome(1))  # an error of ours (its traceback follows): no other host waits on
         raise
+    from entrypoint.run import finishing
+
+    finish = finishing.start_finish()  # from here a stop keeps this outcome and ends the rest
     try:
         write_outcome(paths, outcome)  # the one place output/ is written
-        launch.report(outcome)  # output/data/report: the leader's; a worker sends its figures
     finally:
-        launch.close(outcome)  # after them: an MPI leader tells its workers what it wrote
+        # output/data/report (the leader's; a worker sends its figures), then closing (an MPI
+        # leader tells its workers what it wrote), each bounded: run/finishing.py.
+        finishing.run_finish(finish, launch, outcome)
     return outcome.exit_code
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import json
+import math
 import typing
 from dataclasses import dataclass
 from typing import Sequence
@@ -115,9 +116,13 @@ def _coerce(name: str, annotation: object, raw: str) -> object:
             raise HyperparameterError(f"--{name} {raw!r}: expected an integer")
         return int(value)
     if annotation is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise HyperparameterError(f"--{name} {raw!r}: expected a number")
-        return float(value)
+        # NaN and infinities (JSON's NaN, 1e999) are no learning rate: refused like the
+        # entrypoint's settings (entrypoint/decide/numbers.py).
+        number = float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and (
+            not isinstance(value, int) or abs(value) < 2 ** 1000) else math.nan
+        if not math.isfinite(number):
+            raise HyperparameterError(f"--{name} {raw!r}: expected a finite number")
+        return number
     if typing.get_origin(annotation) is tuple:
         (item_type, _ellipsis) = typing.get_args(annotation)
         if not isinstance(value, (list, tuple)):

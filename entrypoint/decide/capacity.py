@@ -17,8 +17,8 @@ The value is read in any of the forms the guide and its example use, unambiguous
   milliseconds (10^11 seconds is the year 5138; 10^11 milliseconds is 1973-03-03);
 - ISO 8601 (`2026-12-01T10:00:00Z`, `+00:00` offsets, a space for the T); without an offset,
   UTC.
-"0" or nothing (the guide's example default) is no capacity end. Anything else is kept as
-unreadable: the plan says so, and the job runs without the stop rather than failing on a
+"0" or nothing (the guide's example default) is no capacity end. Anything else, a time a
+calendar cannot hold included (decide/numbers.py: the years 1 to 9999), is kept as unreadable: the plan says so, and the job runs without the stop rather than failing on a
 platform value.
 """
 
@@ -28,26 +28,32 @@ import re
 
 CAPACITY_END_ENV = "SAGEMAKER_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP"
 MILLISECONDS_FROM = 1e11
-_NUMBER = re.compile(r"^\d+(\.\d+)?$")
+_NUMBER = re.compile(r"^[0-9]+(\.[0-9]+)?$")
 
 
 def parse_capacity_end(raw: str | None) -> tuple[float | None, bool]:
     """(the capacity's end in epoch seconds or None, whether the value was readable)."""
+    from entrypoint.decide.numbers import parse_epoch_s, parse_number
+
     text = (raw or "").strip()
     if text in ("", "0"):
         return None, True
     if _NUMBER.match(text):
-        value = float(text)
-        return (value / 1000.0 if value >= MILLISECONDS_FROM else value), True
+        value = parse_number(text, float)
+        if value is None:  # too long a number for a float: no time at all
+            return None, False
+        ends_at = parse_epoch_s(value / 1000.0 if value >= MILLISECONDS_FROM else value)
+        return ends_at, ends_at is not None
     from datetime import datetime, timezone  # only for a value in ISO form
 
     try:
         when = datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith(("Z", "z")) else text)
-    except ValueError:
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=timezone.utc)
+        ends_at = parse_epoch_s(when.timestamp())  # year 1 with a positive offset is before the year 1
+    except (ValueError, OverflowError):
         return None, False
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=timezone.utc)
-    return when.timestamp(), True
+    return ends_at, ends_at is not None
 
 
 def decide_capacity_stop(capacity_ends_at: float | None, termination_lead_s: float, stop_lead_s: float) -> float | None:
@@ -58,8 +64,13 @@ def decide_capacity_stop(capacity_ends_at: float | None, termination_lead_s: flo
 
 
 def describe_utc(epoch_s: float) -> str:
+    """epoch_s as a UTC time; one a calendar cannot hold (a stop time before the year 1) says so."""
     import time
 
+    from entrypoint.decide.numbers import parse_epoch_s
+
+    if parse_epoch_s(epoch_s) is None:
+        return f"{epoch_s:.0f} s from 1970 (no calendar date)"
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(epoch_s))
 
 

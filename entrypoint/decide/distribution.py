@@ -82,8 +82,10 @@ def _as_positive_int(key: str, value: Any) -> int:
         number = None
     elif isinstance(value, int):
         number = value
-    elif isinstance(value, str) and value.strip().isdigit():
-        number = int(value)
+    elif isinstance(value, str):
+        from entrypoint.decide.numbers import parse_number  # the one rule: no "٣", no "1_0"
+
+        number = parse_number(value, int)
     else:
         number = None
     if number is None or number < 1:

@@ -505,6 +505,10 @@ def decide_mpi_plan(shared: _Shared, dist: Distribution, facts: MachineFacts, la
     launcher_env["BYOC_HOST_ENV_FILE"] = runtime.files.host_env
     if not topo.is_leader:
         return build_plan(shared, Role.MPI_WORKER, (), launcher_env)
+    if program_argv[1:2] != (RECORD_ERRORS,):
+        # A shell script or an executable: the rank wrapper applies the host's values, then
+        # becomes the program (record_errors.py --exec), as it does for a Python rank.
+        program_argv = (runtime.python, RECORD_ERRORS, "--exec", *program_argv)
     if launcher_kind == "smdataparallel":
         program_argv = ("smddprun", *program_argv)
     forwarded = forwarded_names({**shared.env, **launcher_env}, dict(shared.job.environ))

@@ -119,6 +119,14 @@ class LaunchSettings(NamedTuple):
     # A worker's live figures (every live interval): at most this many bytes of JSON, so the
     # traffic to the leader is at most this a worker an interval.
     live_figures_bytes: int = 16000
+    # The job's end after its outcome is written (run/finishing.py): the job report step (the
+    # MPI leader's SSH reads of its workers' figures included) and closing, beyond the role's
+    # own wait for its peers (peer_wait_timeout_s), each at most this long.
+    finish_report_s: float = 60.0
+    finish_close_s: float = 60.0
+    # Closing after a stop came while finishing: what it releases on this host is released
+    # either way; the words to other hosts get this long.
+    finish_after_stop_s: float = 2.0
 
 
 DEFAULTS = LaunchSettings()
@@ -134,18 +142,13 @@ def decide_capacity_stop_at(settings: LaunchSettings) -> float | None:
 
 def _parse_number(environ: Mapping[str, str], name: str, default: float, kind: type, low: float,
                   high: float | None = None):
+    """A BYOC_* number, by the one rule of decide/numbers.py; default when unset or empty."""
+    from entrypoint.decide.numbers import parse_setting
+
     raw = environ.get(name)
     if raw is None or raw == "":
         return default
-    try:
-        value = kind(raw)
-    except ValueError:
-        value = None
-    # NaN compares false with every bound, and infinity passes a floor: neither is a setting.
-    if value is None or value != value or abs(value) == float("inf") or value < low or (high is not None and value > high):
-        bound = f"between {low} and {high}" if high is not None else f"at least {low}"
-        raise JobDefinitionError(f"The environment variable {name}={raw!r} must be a {kind.__name__} {bound}.")
-    return value
+    return parse_setting(name, raw, kind, low, high)
 
 
 def parse_launch_settings(environ: Mapping[str, str]) -> LaunchSettings:

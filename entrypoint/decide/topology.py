@@ -98,13 +98,18 @@ def decide_local_share(hosts: tuple[str, ...], current_host: str, gpu_count: int
                        visible: str | None) -> tuple[tuple[str, ...] | None, str | None]:
     """The GPUs (the CUDA_VISIBLE_DEVICES list when set, else 0..gpu_count-1) cut into equal
     consecutive shares in the hosts' order: the same cut on every host, since each sees the
-    same list. (current_host's share, a note), or (None, None) for one host or no GPU."""
-    if len(hosts) < 2 or not gpu_count:
+    same list. One host's share is the whole list: the job's CUDA_VISIBLE_DEVICES counts for its
+    processes and SM_NUM_GPUS as it does for several hosts'. (current_host's share, a note), or
+    (None, None) for one host without the variable or no GPU."""
+    if (len(hosts) < 2 and visible is None) or not gpu_count:
         return None, None
     gpus = tuple(g.strip() for g in visible.split(",") if g.strip()) if visible is not None else tuple(
         str(i) for i in range(gpu_count))
     if not gpus:
         return None, None
+    if len(hosts) < 2:
+        return gpus, (f"local mode: CUDA_VISIBLE_DEVICES={','.join(gpus)}: this host uses {len(gpus)} of the "
+                      f"machine's {gpu_count} GPU(s), one process each (SM_NUM_GPUS={len(gpus)})")
     per = len(gpus) // len(hosts)
     if per == 0:
         raise JobDefinitionError(

@@ -27,6 +27,7 @@ from entrypoint.report.failure import build_job_outcome_report
 from entrypoint.log import log as log_line
 from entrypoint.jobreport.spec import HOST_FIGURES_FILE
 from entrypoint.decide.plan import LaunchPlan
+from entrypoint.job.paths import open_regular
 from entrypoint.decide.settings import DEFAULTS, decide_capacity_stop_at
 from entrypoint.hosts.job_port import PeerWatch
 from entrypoint.rank.record_errors import build_readable_text
@@ -310,7 +311,7 @@ def forward_stop_to_ranks(signal_name: str, log) -> None:
 
 def load_leader_report(plan: LaunchPlan) -> str | None:
     try:
-        with open(plan.files.leader_report, encoding="utf-8", errors="replace") as f:
+        with open_regular(plan.files.leader_report) as f:  # in the job's folder, which its ranks can write
             return f.read() or None
     except OSError:
         return None
@@ -333,8 +334,11 @@ def _serve_until_outcome(plan: LaunchPlan, stop: StopRequest, log, sshd: subproc
     capacity_stop = decide_capacity_stop_at(settings)  # every host stops its own ranks then (capacity.py)
     while True:
         if os.path.exists(plan.files.outcome):
-            with open(plan.files.outcome) as f:
-                text = f.read().strip()
+            try:
+                with open_regular(plan.files.outcome) as f:
+                    text = f.read().strip()
+            except OSError:  # not a file the leader wrote: the job failed, and that is all we know
+                text = ""
             code = int(text) if text.lstrip("-").isdigit() else 1
             return WorkerOutcome(code, None, load_leader_report(plan) if code != 0 else None)
         now = time.monotonic()

@@ -60,3 +60,29 @@ class MlPaths(NamedTuple):
 
 def build_paths(environ: dict[str, str]) -> MlPaths:
     return MlPaths(base=environ.get("SAGEMAKER_BASE_DIR") or DEFAULT_BASE_DIR)
+
+
+def open_regular(path: str, write: bool = False):
+    """A file in a folder a script can write to (output/, output/data/, the ranks' report
+    folder), opened as text only when it is a regular file. The script may have put a FIFO
+    there under the name (opening one blocks until its other end opens: the entrypoint never
+    exited), a device or a symbolic link (followed only when reading). Opened with O_NONBLOCK,
+    checked with fstat, then made blocking again; anything else is an OSError naming the path.
+    Writing truncates or creates it (mode 0666 less the umask, as open() would)."""
+    import errno
+    import stat
+
+    not_regular = "not a regular file (a FIFO, device or link the script put there); not opened"
+    flags = (os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW) if write else os.O_RDONLY
+    try:
+        fd = os.open(path, flags | os.O_NONBLOCK | os.O_CLOEXEC, 0o666)
+    except OSError as exc:  # ENXIO: a FIFO nobody reads; ELOOP: a link (O_NOFOLLOW)
+        raise OSError(exc.errno, not_regular, path) if exc.errno in (errno.ENXIO, errno.ELOOP) else exc
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, not_regular, path)
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "w" if write else "r", encoding="utf-8", errors="replace")
+    except BaseException:
+        os.close(fd)
+        raise

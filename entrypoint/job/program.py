@@ -32,6 +32,9 @@ class CodeFacts(NamedTuple):
     shebang: tuple[str, ...] = ()  # interpreter argv from a "#!" line, if any
     installable: bool = False  # setup.py, or pyproject.toml with a [project] table
     has_requirements: bool = False
+    # What stands under the program's name when it is not a file: "folder", "other" (a FIFO,
+    # socket or device), or "" (nothing).
+    program_not_a_file: str = ""
 
 
 class EntryPoint(NamedTuple):
@@ -87,10 +90,13 @@ def decide_entry_point(program: str, code_dir: str, facts: CodeFacts) -> EntryPo
     script; anything else is a command."""
     path = os.path.join(code_dir, program)
     if facts.known and not facts.program_exists and not (facts.installable and not program.endswith(".sh")):
+        what = {"folder": "is a folder, not a file,", "other": "is not a regular file (a FIFO, socket or device)"}.get(
+            facts.program_not_a_file, "does not exist")
         raise JobDefinitionError(
-            f"The training program {program} does not exist in the source directory "
-            f"({code_dir}). Check entry_point= and source_dir= in the estimator."
-        )
+            f"The training program {program} {what} in the source directory "
+            f"({code_dir}). Check entry_point= and source_dir= in the estimator"
+            + (f": entry_point names the script to run, e.g. {program}/train.py." if what.startswith("is a folder")
+               else "."))
     if program.endswith(".sh"):
         return EntryPoint("shell_script", program, path)
     if facts.installable:
@@ -168,6 +174,7 @@ def _inspect_folder(folder: str, program: str) -> CodeFacts:
 
     first_line = b""
     exists = os.path.isfile(path)
+    not_a_file = "" if exists or not os.path.lexists(path) else "folder" if os.path.isdir(path) else "other"
     if exists:
         with open(path, "rb") as f:
             first_line = f.readline(512)
@@ -178,6 +185,7 @@ def _inspect_folder(folder: str, program: str) -> CodeFacts:
         shebang=parse_shebang(first_line),
         installable=_is_installable(names, read),
         has_requirements="requirements.txt" in names,
+        program_not_a_file=not_a_file,
     )
 
 
@@ -205,6 +213,7 @@ def _inspect_tar(tar_path: str, program: str) -> CodeFacts:
                 shebang=parse_shebang(first_line),
                 installable=_is_installable(top, read),
                 has_requirements="requirements.txt" in top,
+                program_not_a_file="" if member is None or member.isfile() else "folder" if member.isdir() else "other",
             )
     except (OSError, EOFError, tarfile.TarError) as exc:  # EOFError: a truncated gzip stream
         raise JobDefinitionError(

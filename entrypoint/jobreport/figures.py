@@ -23,24 +23,53 @@ def build_columns(points: list[dict]) -> dict[str, list]:
     return {n: [p.get(n) for p in points] for n in names}
 
 
-def load_rank_files(folder: str) -> list[dict]:
-    """Every rank-<N>.json in folder that parses; a rank killed while writing left only its
-    temporary file, which is not read."""
-    ranks = []
+def load_rank_files(folder: str) -> tuple[list[dict], list[str]]:
+    """Every rank-<N>.json in folder that holds a rank's figures, each cleaned
+    (build_clean_rank_file), and a note for each file or figure left out. A rank killed while
+    writing left only its temporary file, which is not read; the folder is the ranks', so a
+    file is opened only when it is a regular one (paths.open_regular: a FIFO would block)."""
+    from entrypoint.job.paths import open_regular
+
+    ranks, notes = [], []
     try:
         names = sorted(os.listdir(folder))
     except OSError:
-        return []
+        return [], []
     for name in names:
         if name.startswith("rank-") and name.endswith(".json"):
             try:
-                with open(os.path.join(folder, name)) as f:
+                with open_regular(os.path.join(folder, name)) as f:
                     data = json.load(f)
-            except (OSError, ValueError):
+            except (OSError, ValueError, RecursionError) as exc:
+                notes.append(f"{name[:40]} ({type(exc).__name__})")
                 continue
-            if isinstance(data, dict) and isinstance(data.get("series"), dict):
-                ranks.append(data)
-    return ranks
+            rank, note = build_clean_rank_file(data)
+            if note:
+                notes.append(f"{name[:40]} ({note})")
+            if rank is not None:
+                ranks.append(rank)
+    return ranks, notes
+
+
+RANK_SERIES = ("step", "step_ms", "wait_ms", "data_wait_ms", "backward_ms", "samples")
+
+
+def build_clean_rank_file(data) -> tuple[dict | None, str | None]:
+    """A rank file as build_rank_figures takes it, and a note on what was left out: a series
+    that is not a list of numbers is dropped, and a step whose figure in any series is not a
+    finite number (NaN, inf, a text) is left out of every series (they stay aligned by step);
+    counts and times that are not finite numbers become None. None when it is no rank's figures."""
+    if not isinstance(data, dict) or not isinstance(data.get("series"), dict):
+        return None, "not figures"
+    series = {n: v for n, v in data["series"].items() if n in RANK_SERIES and isinstance(v, list)}
+    dropped = sorted(set(data["series"]) & set(RANK_SERIES) - set(series))
+    bad = {i for values in series.values() for i, v in enumerate(values) if _finite(v) is None}
+    series = {n: [v for i, v in enumerate(values) if i not in bad] for n, values in series.items()}
+    clean = {**data, "series": series, "steps": _finite(data.get("steps")),
+             "first_step_at": _finite(data.get("first_step_at")), "ddp": data.get("ddp") is True}
+    notes = ([f"{len(bad)} step(s): not finite numbers"] if bad else []) + (
+        [f"not lists: {', '.join(dropped)}"] if dropped else [])
+    return clean, "; ".join(notes) or None
 
 
 def _median(values) -> float | None:
@@ -77,12 +106,12 @@ def build_rank_figures(raw: dict, host: str) -> dict:
     compute = build_compute_series(series, source)
     samples = [s for s in (series.get("samples") or []) if s]
     step_ms = _median(series.get("step_ms") or [])
-    samples_per_s = round(statistics.median(samples) * 1e3 / step_ms, 1) if samples and step_ms else None
+    samples_per_s = _finite(round(statistics.median(samples) * 1e3 / step_ms, 1)) if samples and step_ms else None
     rank = raw.get("rank")
     return {
-        "rank": int(rank) if str(rank).isdigit() else rank, "host": host,
-        "local_rank": int(raw["local_rank"]) if str(raw.get("local_rank", "")).isdigit() else None,
-        "steps": int(raw.get("steps") or 0), "step_ms": step_ms, "compute_ms": _median(compute),
+        "rank": int(rank) if str(rank).isdecimal() else rank, "host": host,  # isdigit: also "²", which int() refuses
+        "local_rank": int(raw["local_rank"]) if str(raw.get("local_rank", "")).isdecimal() else None,
+        "steps": int(_finite(raw.get("steps")) or 0), "step_ms": step_ms, "compute_ms": _median(compute),
         "wait_ms": _median(series.get("wait_ms") or []), "data_wait_ms": _median(series.get("data_wait_ms") or [])
         if any(series.get("data_wait_ms") or ()) else None, "compute_source": source, "samples_per_s": samples_per_s,
         "first_step_at": raw.get("first_step_at"), "backward_ms": _median(series.get("backward_ms") or []),
@@ -93,10 +122,12 @@ def build_rank_figures(raw: dict, host: str) -> dict:
 
 
 def build_host_figures(host: str, points: list[dict], phases: dict[str, float], ranks: list[dict],
-                       interval_s: float, cores: int, sampler_cpu_s: float, samples_per_s: float | None = None) -> dict:
+                       interval_s: float, cores: int, sampler_cpu_s: float, samples_per_s: float | None = None,
+                       note: str | None = None) -> dict:
     """What a host gives the leader (and the leader keeps of itself). samples_per_s: what the
-    script's own output lines on this host report (metric_lines.py), their median."""
-    return {"host": host, "status": "reported", "interval_s": interval_s, "cores": cores,
+    script's own output lines on this host report (metric_lines.py), their median; note: what
+    was left out of its rank files (load_rank_files)."""
+    return {**({"note": note} if note else {}), "host": host, "status": "reported", "interval_s": interval_s, "cores": cores,
             "sampler_cpu_s": round(sampler_cpu_s, 3), "samples_per_s": samples_per_s, "series": build_columns(points),
             "phases": [{"host": host, "name": n, "time": round(t, 3)} for n, t in sorted(phases.items(), key=lambda p: p[1])],
             "ranks": [apply_gpu_timings(build_rank_figures(r, host), r) for r in ranks]}
@@ -113,10 +144,14 @@ def halve_rank_series(rank: dict) -> dict:
 
 
 def fit_figures(host: str, points: list[dict], phases: dict[str, float], ranks: list[dict], interval_s: float,
-                cores: int, sampler_cpu_s: float, max_bytes: int, samples_per_s: float | None = None) -> tuple[dict, str]:
+                cores: int, sampler_cpu_s: float, max_bytes: int, samples_per_s: float | None = None,
+                notes: list[str] = ()) -> tuple[dict, str]:
     """The host's figures and their JSON, at most max_bytes: the series are halved (the whole
-    span at a coarser step) until they fit; past that, only the summaries go."""
-    figures = build_host_figures(host, points, phases, ranks, interval_s, cores, sampler_cpu_s, samples_per_s)
+    span at a coarser step) until they fit; past that, only the summaries go. notes: what was
+    left out of the rank files (a worker's note is cut to MAX_TEXT)."""
+    note = ("left out of the ranks' files: " + ", ".join(notes))[:MAX_TEXT - 20] if notes else ""
+    figures = build_host_figures(host, points, phases, ranks, interval_s, cores, sampler_cpu_s, samples_per_s,
+                                 note or None)
     while True:
         text = json.dumps(figures, ensure_ascii=True, separators=(",", ":"))
         if wire_size(text) <= max_bytes:
@@ -127,10 +162,11 @@ def fit_figures(host: str, points: list[dict], phases: dict[str, float], ranks: 
                        "ranks": [halve_rank_series(r) for r in figures["ranks"]]}
         else:
             figures = {**figures, "series": {}, "ranks": [{**r, "series": {}} for r in figures["ranks"]],
-                       "note": "too large for the job port's limit: the series were left out"}
+                       "note": (note + "; " if note else "") + "too large for the job port's limit: the series were left out"}
             text = json.dumps(figures, ensure_ascii=True, separators=(",", ":"))
             if wire_size(text) > max_bytes:
-                figures = {**figures, "ranks": [], "note": "too large for the job port's limit: only the phases"}
+                figures = {**figures, "ranks": [],
+                           "note": (note + "; " if note else "") + "too large for the job port's limit: only the phases"}
                 text = json.dumps(figures, ensure_ascii=True, separators=(",", ":"))
             return figures, text
 

@@ -70,19 +70,18 @@ class HostReport:
         written whole (a rename), in its job folder's report/."""
         _, text = self.build_figures(max_bytes)
         tmp = os.path.join(self.spec.rank_folder, f".{HOST_FIGURES_FILE}.tmp")
-        with open(tmp, "w") as f:
-            f.write(text)
+        write_new_file(tmp, text)
         os.replace(tmp, os.path.join(self.spec.rank_folder, HOST_FIGURES_FILE))
 
     def build_figures(self, max_bytes: int) -> tuple[dict, str]:
         self.sampler.mark("end")
-        ranks = load_rank_files(self.spec.rank_folder)
+        ranks, notes = load_rank_files(self.spec.rank_folder)
         points, phases = self.sampler.snapshot()
         first = [r["first_step_at"] for r in ranks if isinstance(r.get("first_step_at"), (int, float))]
         if first:
             phases.setdefault("first training step", min(first))
         figures, text = fit_figures(self.host, points, phases, ranks, self.spec.interval_s, self.sampler.cores,
-                                    self.sampler.cpu_s, max_bytes, self.throughput.median())
+                                    self.sampler.cpu_s, max_bytes, self.throughput.median(), notes)
         return figures, text
 
 
@@ -97,10 +96,23 @@ def write_report_files(output_data_dir: str, report: dict) -> str:
     os.makedirs(folder, exist_ok=True)
     for name, text in texts.items():
         tmp = os.path.join(folder, f".{name}.tmp")
-        with open(tmp, "w", encoding="utf-8", errors="replace") as f:
-            f.write(text)
+        write_new_file(tmp, text)
         os.replace(tmp, os.path.join(folder, name))
     return folder
+
+
+def write_new_file(path: str, text: str) -> None:
+    """A temporary file in a folder the script can write to (output/data/, the ranks' folder):
+    whatever the script left under its name (a FIFO would block the open) is removed first,
+    and the file is opened only as a regular one (paths.open_regular)."""
+    from entrypoint.job.paths import open_regular
+
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    with open_regular(path, write=True) as f:
+        f.write(text)
 
 
 def write_job_report(output_data_dir: str, what: str, leader: str, hosts: tuple[str, ...], exit_code: int,

@@ -2,6 +2,7 @@
 and record the exception that ends it, so the failure report can name the root cause.
 
 Usage: python record_errors.py SCRIPT [ARGS...]   |   python record_errors.py -m MODULE [ARGS...]
+       python record_errors.py --exec PROGRAM [ARGS...]   (another program: this host's values, then exec)
 
 Run by path, never with -m: this folder then becomes sys.path[0] only until we replace it, and
 nothing in the user's code folder (an `entrypoint.py`, a `train.py`) can shadow it. Standard
@@ -321,6 +322,21 @@ def _apply_host_env() -> None:
     os.environ.update({k: v for k, v in values.items() if isinstance(v, str)})
 
 
+def exec_with_host_env(argv: list) -> int:
+    """`--exec PROGRAM ARGS...` (a shell script or an executable under mpirun): this host's
+    values (_apply_host_env), then the program in this process's place. Returns only when it
+    cannot be started (127, as a shell says for a program it cannot run)."""
+    if not argv:
+        sys.stderr.write("record_errors.py: --exec needs a program\n")
+        return 2
+    _apply_host_env()
+    try:
+        os.execv(argv[0], argv)
+    except OSError as exc:
+        sys.stderr.write(f"record_errors.py: cannot run {argv[0]}: {exc.strerror or exc}\n")
+    return 127
+
+
 def _print_stacks_on_request() -> None:
     """SIGUSR1 prints every thread's Python stack on stderr and the program goes on: how the
     entrypoint shows where each rank is (python -m entrypoint: `kill -USR1` the entrypoint).
@@ -346,15 +362,21 @@ def _record_fatal_signals() -> None:
     """faulthandler writes the rank's Python stacks to its crash file the moment a fatal signal
     arrives, before the process dies: the launcher takes the death's time from the file (its
     own view comes later than the peers', whose "connection closed" errors would lead) and
-    where it happened from its text. A program that runs with faulthandler on already
+    where it happened from its text. Without that launcher (one process, mpirun's ranks) the
+    stacks go to stderr, where the log and output/failure's last lines have them (mpirun only
+    prints that a rank "exited on signal 11"). A program that runs with faulthandler on already
     (PYTHONFAULTHANDLER, -X faulthandler) keeps its own, on stderr."""
     global _crash_file
-    folder = os.environ.get(CRASH_DIR_ENV)
-    if not folder:
-        return
-    import faulthandler
+    import faulthandler  # built in: no import cost
 
     if faulthandler.is_enabled():
+        return
+    folder = os.environ.get(CRASH_DIR_ENV)
+    if not folder:
+        try:
+            faulthandler.enable(file=sys.stderr, all_threads=True)
+        except (AttributeError, ValueError, OSError):  # a stderr without a descriptor
+            pass
         return
     try:
         _crash_file = open(build_crash_file_path(folder, os.getpid()), "w")
@@ -519,6 +541,8 @@ def main(argv: list) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         sys.stderr.write(__doc__)
         return 2
+    if argv[0] == "--exec":
+        return exec_with_host_env(argv[1:])
     start_whole_lines()
     _apply_host_env()
     _print_stacks_on_request()

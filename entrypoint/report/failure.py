@@ -34,10 +34,16 @@ def describe_root_cause(cause: RootCause, limit: int = 300) -> str:
     return f"rank {cause.rank} on {cause.host}: {cause.type}: {message}"
 
 
-def describe_exit_code(code: int, oom_kills: int | None = None, killed_by_us: bool = False) -> str:
+def describe_exit_code(code: int, oom_kills: int | None = None, killed_by_us: bool = False,
+                       signaled: bool | None = None) -> str:
     """oom_kills: the kernel's OOM kills in this container's memory cgroup during the run (None:
-    unknown); killed_by_us: this entrypoint sent SIGKILL at the end of its grace period.
-    137 is called out-of-memory only when the kernel's counter says so."""
+    unknown); killed_by_us: this entrypoint sent SIGKILL at the end of its grace period;
+    signaled: whether a signal ended the process (False: it returned the code itself, as
+    `os._exit(137)` or mpirun do; None: unknown). 137 is called out-of-memory only when the
+    kernel's counter says so, and a signal only when one was seen."""
+    if signaled is False and 128 < code < 128 + 65 and not killed_by_us and not oom_kills:
+        return (f"exit code {code}, which the process returned itself: no signal ended it (a shell or launcher "
+                f"returns 128 + {code - 128} when a process it ran was killed by {describe_signal(code - 128)[0]})")
     if code == 137:
         if killed_by_us:
             return ("exit code 137: killed by SIGKILL, sent by this entrypoint when the grace period after "
@@ -184,6 +190,7 @@ def build_failure_report(
     peer_failed: str | None = None,
     oom_kills: int | None = None,
     killed_by_us: bool = False,
+    signaled: bool | None = None,
 ) -> str:
     """`what`: the stage that failed, e.g. "torchrun on 2 hosts", "installing requirements.txt".
     stopped_at: when the stop request arrived (time.time()); a root cause recorded before it
@@ -192,15 +199,16 @@ def build_failure_report(
         head = (
             f"{root_cause.type}: {root_cause.message}\n"
             f"First failure: rank {root_cause.rank} on host {root_cause.host}, "
-            f"while running {what}; the job ended with {describe_exit_code(exit_code, oom_kills, killed_by_us)}."
+            f"while running {what}; the job ended with {describe_exit_code(exit_code, oom_kills, killed_by_us, signaled)}."
         )
         if root_cause.where:
             head += f"\nWhere:\n{root_cause.where.rstrip()}"
     else:
         guess = guess_exception_from_tail(tail)
         lost_daemon = guess_lost_host(tail)
-        head = f"{what} failed on host {current_host} with {describe_exit_code(exit_code, oom_kills, killed_by_us)}."
-        signal_death = guess_signal_death(tail)
+        signal_death = guess_signal_death(tail)  # mpirun's word that a rank died of a signal
+        ended = describe_exit_code(exit_code, oom_kills, killed_by_us, None if signal_death else signaled)
+        head = f"{what} failed on host {current_host} with {ended}."
         if lost_daemon:
             head = f"Host {lost_daemon} stopped responding: mpirun lost its daemon there (the host died or its network failed).\n" + head
         elif signal_death:

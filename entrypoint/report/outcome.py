@@ -9,7 +9,7 @@ from typing import NamedTuple
 
 from entrypoint.report.failure import build_failure_report, first_root_cause
 from entrypoint.log import log
-from entrypoint.job.paths import MlPaths
+from entrypoint.job.paths import MlPaths, open_regular
 from entrypoint.rank.record_errors import build_readable_text
 from entrypoint.decide.restarts import build_earlier_failures_note
 
@@ -53,13 +53,13 @@ def write_outcome(paths: MlPaths, outcome: Outcome) -> None:
     try:
         os.makedirs(paths.output_dir, exist_ok=True)
         if exit_code == 0:
-            with open(paths.success_file, "w"):
+            with open_regular(paths.success_file, write=True):  # output/ is the script's too: no FIFO
                 pass
             return
         if os.path.exists(paths.failure_file):
             log("the script wrote its own output/failure; leaving it as it is")
             return
-        with open(paths.failure_file, "w", encoding="utf-8") as f:
+        with open_regular(paths.failure_file, write=True) as f:
             f.write(report or "")
     except OSError as exc:
         what = paths.success_file if exit_code == 0 else paths.failure_file
@@ -69,7 +69,7 @@ def write_outcome(paths: MlPaths, outcome: Outcome) -> None:
 
 def load_failure_file(paths: MlPaths) -> str | None:
     try:
-        with open(paths.failure_file, encoding="utf-8", errors="replace") as f:
+        with open_regular(paths.failure_file) as f:  # the script's own may be anything: a FIFO, a device
             return f.read()
     except OSError:
         return None
@@ -93,6 +93,7 @@ def build_run_report(what: str, exit_code: int, collector, current_host: str, en
         peer_failed=peer_failed,
         oom_kills=run.oom_kills if run else None,
         killed_by_us=run.killed_at_deadline if run else False,
+        signaled=run.signaled if run else None,
     )
 
 

@@ -44,11 +44,17 @@ class Launch:
 
     def close(self, outcome: Outcome) -> None:
         try:
-            if self.role is not None:
-                self.role.close(outcome)
+            self.close_role(outcome)
         finally:
-            for folder in self.folders:
-                runtime_dirs.remove_job_folder(folder)
+            self.remove_folders()
+
+    def close_role(self, outcome: Outcome) -> None:
+        if self.role is not None:
+            self.role.close(outcome)
+
+    def remove_folders(self) -> None:
+        for folder in self.folders:
+            runtime_dirs.remove_job_folder(folder)
 
 
 def run_plan(plan: LaunchPlan, paths: MlPaths, environ: dict[str, str], launch: Launch) -> Outcome:
@@ -107,7 +113,7 @@ def run_with_restarts(plan: LaunchPlan, env: dict[str, str], role: HostRole, pat
         if decide_restart(role.relaunchable, plan.settings.max_restarts, len(earlier), ending) is not None:
             return build_run_outcome(role, run, earlier)
         cause = first_root_cause(collector.root_causes)
-        summary = describe_root_cause(cause) if cause else describe_exit_code(run.exit_code, run.oom_kills)
+        summary = describe_root_cause(cause) if cause else describe_exit_code(run.exit_code, run.oom_kills, signaled=run.signaled)
         log(build_restart_line(len(earlier), plan.settings.max_restarts, role.what, run.exit_code, summary))
         earlier.append(summary)
         # The next attempt's failure, if any, is reported on its own: what this one printed
@@ -134,11 +140,14 @@ def build_stop_at(plan: LaunchPlan) -> tuple[float, str] | None:
 
 
 def build_run_outcome(role: HostRole, run: RunResult, earlier: list[str]) -> Outcome:
-    if run.stop_reason:
-        # 143 (SIGTERM's) whatever the processes' own codes: the script exiting 0 after it
-        # checkpointed did not finish, and torchrun's agent ends with 1 on SIGTERM.
-        code = 143
-        return Outcome(code, f"{run.stop_reason}\n\n{role.build_report(role.what, run._replace(exit_code=code))}")
+    if run.stop_reason and not run.launch_error:
+        # A stop this host made itself (the capacity is ending) is reported as the platform's
+        # stop is (SIGTERM to the entrypoint): by what the script did. One that saved and exited
+        # 0 succeeded (output/success, its checkpoint kept); the reason stays in the log.
+        if run.exit_code == 0:
+            log(f"{run.stop_reason.splitlines()[0]} The processes ended with exit code 0 after the stop.")
+            return SUCCESS
+        return Outcome(run.exit_code, f"{run.stop_reason}\n\n{role.build_report(role.what, run)}")
     if run.launch_error:
         return Outcome(run.exit_code, f"{role.what}: {run.launch_error}")
     if run.exit_code != 0:

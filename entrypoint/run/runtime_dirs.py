@@ -8,7 +8,8 @@ So each job works in `<BYOC_RUNTIME_DIR or /run/byoc>/job-<id>` and keeps what m
 memory-backed (ssh.decide_key_folder). The id is the same on every host of a job — the leader
 writes the outcome into a worker's folder, and mpirun tells every rank where its host's
 environment is — so it is derived from what every host is given (decide_job_id), not drawn
-at random.
+at random; a job of one host adds its entrypoint's process id, so two runs of one definition
+on one machine (parallel tests, emulated jobs) each have their own.
 
 Created with mkdir (which fails if anything is there: no symlink, no folder someone prepared
 is followed) and mode 0700. A folder left by an entrypoint that was killed (SIGKILL, the OOM
@@ -127,11 +128,12 @@ class Owner(NamedTuple):
     host: str
 
 
-def decide_job_id(job_name: str, hosts: tuple[str, ...], hyperparameters_json: str) -> str:
-    """16 hex digits, the same on every host of one job, different between jobs."""
+def decide_job_id(job_name: str, hosts: tuple[str, ...], hyperparameters_json: str, entrypoint: str = "") -> str:
+    """16 hex digits, the same on every host of one job, different between jobs; entrypoint:
+    what makes it this entrypoint's own (cli.decide_job_id_of: a 1-host job's process id)."""
     import json
 
-    material = json.dumps([job_name, list(hosts), hyperparameters_json])
+    material = json.dumps([job_name, list(hosts), hyperparameters_json] + ([entrypoint] if entrypoint else []))
     return build_sha256_hex(b"byoc-job-id-v1\0" + material.encode("utf-8"))[:16]
 
 

@@ -116,6 +116,12 @@ class OutputCollector:
         return slot[0]
 
 
+def _count_after(argv, option: str) -> int | None:
+    """The whole number after option in argv (mpirun's -np), or None."""
+    at = argv.index(option) + 1 if option in argv else len(argv)
+    return int(argv[at]) if at < len(argv) and argv[at].isdecimal() else None
+
+
 def _read_chunks(pipe, lines, quiet_s: float):
     """The pipe's bytes as they come; with `lines` (tagged_lines.TaggedLines: mpirun's tagged
     output), rejoined into whole lines, a waiting piece written after quiet_s of quiet."""
@@ -188,6 +194,7 @@ class Supervisor:
         self.stopped_at: float | None = None  # time.time() of the stop request
         self.kill_at: float | None = None
         self.killed_at_deadline = False  # we sent SIGKILL when the grace period ran out
+        self.first_failure_signaled: bool | None = None  # RunResult.signaled
 
     def start(self, spec: ProcessSpec, env: dict[str, str], cwd: str) -> None:
         try:
@@ -210,7 +217,8 @@ class Supervisor:
             self.rank_envs[proc.pid] = env
         for pipe, sink in ((proc.stdout, sys.stdout.buffer), (proc.stderr, sys.stderr.buffer)):
             # mpirun tags what its daemons read, cut anywhere: its lines are rejoined here.
-            lines = TaggedLines() if "--tag-output" in spec.argv else None
+            lines = (TaggedLines("stdout" if pipe is proc.stdout else "stderr", _count_after(spec.argv, "-np"))
+                     if "--tag-output" in spec.argv else None)
             t = threading.Thread(target=_pump, args=(pipe, sink, self.collector, lines, self.settings.quiet_line_s),
                                  daemon=True)
             t.start()
@@ -328,6 +336,8 @@ class Supervisor:
                 running.remove(item)
                 if code < 0:
                     self._report_signal_death(proc, -code)
+                if code != 0 and first_failure is None:
+                    self.first_failure_signaled = code < 0
                 code = 128 - code if code < 0 else code
                 if code != 0 and first_failure is None:
                     first_failure = code
@@ -365,6 +375,9 @@ class RunResult(NamedTuple):
     oom_kills: int | None = None  # the kernel's OOM kills in our memory cgroup during the run
     hang: str | None = None  # why the job was stopped as hung (hangs.py)
     stop_reason: str | None = None  # why this host stopped the processes itself (a capacity ending)
+    # Whether a signal ended the first process that failed (False: it returned its exit code
+    # itself, 137 from os._exit or from mpirun included; None: no process failed).
+    signaled: bool | None = None
 
 
 class StartupStopped(BaseException):  # not caught by the `except Exception` of a start-up step
@@ -378,6 +391,9 @@ class StartupStopped(BaseException):  # not caught by the `except Exception` of 
 # Set once the training processes (or, on an MPI worker, the wait for the leader) begin: from
 # then on the run's own handlers decide what a stop means.
 _training_started = False
+# Every stop signal taken outside a run's own handlers (a wait's, or between steps), in order:
+# run/finishing.py skips what is left of the job's end after one. Main thread only.
+STOPS_SEEN: list[str] = []
 
 
 def on_startup_signal(signum, _frame) -> None:
@@ -386,9 +402,11 @@ def on_startup_signal(signum, _frame) -> None:
     (reading /opt/ml, waiting for DNS, fetching code, installing requirements) was dropped
     and the container ran on until SIGKILL. Raises StartupStopped, which cli.main reports.
     Once training has begun, a stop that reaches this handler (between the run's own
-    handlers) is only logged: the job is finishing and its outcome is being written."""
+    handlers) is noted: the job's outcome is being decided, and its end is then cut short
+    (run/finishing.py)."""
     if _training_started:
-        log(f"received {signal.Signals(signum).name} while finishing; finishing")
+        STOPS_SEEN.append(signal.Signals(signum).name)
+        log(f"received {STOPS_SEEN[-1]} while finishing: the outcome stands; what is left of the end is cut short")
         return
     raise StartupStopped(signum)
 
@@ -461,7 +479,7 @@ def run_processes(
         code = HANG_EXIT_CODE
     return RunResult(code, supervisor.stopped_by, supervisor.stopped_at,
                      killed_at_deadline=supervisor.killed_at_deadline, oom_kills=oom_kills, hang=supervisor.hang_reason,
-                     stop_reason=supervisor.stop_reason)
+                     stop_reason=supervisor.stop_reason, signaled=supervisor.first_failure_signaled)
 
 
 class StopRequest:
@@ -479,6 +497,7 @@ def stop_signals_set(stop: StopRequest):
 
     def on_signal(signum, _frame):
         stop.signal_name = signal.Signals(signum).name
+        STOPS_SEEN.append(stop.signal_name)
         log(f"received {stop.signal_name}")
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}

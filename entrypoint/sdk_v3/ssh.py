@@ -89,11 +89,10 @@ def build_authorized_keys(existing: str, trusted: Mapping[str, tuple[str, Sequen
 def parse_peer_wait_timeout(environ: Mapping[str, str]) -> float:
     """BYOC_PEER_WAIT_TIMEOUT_S as for our own mpirun flow; a bad value means the default (this
     runs in the background of v3's driver: there is nobody to report a bad job definition to)."""
-    try:
-        value = float(environ.get("BYOC_PEER_WAIT_TIMEOUT_S") or DEFAULTS.peer_wait_timeout_s)
-    except ValueError:
-        return DEFAULTS.peer_wait_timeout_s
-    return value if value >= 0 else DEFAULTS.peer_wait_timeout_s
+    from entrypoint.decide.numbers import parse_number  # the one rule for numbers (NaN, inf: the default)
+
+    value = parse_number(environ.get("BYOC_PEER_WAIT_TIMEOUT_S") or "", float)
+    return value if value is not None and value >= 0 else DEFAULTS.peer_wait_timeout_s
 
 
 # --- reading ----------------------------------------------------------------------------------

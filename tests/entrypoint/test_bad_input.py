@@ -44,6 +44,11 @@ BAD_TREES = {
     "hyperparameters-array": (lambda r: corrupt(r, "hyperparameters.json", "[1, 2]"), "hyperparameters.json must hold a JSON object, but it holds an array"),
     "missing-program-name": (lambda r: corrupt(r, "hyperparameters.json", "{}"), "No training program is named"),
     "program-file-missing": (lambda r: (r / "code/train.py").unlink(), "The training program train.py does not exist"),
+    # Issue 33: a folder (or a FIFO) under the program's name was "does not exist".
+    "program-is-a-folder": (lambda r: ((r / "code/train.py").unlink(), (r / "code/train.py").mkdir()),
+                            "The training program train.py is a folder, not a file, in the source directory"),
+    "program-is-a-fifo": (lambda r: ((r / "code/train.py").unlink(), os.mkfifo(r / "code/train.py")),
+                          "The training program train.py is not a regular file (a FIFO, socket or device)"),
     "unsafe-program": (lambda r: corrupt(r, "hyperparameters.json", json.dumps({"sagemaker_program": '"../../etc/passwd"'})), "is not a plain relative path"),
     "channel-without-folder": (lambda r: corrupt(r, "inputdataconfig.json", '{"train": {"TrainingInputMode": "File"}}'), "names the channel(s) train, but"),
     "bad-input-mode": (lambda r: corrupt(r, "inputdataconfig.json", '{"train": {"TrainingInputMode": "Stream"}}'), 'TrainingInputMode "Stream"'),

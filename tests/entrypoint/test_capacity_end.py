@@ -93,19 +93,45 @@ print('finished', flush=True)
 """
 
 
-def test_a_job_is_stopped_before_the_capacity_ends_and_says_why(tmp_path):
-    root = write_tree(tmp_path / "ml", script=CHECKPOINTING)
+@pytest.mark.parametrize("exit_code", [0, 3])
+def test_a_job_is_stopped_before_the_capacity_ends_and_says_why(tmp_path, exit_code):
+    """The script's own exit code after the stop is the job's, as under the platform's stop
+    (SIGTERM to the entrypoint: test_the_platforms_stop_reports_the_same_script_the_same_way):
+    one that saved and exited 0 is not "killed by SIGTERM"."""
+    root = write_tree(tmp_path / "ml", script=CHECKPOINTING.replace("sys.exit(0)", f"sys.exit({exit_code})"))
     ends = time.time() + 1800 + 3  # BYOC_CAPACITY_STOP_LEAD_S=0: the stop is 30 min before the end, 3 s from now
     started = time.monotonic()
     done = run_entrypoint(root, timeout=60, **{END: f"{ends:.3f}", "BYOC_CAPACITY_STOP_LEAD_S": "0",
                                                 "BYOC_GRACE_PERIOD_S": "10"})
     took = time.monotonic() - started
-    assert done.returncode == 143, done.stderr[-2000:]
-    first = failure_text(root).splitlines()[0]
-    assert first.startswith("Stopped at ") and "because the training plan's reserved capacity ends at" in first
+    assert done.returncode == exit_code, done.stderr[-2000:]
     assert (root / "model" / "checkpointed").exists()  # the script had its SIGTERM and its grace period
-    assert "finished" not in done.stdout and not (root / "output" / "success").exists()
+    assert "finished" not in done.stdout and "killed by SIGTERM" not in done.stderr
+    if exit_code == 0:
+        assert (root / "output" / "success").exists() and not (root / "output" / "failure").exists()
+        assert "because the training plan's reserved capacity ends at" in done.stderr
+        assert "ended with exit code 0 after the stop" in done.stderr
+    else:
+        first = failure_text(root).splitlines()[0]
+        assert first.startswith("Stopped at ") and "because the training plan's reserved capacity ends at" in first
+        assert "with exit code 3." in failure_text(root) and "killed by" not in failure_text(root)
     assert took < 15, took
+
+
+def test_the_platforms_stop_reports_the_same_script_the_same_way(tmp_path):
+    import signal
+    import subprocess
+
+    from support.jobtree import entrypoint_env
+
+    root = write_tree(tmp_path / "ml", script=CHECKPOINTING)
+    proc = subprocess.Popen([sys.executable, "-m", "entrypoint", "train"], env=entrypoint_env(root),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "training\n"
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert (root / "model" / "checkpointed").exists() and (root / "output" / "success").exists()
 
 
 def test_a_job_that_begins_after_its_stop_time_is_not_started(tmp_path):

@@ -106,7 +106,7 @@ def test_pairs_complete_later_and_are_read_without_waiting(tmp_path):
 
 def test_the_rank_slowed_on_its_gpu_is_named(tmp_path):
     run_two_ranks_on_one_gpu(tmp_path)
-    raws = load_rank_files(str(tmp_path))
+    raws, _ = load_rank_files(str(tmp_path))
     assert [len(r["gpu"]["step"]) for r in raws] == [17, 17]  # steps 17-19 were still on the GPU
     figures = build_host_figures("algo-1", [], {}, raws, 1.0, 2, 0.0)
     assert [r["compute_source"] for r in figures["ranks"]] == [GPU_SOURCE, GPU_SOURCE]
@@ -117,7 +117,7 @@ def test_the_rank_slowed_on_its_gpu_is_named(tmp_path):
 
 def test_without_the_gpus_figures_the_cpu_cannot_tell_them_apart(tmp_path):
     run_two_ranks_on_one_gpu(tmp_path)
-    raws = [{k: v for k, v in raw.items() if k != "gpu"} for raw in load_rank_files(str(tmp_path))]
+    raws = [{k: v for k, v in raw.items() if k != "gpu"} for raw in load_rank_files(str(tmp_path))[0]]
     report = build_report("test", "algo-1", ("algo-1",), 0,
                           {"algo-1": build_host_figures("algo-1", [], {}, raws, 1.0, 2, 0.0)}, [])
     assert report["stragglers"] == []
@@ -153,7 +153,7 @@ def test_a_cuda_error_ends_the_gpu_figures_and_never_reaches_the_script(tmp_path
 
 def test_hostile_gpu_figures_in_a_rank_file_leave_the_cpu_figures(tmp_path):
     run_two_ranks_on_one_gpu(tmp_path)
-    raws = load_rank_files(str(tmp_path))
+    raws, _ = load_rank_files(str(tmp_path))
     for raw in raws:
         raw["gpu"] = {"step": [True, "x", None] + raw["gpu"]["step"][:2], "gpu_wait_ms": [float("nan")] * 5,
                       "gpu_backward_ms": "x"}

@@ -88,3 +88,33 @@ def test_the_share_is_pure_and_the_same_from_either_host():
     job = make_job(hosts=("algo-1", "algo-2"), current="algo-1", resource_extra=LOCAL_GPU)
     assert decide_gpu_share(job, GPU4) == decide_gpu_share(job, GPU4)
     assert decide_gpu_share(job, GPU4)[0] == ("0", "1")
+
+
+def test_one_local_gpu_host_honours_the_jobs_cuda_visible_devices_as_several_hosts_do():
+    """Issue 33, case 8: CUDA_VISIBLE_DEVICES=0,1 on a 4-GPU machine planned 4 processes and
+    SM_NUM_GPUS=4 on one host, while the multi-host split took the variable's 2 GPUs."""
+    plan = plan_on("algo-1", hosts=("algo-1",), environ={"CUDA_VISIBLE_DEVICES": "0,1"})
+    assert plan.processes_per_host == 2 and torchrun_value(plan, "--nproc_per_node") == "2"
+    assert plan.env_dict["SM_NUM_GPUS"] == "2" and plan.env_dict["CUDA_VISIBLE_DEVICES"] == "0,1"
+    assert any("CUDA_VISIBLE_DEVICES=0,1: this host uses 2 of the machine's 4 GPU(s)" in n for n in plan.notes)
+    two = plan_on("algo-1", environ={"CUDA_VISIBLE_DEVICES": "0,1"})
+    assert (two.processes_per_host, two.env_dict["SM_NUM_GPUS"]) == (1, "1")  # the same list, cut in two
+
+
+def test_one_local_gpu_host_through_the_real_entrypoints_dry_run(tmp_path):
+    """A 4-GPU machine as the entrypoint sees it: nvidia-smi --list-gpus, here a stand-in on PATH."""
+    import os
+
+    from support.jobtree import run_entrypoint, write_tree
+
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "nvidia-smi").write_text("#!/bin/sh\n" + "".join(f"echo 'GPU {i}: NVIDIA H100 (UUID: GPU-{i})'\n"
+                                                               for i in range(4)))
+    (tools / "nvidia-smi").chmod(0o755)
+    root = write_tree(tmp_path / "ml", script="print('x')\n", resource_extra=LOCAL_GPU, hyperparameters=TORCHRUN)
+    done = run_entrypoint(root, "--dry-run", CUDA_VISIBLE_DEVICES="1,3", PATH=f"{tools}:{os.environ['PATH']}")
+    assert done.returncode == 0, done.stderr
+    plan = json.loads(done.stdout)
+    assert plan["processes_per_host"] == 2
+    assert plan["env"]["SM_NUM_GPUS"] == "2" and plan["env"]["CUDA_VISIBLE_DEVICES"] == "1,3"

@@ -26,11 +26,17 @@ from entrypoint.run.roles import HostRole  # noqa: E402
 class StandIn(HostRole):
     """Records each step; start and finish may end the job their own way."""
 
-    def __init__(self, *args, events: list, root: Path, start_outcome=None, finish_outcome=None, relaunch=False):
+    def __init__(self, *args, events: list, root: Path, start_outcome=None, finish_outcome=None, relaunch=False,
+                 report_action=None, close_action=None, settings=None):
         super().__init__(*args)
         self.events, self.root = events, root
         self.start_outcome, self.finish_outcome = start_outcome, finish_outcome
         self.relaunchable = relaunch
+        # What the report and close steps do beside recording (a leader's read of its workers'
+        # figures, a word to another host): here, something that blocks.
+        self.report_action, self.close_action = report_action, close_action
+        if settings:
+            self.plan = self.plan._replace(settings=self.plan.settings._replace(**settings))
 
     def start(self):
         self.events.append("start")
@@ -50,17 +56,26 @@ class StandIn(HostRole):
         self.events.append(("finish", outcome.exit_code))
         return self.finish_outcome or outcome
 
+    def report(self, outcome):
+        if self.report_action is not None:
+            self.events.append("report")
+            self.report_action()
+            self.events.append("reported")
+
     def close(self, outcome):
         # What an MPI leader relies on: the outcome is on disk before it tells anyone.
         written = [name for name in ("success", "failure") if (self.root / "output" / name).exists()]
         self.events.append(("close", outcome.exit_code, written))
+        if self.close_action is not None:
+            self.close_action()
+            self.events.append("closed")
 
 
 @pytest.fixture
 def job(tmp_path, monkeypatch):
     """A 1-host job tree whose role is a StandIn; cli.main run in this process (its signal
     handlers restored after)."""
-    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGALRM)}
     for name in list(os.environ):
         if name.startswith(("SM_", "SAGEMAKER_", "BYOC_")):
             monkeypatch.delenv(name)
@@ -138,3 +153,67 @@ def test_an_error_of_ours_still_closes_the_role_as_a_failure(job, monkeypatch):
     with pytest.raises(RuntimeError, match="a bug of ours"):
         start("print('never')\n")
     assert events == ["start", "run", ("close", 1, [])]
+
+
+# --- the end of the job: bounded, and a stop cuts it short (run/finishing.py) -------------------
+
+def blocking_open(fifo: Path):
+    """A step that blocks the way a FIFO left where we read blocked the entrypoint for good:
+    open() of a FIFO that nothing writes to waits for a writer."""
+    os.mkfifo(fifo)
+    return lambda: open(fifo).close()
+
+
+def stop_soon(signum=signal.SIGTERM, after_s: float = 0.3):
+    """SIGTERM to this process from another thread, once the step is blocked."""
+    import threading
+
+    threading.Timer(after_s, os.kill, (os.getpid(), signum)).start()
+
+
+@pytest.mark.parametrize("step", ["report", "close"])
+def test_a_finishing_step_that_blocks_is_cut_at_its_deadline_and_the_outcome_stands(job, tmp_path, capfd, step):
+    start, events, root = job
+    action = blocking_open(tmp_path / "fifo")
+    code = start("raise SystemExit(3)\n", **{f"{step}_action": action},
+                 settings={"finish_report_s": 0.5, "finish_close_s": 0.5, "peer_wait_timeout_s": 0.0})
+    assert code == 3
+    assert "exit code 3" in (root / "output/failure").read_text()
+    if step == "report":  # cut, then closing runs
+        assert events[-2:] == ["report", ("close", 3, ["failure"])]
+    else:
+        assert events[-1] == ("close", 3, ["failure"])
+    assert f"{'job report' if step == 'report' else 'closing'}: cut short: it took longer than 0.5 s" in capfd.readouterr().err
+    assert not list((tmp_path / "run").glob("*/*")), "the job's runtime folders are removed"
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_while_finishing_cuts_the_step_skips_the_rest_and_keeps_the_outcome(job, tmp_path, capfd, signum):
+    start, events, root = job
+
+    def report():
+        stop_soon(signum)
+        blocking_open(tmp_path / "fifo")()
+
+    code = start("print('trained')\n", report_action=report, close_action=blocking_open(tmp_path / "fifo-2"))
+    assert code == 0  # the outcome decided before the stop: success, not 143
+    assert (root / "output/success").exists() and not (root / "output/failure").exists()
+    # Cut in the report; closing then runs for finish_after_stop_s only (its own blocked call cut).
+    assert events[-2:] == ["report", ("close", 0, ["success"])]
+    err = capfd.readouterr().err
+    assert f"received {signal.Signals(signum).name} while finishing" in err
+    assert "job report: cut short: stopped by" in err and "closing: cut short: it took longer than 2 s" in err
+    assert not list((tmp_path / "run").glob("*/*"))
+
+
+def test_a_stop_while_closing_ends_it_keeping_a_failure(job, tmp_path, capfd):
+    start, events, root = job
+
+    def close():
+        stop_soon()
+        blocking_open(tmp_path / "fifo")()
+
+    assert start("raise SystemExit(5)\n", close_action=close) == 5
+    assert "exit code 5" in (root / "output/failure").read_text()
+    assert events[-1] == ("close", 5, ["failure"])
+    assert "closing: cut short: stopped by SIGTERM" in capfd.readouterr().err

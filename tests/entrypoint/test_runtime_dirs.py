@@ -4,6 +4,7 @@ never shared or taken, a killed one's is."""
 
 from __future__ import annotations
 
+import ast
 import os
 import socket
 import stat
@@ -104,32 +105,37 @@ def test_a_job_runs_in_its_own_folder_which_is_gone_when_it_ends(tmp_path, fail)
     assert os.listdir(run_dir) == []
 
 
-def test_two_entrypoints_of_the_same_job_cannot_share_a_folder(tmp_path):
+def test_two_entrypoints_of_the_same_one_host_job_each_have_their_own_folder(tmp_path):
+    """Issue 33: two runs of one definition (the same TRAINING_JOB_NAME) on one machine collided
+    on the job's folder, and the second failed: a 1-host job's folder is its entrypoint's own."""
     run_dir = tmp_path / "run"
-    waits = "import os, time\nwhile not os.path.exists(os.environ['GO']): time.sleep(0.05)\n"
+    waits = ("import os, time\nprint('FOLDER', os.listdir(os.environ['BYOC_RUNTIME_DIR']), flush=True)\n"
+             "while not os.path.exists(os.environ['GO']): time.sleep(0.05)\n")
     first_root, second_root = (write_tree(tmp_path / name, script=waits) for name in ("first", "second"))
     go = tmp_path / "go"
     env = entrypoint_env(first_root, BYOC_RUNTIME_DIR=str(run_dir), GO=str(go), TRAINING_JOB_NAME="same-job")
     first = subprocess.Popen([PYTHON, "-m", "entrypoint", "train"], env=env, cwd=REPO, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
-        deadline = time.monotonic() + 30
-        while not (run_dir.exists() and os.listdir(run_dir)) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        [folder] = os.listdir(run_dir)
-        second = run_entrypoint(second_root, BYOC_RUNTIME_DIR=str(run_dir), GO=str(go), TRAINING_JOB_NAME="same-job")
-        assert second.returncode == 2
-        failure = (second_root / "output/failure").read_text()
-        assert failure.startswith(f"The training never started: this job's runtime folder {run_dir / folder} already "
-                                  f"exists and the entrypoint that made it (pid {first.pid}) is still running")
-        assert "BYOC_RUNTIME_DIR" in failure
-        other = run_entrypoint(second_root, BYOC_RUNTIME_DIR=str(run_dir), GO=str(tmp_path), TRAINING_JOB_NAME="other-job")
-        assert other.returncode == 0, other.stderr  # another job: its own folder
+        assert first.stdout.readline().startswith("FOLDER")  # the first one runs, its folder made
+        second = subprocess.Popen([PYTHON, "-m", "entrypoint", "train"], cwd=REPO, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True,
+                                  env=entrypoint_env(second_root, BYOC_RUNTIME_DIR=str(run_dir), GO=str(go),
+                                                     TRAINING_JOB_NAME="same-job"))
+        seen = second.stdout.readline()
+        assert len(ast.literal_eval(seen[len("FOLDER "):])) == 2, seen  # both folders, side by side
     finally:
         go.touch()
         first.communicate(timeout=60)
-    assert first.returncode == 0
+        out, err = second.communicate(timeout=60)
+    assert (first.returncode, second.returncode) == (0, 0), err
     assert os.listdir(run_dir) == []
+
+
+def test_a_multi_host_jobs_folder_is_the_same_path_on_every_host():
+    hosts = ("algo-1", "algo-2")
+    assert decide_job_id("job", hosts, "{}") == decide_job_id("job", hosts, "{}")
+    assert decide_job_id("job", ("algo-1",), "{}", "101") != decide_job_id("job", ("algo-1",), "{}", "102")
 
 
 WAITS_TO_BE_STOPPED = """\

@@ -154,3 +154,58 @@ def test_of_two_signal_deaths_the_one_that_crashed_first_by_its_own_word_is_repo
     failures = {0: failure(10, -9, 100), 1: failure(20, -11, 100)}  # rank 0: SIGKILL, seen at 100.5
     record = report_signal_death(failures, {"SM_CURRENT_HOST": "algo-1", "BYOC_CRASH_DIR": str(tmp_path)}, {10: 100.5, 20: 100.6})
     assert (record["rank"], record["type"]) == ("1", "SIGSEGV") and abs(record["time"] - 100.1) < 1e-6
+
+
+# --- an exit status is not a signal; mpirun's ranks' stacks (issue 33, case 5) ---------------------
+
+EXIT_137 = "import os\nprint('going', flush=True)\nos._exit(137)\n"
+MPI_2 = {"sagemaker_mpi_enabled": True, "sagemaker_mpi_num_of_processes_per_host": 2}
+
+
+def this_host() -> dict:
+    """mpirun on one host: the job's host name must be this machine's (it resolves)."""
+    import socket
+
+    return {"hosts": (socket.gethostname(),), "current_host": socket.gethostname()}
+
+
+@pytest.mark.parametrize("hps", [{}, MPI_2], ids=["one-process", "mpirun"])
+def test_a_process_that_exits_137_itself_is_not_called_killed_by_sigkill(tmp_path, hps):
+    from support.jobtree import failure_text, run_entrypoint, write_tree
+
+    root = write_tree(tmp_path / "ml", script=EXIT_137, hyperparameters=hps, **this_host())
+    done = run_entrypoint(root)
+    assert done.returncode == 137, done.stderr[-2000:]
+    text = failure_text(root)
+    assert "exit code 137, which the process returned itself: no signal ended it" in text, text[:1000]
+    assert "137: killed by SIGKILL" not in text and "something outside the job" not in text
+
+
+def test_a_process_killed_by_sigkill_is_still_called_so(tmp_path):
+    from support.jobtree import failure_text, run_entrypoint, write_tree
+
+    root = write_tree(tmp_path / "ml", script="import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n")
+    done = run_entrypoint(root)
+    assert done.returncode == 137, done.stderr[-2000:]
+    assert "exit code 137: killed by SIGKILL" in failure_text(root)
+
+
+SEGFAULTING_RANK = """import ctypes, os
+def crash_in_this_function():
+    if os.environ.get('OMPI_COMM_WORLD_RANK', '0') == '1':
+        ctypes.string_at(0)
+crash_in_this_function()
+"""
+
+
+@pytest.mark.parametrize("hps", [{}, MPI_2], ids=["one-process", "mpirun"])
+def test_a_rank_killed_by_sigsegv_leaves_its_python_stack_in_the_log_and_the_failure(tmp_path, hps):
+    from support.jobtree import failure_text, run_entrypoint, write_tree
+
+    root = write_tree(tmp_path / "ml", script=SEGFAULTING_RANK.replace("'0') == '1'", "'1') == '1'") if not hps
+                      else SEGFAULTING_RANK, hyperparameters=hps, **this_host())
+    done = run_entrypoint(root)
+    assert done.returncode == 139, done.stderr[-2000:]
+    assert "Fatal Python error: Segmentation fault" in done.stderr
+    assert 'in crash_in_this_function' in done.stderr and 'in crash_in_this_function' in failure_text(root)
+    assert "SIGSEGV" in failure_text(root)

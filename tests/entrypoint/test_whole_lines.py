@@ -111,6 +111,25 @@ def test_any_interleaving_of_cut_pieces_comes_out_as_the_lines_each_rank_wrote(w
     assert got == per_rank
 
 
+@pytest.mark.parametrize("line", [
+    b"[1,1]<stdout>:a [1,0]<stderr>: another stream's tag",  # on stdout: not mpirun's
+    b"[1,1]<stdout>:[1,0]<stdout>: the line starts with a tag",  # right after mpirun's own
+    b"[1,1]<stdout>:[1,0]<stdout>:[1,1]<stdout>: two",
+    b"[1,1]<stdout>:x [1,7]<stdout>: a rank the job does not have",
+])
+def test_text_shaped_like_a_tag_where_mpirun_writes_none_stays_in_the_ranks_line(line):
+    lines = TaggedLines("stdout", ranks=2)
+    out = lines.feed(line + b"\n[1,1]<stdout>:next\n") + lines.flush_partial()
+    assert out == line + b"\n[1,1]<stdout>:next\n"
+
+
+def test_on_mpiruns_stderr_only_stderr_and_stddiag_tags_count():
+    lines = TaggedLines("stderr", ranks=2)
+    assert lines.feed(b"[1,0]<stderr>:a [1,1]<stdout>:b\n") == b"[1,0]<stderr>:a [1,1]<stdout>:b\n"
+    assert lines.feed(b"[1,0]<stderr>:cut [1,1]<stddiag>:diag\n[1,0]<stderr>: end\n") == (
+        b"[1,1]<stddiag>:diag\n[1,0]<stderr>:cut  end\n")
+
+
 # --- real processes -------------------------------------------------------------------------------
 
 def needs_mpirun(fn):
@@ -170,3 +189,27 @@ def test_text_without_a_newline_at_exit_still_shows_under_mpirun(tmp_path):
     done = run_entrypoint(root, PYTHONUNBUFFERED="1")
     assert done.returncode == 0, done.stderr[-2000:]
     assert "<stdout>:no newline here\n" in done.stdout
+
+
+FAKE_TAGS = """import os, sys
+if os.environ['OMPI_COMM_WORLD_RANK'] == '1':
+    print('[1,0]<stdout>:a line that starts with a tag')
+    print('on stdout [1,0]<stderr>: the other stream')
+    print('beyond the ranks [1,5]<stdout>: x')
+    sys.stderr.write('[1,0]<stderr>:[1,1]<stderr>: on stderr\\n')
+print('done', flush=True)
+"""
+
+
+@needs_mpirun
+def test_a_ranks_tag_shaped_text_where_mpirun_writes_no_tag_comes_out_whole(tmp_path):
+    host = socket.gethostname()
+    root = write_tree(tmp_path, script=FAKE_TAGS, hosts=(host,), current_host=host,
+                      hyperparameters={"sagemaker_mpi_enabled": True, "sagemaker_mpi_num_of_processes_per_host": 2})
+    done = run_entrypoint(root, PYTHONUNBUFFERED="1")
+    assert done.returncode == 0, done.stderr[-2000:]
+    for line in ("[1,1]<stdout>:[1,0]<stdout>:a line that starts with a tag",
+                 "[1,1]<stdout>:on stdout [1,0]<stderr>: the other stream",
+                 "[1,1]<stdout>:beyond the ranks [1,5]<stdout>: x"):
+        assert line in done.stdout.splitlines(), done.stdout
+    assert "[1,1]<stderr>:[1,0]<stderr>:[1,1]<stderr>: on stderr" in done.stderr.splitlines(), done.stderr[-2000:]

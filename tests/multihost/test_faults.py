@@ -202,3 +202,21 @@ def test_a_worker_is_told_why_the_mpi_leader_could_not_start():
         reason = "host(s) algo-3 did not accept SSH within 6 s (BYOC_PEER_WAIT_TIMEOUT_S)"
         assert reason in failure(cluster, "algo-1")
         assert reason in failure(cluster, "algo-2"), failure(cluster, "algo-2")
+
+
+# --- the end of the job, per role (issue 33; each step's deadline: tests/entrypoint/test_roles.py) --
+
+@pytest.mark.parametrize("launcher", ["mpi", "torch_distributed"])
+def test_a_fifo_in_each_hosts_report_folder_blocks_no_role_at_the_end(launcher):
+    """Every rank leaves a FIFO named like a rank's figures file: the MPI leader's report and
+    its workers' figures (read on the leader's request), a torchrun leader's report and its
+    worker's figures all read that folder. Before, each host's entrypoint blocked in open()
+    for good once the script had succeeded; now every host ends with the job's outcome."""
+    with EmulatedCluster(HOSTS, job("finish_job.py", launcher, fifo=1)) as cluster:
+        result = start(cluster).wait(timeout=90, fail_fast=False)
+        assert {h: r.returncode for h, r in result.results.items()} == {"algo-1": 0, "algo-2": 0}, {
+            h: r.output[-2000:] for h, r in result.results.items()}
+        for host in HOSTS:
+            assert os.path.exists(os.path.join(cluster.opt_ml(host), "output", "success"))
+        assert os.path.exists(os.path.join(cluster.opt_ml("algo-1"), "output", "data", "report", "report.json"))
+        assert_nothing_left(cluster)

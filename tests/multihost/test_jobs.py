@@ -30,6 +30,20 @@ def test_mpirun_over_ssh_two_hosts_ranks_see_their_own_host():
         assert_nothing_left(cluster)
 
 
+def test_a_shell_script_rank_sees_its_own_hosts_values_as_a_python_rank_does():
+    """Issue 33, case 9: mpirun forwards the leader's SM_* values; the rank wrapper lays each
+    host's own over them, now for a shell script too (record_errors.py --exec)."""
+    spec = JobSpec(**{**job("host_env.sh", "mpi").__dict__, "processes_per_host": 1})
+    with EmulatedCluster(["algo-1", "algo-2"], spec) as cluster:
+        result = cluster.run_all(ENTRYPOINT, env=FAST, timeout=120)
+        assert result.ok, {h: r.output[-3000:] for h, r in result.results.items()}
+        seen = {}
+        for rank in (0, 1):
+            with open(os.path.join(cluster.model_dir, f"shell-rank-{rank}")) as f:
+                seen[rank] = f.read().split()
+        assert seen == {0: ["algo-1", "algo-1"], 1: ["algo-2", "algo-2"]}
+
+
 def test_mpi_worker_collects_orphans_while_the_job_runs_and_a_success_logs_no_error():
     """On an MPI worker host the entrypoint is the ranks' subreaper (orted leaves its SSH
     session): an orphan that exits is collected during the run, not left defunct until the

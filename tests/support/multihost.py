@@ -16,7 +16,10 @@ from localcluster.processes import probe_namespace_members
 ENTRYPOINT = [sys.executable, "-m", "entrypoint", "train"]
 SCRIPTS = Path(__file__).resolve().parents[1] / "multihost" / "scripts"
 # Short waits so fault tests end quickly; the defaults are the product's.
-FAST = {"BYOC_HOST_LOST_TIMEOUT_S": "10", "BYOC_PEER_WAIT_TIMEOUT_S": "60", "BYOC_GRACE_PERIOD_S": "5"}
+# PYTHONPATH: this checkout's entrypoint on every host, whatever checkout the venv's editable
+# install points at (a host gets no environment of ours but what is given here).
+FAST = {"BYOC_HOST_LOST_TIMEOUT_S": "10", "BYOC_PEER_WAIT_TIMEOUT_S": "60", "BYOC_GRACE_PERIOD_S": "5",
+        "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="emulated hosts need root (namespaces, veths, mounts)")
 

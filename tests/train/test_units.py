@@ -75,6 +75,10 @@ def test_string_hyperparameter_keeps_text_that_looks_like_json():
 @pytest.mark.parametrize("argv, message", [
     (["--epochz", "3"], "unknown hyperparameter --epochz"),
     (["--epochs", "2.5"], "expected an integer"),
+    (["--lr", "NaN"], "expected a finite number"),  # JSON's NaN
+    (["--lr", "1e999"], "expected a finite number"),  # overflows to inf
+    (["--lr", "-Infinity"], "expected a finite number"),
+    (["--lr", "9" * 400], "expected a finite number"),  # a whole number no float holds
     (["--scale_lr", "yes"], "expected true or false"),
     (["--hidden_sizes", "64"], "expected a JSON list"),
     (["--optimizer", "rmsprop"], "expected one of sgd, adam"),

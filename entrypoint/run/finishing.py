@@ -1,0 +1,98 @@
+"""The end of a job on this host, after its outcome is decided: bounded, and cut short by a stop.
+
+cli.main writes the outcome, then runs the role's last steps here: the job report (a leader
+reads its workers' figures, a worker sends its own) and closing (an MPI leader tells its
+workers the outcome, a torchrun/PS worker tells its leader and waits for it to end). Then the
+job's runtime folders are removed, whatever happened.
+
+- Each step has a deadline (SIGALRM; settings.finish_report_s, and for closing
+  settings.finish_close_s beyond the role's own wait for its peers, BYOC_PEER_WAIT_TIMEOUT_S).
+  A step that blocks — a FIFO a script left where we read, a peer that accepts and never
+  answers — is cut there: the signal's handler raises, which ends any blocking call.
+- A stop (SIGTERM: StopTrainingJob, `docker stop`; SIGINT) cuts the current step; after it the
+  report is skipped and closing gets settings.finish_after_stop_s (what it releases here, sshd
+  and the job port, is released in its `finally` blocks even when cut). Before the steps
+  (while the outcome is written) a stop is only noted, so the outcome is written whole. A stop
+  the role's own waits took (run/supervise.stop_signals_set) counts the same.
+Either way the outcome already decided stands: output/ as written, the exit code its own.
+"""
+
+from __future__ import annotations
+
+import signal
+
+from entrypoint.log import log
+from entrypoint.run import supervise
+
+
+class FinishCut(BaseException):  # not caught by a step's `except Exception`
+    """A finishing step was cut short: by a stop, or at its deadline."""
+
+
+class Finish:
+    """This host's finishing steps, one after the other (main thread only: the signal
+    handlers and the steps run there, so its fields have one writer)."""
+
+    def __init__(self) -> None:
+        self.stopped_by: str | None = None  # the stop signal's name, once one came
+        self.cutting = False  # True while a step runs: a stop or the deadline then raises FinishCut
+        self.limit_s = 0.0
+        self.stops_before = len(supervise.STOPS_SEEN)
+
+    def on_stop(self, signum, _frame) -> None:
+        self.stopped_by = signal.Signals(signum).name
+        log(f"received {self.stopped_by} while finishing: the outcome already decided stands; ending now")
+        self.cut(f"stopped by {self.stopped_by}")
+
+    def on_deadline(self, _signum, _frame) -> None:
+        self.cut(f"it took longer than {self.limit_s:g} s")
+
+    def cut(self, why: str) -> None:
+        if self.cutting:
+            self.cutting = False  # once: a second signal must not cut the step's own cleanup
+            raise FinishCut(why)
+
+    def stopped(self) -> bool:
+        return self.stopped_by is not None or len(supervise.STOPS_SEEN) > self.stops_before
+
+    def step(self, what: str, limit_s: float, action, *args, after_stop_s: float | None = None) -> None:
+        """action(*args), cut at limit_s or by a stop; after a stop, skipped, or given
+        after_stop_s when set."""
+        if self.stopped():
+            if after_stop_s is None:
+                log(f"{what}: skipped (the job was stopped while finishing)")
+                return
+            limit_s = after_stop_s
+        self.limit_s = limit_s
+        self.cutting = True
+        signal.setitimer(signal.ITIMER_REAL, limit_s)
+        try:
+            action(*args)
+        except FinishCut as cut:
+            log(f"{what}: cut short: {cut}")
+        finally:
+            self.cutting = False
+            signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+def start_finish() -> Finish:
+    """Stops are noted from now on (cli.main calls this before it writes the outcome)."""
+    finish = Finish()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, finish.on_stop)
+    signal.signal(signal.SIGALRM, finish.on_deadline)
+    return finish
+
+
+def run_finish(finish: Finish, launch, outcome) -> None:
+    """The role's report and close (execute.Launch), each bounded; the folders removed last."""
+    from entrypoint.decide.settings import DEFAULTS
+
+    role = launch.role
+    settings = role.plan.settings if role is not None else DEFAULTS
+    try:
+        finish.step("job report", settings.finish_report_s, launch.report, outcome)
+        finish.step("closing", settings.finish_close_s + settings.peer_wait_timeout_s, launch.close_role, outcome,
+                    after_stop_s=settings.finish_after_stop_s)
+    finally:
+        launch.remove_folders()
