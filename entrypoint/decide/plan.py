@@ -10,13 +10,14 @@ import os
 from enum import StrEnum
 from typing import TYPE_CHECKING, NamedTuple
 
-from entrypoint.decide import topology
+from entrypoint.decide import threads, topology
 from entrypoint.job.config import JobConfig, build_json
 from entrypoint.decide.distribution import MPI_BASED, Distribution
 from entrypoint.decide.settings import DEFAULTS, LaunchSettings, decide_capacity_stop_at
 from entrypoint.errors import JobDefinitionError
 from entrypoint.decide.gpu_env import build_gpu_env
 from entrypoint.decide.neuron_env import build_neuron_cache_env
+from entrypoint.decide.compile_cache import CompileCache, decide_compile_cache
 from entrypoint.job.probe import MachineFacts
 from entrypoint.run.runtime_dirs import RuntimeFiles, build_sha256_hex
 from entrypoint.job.program import (
@@ -97,6 +98,7 @@ class LaunchPlan(NamedTuple):
     notes: tuple[str, ...] = ()
     health_check: HealthCheck | None = None  # BYOC_HEALTH_CHECK=deep: run before the training
     report: ReportSpec | None = None  # the job report (BYOC_REPORT); None: off
+    compile_cache: CompileCache | None = None  # torch.compile's caches kept (decide/compile_cache.py)
 
     @property
     def env_dict(self) -> dict[str, str]:
@@ -424,6 +426,10 @@ def decide(
     neuron_env, neuron_notes = build_neuron_cache_env(job.environ, facts.neuron_core_count,
                                                       settings.neuron_parallel_compile, job.checkpoint)
     notes.extend(neuron_notes)
+    compile_cache, compile_env, compile_notes = decide_compile_cache(
+        job.environ, job.checkpoint, job.resource.hosts.index(job.resource.current_host), settings.compile_cache,
+        settings.compile_cache_max_mb, settings.compile_cache_save_every_s)
+    notes.extend(compile_notes)
     launcher_kind, kind_notes = decide_launcher_kind(dist, facts)
     notes.extend(kind_notes)
     notes.extend(n for n in (topo.gpu_share_note, topo.processes_per_host_note) if n)
@@ -431,14 +437,18 @@ def decide(
     notes.extend(describe_capacity_end(settings))
     tensorboard_dir = decide_tensorboard_dir(settings.tensorboard, job.tensorboard_path,
                                              os.path.join(job.paths.output_dir, "tensorboard"))
+    thread_env, thread_note = threads.build_thread_env(job.environ, facts, topo, job.resource.current_instance_type,
+                                                       launcher_kind)
+    notes.append(thread_note)
     report = decide_report_spec(settings.report, settings.report_interval_s, runtime.files.folder, facts.gpu_count,
                                 facts.neuron_core_count, tensorboard_dir, settings.live_interval_s,
                                 settings.status_interval_s)
     report_env = {REPORT_DIR_ENV: report.rank_folder} if report else {}
     shared = _Shared(job, topo, dist.launcher, code, entry, build_install_steps(runtime.python, code_dir, code_facts),
                      {**build_sm_env(job, facts, topo), **gpu_env, **topology.build_gpu_share_env(topo), **neuron_env,
-                      **report_env}, settings, runtime, notes)
-    plan = decide_role_plan(shared, dist, facts, launcher_kind, program_argv)._replace(report=report)
+                      **compile_env, **report_env, **thread_env}, settings, runtime, notes)
+    plan = decide_role_plan(shared, dist, facts, launcher_kind, program_argv)._replace(report=report,
+                                                                                       compile_cache=compile_cache)
     return decide_health_check(plan, job, facts, topo, runtime.python) if settings.health_check else plan
 
 

@@ -52,6 +52,10 @@ class LaunchSettings(NamedTuple):
     tensorboard: bool | None = None  # BYOC_TENSORBOARD: 1 on without a config, 0 off with one; None: the config
     live_interval_s: float = 10.0  # BYOC_LIVE_INTERVAL_S: TensorBoard events, a worker's figures to the leader
     status_interval_s: float = 300.0  # BYOC_STATUS_INTERVAL_S: the status line; 0: off
+    # torch.compile's caches kept between jobs (decide/compile_cache.py, run/compile_cache.py).
+    compile_cache: bool = True  # BYOC_COMPILE_CACHE: 0 turns it off
+    compile_cache_max_mb: int = 1024  # BYOC_COMPILE_CACHE_MAX_MB: the folder's bound, oldest out first
+    compile_cache_save_every_s: float = 600.0  # BYOC_COMPILE_CACHE_SAVE_EVERY_S: 0: only at the end and on a stop
 
     # --- fixed ----------------------------------------------------------------------------------
     # How often this host's process tree is polled (exits, deadlines, hang checks).
@@ -182,6 +186,9 @@ def parse_launch_settings(environ: Mapping[str, str]) -> LaunchSettings:
         tensorboard=parse_switch(environ, "BYOC_TENSORBOARD", None),
         live_interval_s=number("BYOC_LIVE_INTERVAL_S", 10.0, float, 0.5, 3600.0),
         status_interval_s=parse_status_interval(environ),
+        compile_cache=parse_switch(environ, "BYOC_COMPILE_CACHE", True),
+        compile_cache_max_mb=number("BYOC_COMPILE_CACHE_MAX_MB", 1024, int, 1, 1 << 20),
+        compile_cache_save_every_s=number("BYOC_COMPILE_CACHE_SAVE_EVERY_S", 600.0, float, 0.0),
         **parse_capacity_settings(environ),
     )
 

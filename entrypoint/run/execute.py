@@ -63,14 +63,39 @@ def run_plan(plan: LaunchPlan, paths: MlPaths, environ: dict[str, str], launch: 
     collector = OutputCollector(secret_values(env))
     role = launch.role = choose_role(plan, collector, env, paths)
     role.start_report()
-    outcome = build_capacity_over(plan) or run_install_steps(plan, env, role) or check_health(plan, env) or role.start()
+    outcome = build_capacity_over(plan) or run_install_steps(plan, env, role) or check_health(plan, env)
+    keeper = start_compile_cache(plan, role) if outcome is None else None
+    outcome = outcome or role.start()
     if outcome is not None:
+        if keeper is not None:
+            keeper.done.set()  # no rank ran: nothing new to keep
         return outcome
     mark_training_started()
-    outcome = role.finish(role.run(lambda: run_with_restarts(plan, env, role, paths)))
+    try:
+        outcome = role.finish(role.run(lambda: run_with_restarts(plan, env, role, paths)))
+    finally:
+        if keeper is not None:
+            keeper.finish(plan.settings.thread_join_s)
+            role.report_notes.extend(keeper.lines)
     if outcome.exit_code == 0 and role.started_at is not None:
         log(f"{plan.current_host}: {role.what} succeeded in {time.monotonic() - role.started_at:.1f} s")
     return outcome
+
+
+def start_compile_cache(plan: LaunchPlan, role: HostRole):
+    """torch.compile's caches (run/compile_cache.py), restored before the role starts the ranks
+    (an MPI worker before it lets the leader in); the keeper writes them back meanwhile and at
+    the end."""
+    if plan.compile_cache is None:
+        return None
+    from entrypoint.run.compile_cache import CacheKeeper
+
+    keeper = CacheKeeper(plan.compile_cache, lambda: role.supervisor is not None and role.supervisor.stopped_by,
+                         plan.settings.stop_check_s)
+    keeper.start()
+    if plan.compile_cache.archive is not None:  # a phase of its own only where archives are unpacked
+        role.mark("compile cache restored")
+    return keeper
 
 
 def check_health(plan: LaunchPlan, env: dict[str, str]) -> Outcome | None:

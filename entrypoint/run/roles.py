@@ -46,6 +46,7 @@ class HostRole:
         self.lost: str | None = None  # why another host was lost during the run
         self.peer_failed: str | None = None  # a worker host's part failed while this host's ran
         self.report_part = None  # this host's part of the job report (jobreport/host.HostReport), when on
+        self.report_notes: list[str] = []  # lines for the job report's notes (the compile cache's)
 
     def start_report(self) -> None:
         """Sampling starts as soon as the plan is decided, so the report shows the start-up too."""
@@ -103,7 +104,8 @@ class HostRole:
         notes = [f"live figures: {n}" for n in live.notes.seen] if live is not None else []
         write_job_report(self.paths.output_data_dir, self.what, self.plan.current_host,
                          self.plan.hosts or (self.plan.current_host,), outcome.exit_code,
-                         {**others, self.plan.current_host: figures}, notes)
+                         {**others, self.plan.current_host: figures},
+                         [f"{self.plan.current_host}: {n}" for n in self.report_notes] + notes)
 
     def close(self, outcome: Outcome) -> None:
         return None
