@@ -1,12 +1,15 @@
 """What the job report costs: the same jobs with it (the default) and without (BYOC_REPORT=0),
 interleaved in one run on one machine.
 
-    .venv/bin/python benchmarks/job_report.py [--repeats 3] [--seconds 60] [--only long|fit]
+    .venv/bin/python benchmarks/job_report.py [--repeats 3] [--seconds 60] [--only long|fit] [--tensorboard]
 
 - long: a 1-host job through the entrypoint on this machine (no container): a training loop
   (2 ranks under mpirun, gloo all-reduce of the gradients, a small MLP) that runs for
   --seconds; measured: its steps a second (from the ranks' own count) and, with the report,
   the sampler's CPU (report.json: sampler_cpu_s) as a share of one core;
+- --tensorboard: the long job a third way, the report with the job watched live
+  (BYOC_TENSORBOARD=1: TensorBoard events every 10 s, the default, and the status line at its
+  default); the sampler's CPU then includes the live thread's;
 - fit: the README's main job (DDP on 2 SDK v2 local-mode hosts, the CPU image), fit()'s wall
   time through the tests' harness.
 Prints a Markdown table of medians.
@@ -53,13 +56,21 @@ if rank == 0:
 """
 
 
-def run_long(seconds: float, report: bool) -> dict:
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_long(seconds: float, report: bool, tensorboard: bool = False) -> dict:
     host = socket.gethostname()
     with tempfile.TemporaryDirectory() as tmp:
         root = write_tree(Path(tmp), script=LONG_JOB.replace("SECONDS", str(seconds)), hosts=(host,), current_host=host,
                           hyperparameters={"sagemaker_mpi_enabled": True, "sagemaker_mpi_num_of_processes_per_host": 2})
         started = time.monotonic()
-        done = run_entrypoint(root, timeout=seconds + 300, BYOC_REPORT="1" if report else "0", OMP_NUM_THREADS="1")
+        # a free port: another job on this machine may hold the default 7777
+        done = run_entrypoint(root, timeout=seconds + 300, BYOC_REPORT="1" if report else "0", OMP_NUM_THREADS="1",
+                              BYOC_TENSORBOARD="1" if tensorboard else "0", BYOC_MASTER_PORT=str(free_port()))
         wall = time.monotonic() - started
         if done.returncode != 0:
             raise RuntimeError(done.stderr[-3000:])
@@ -69,6 +80,8 @@ def run_long(seconds: float, report: bool) -> dict:
             data = json.loads((root / "output/data/report/report.json").read_text())
             sampled = data["job"]["ended"] - data["job"]["started"]
             result["sampler_pct_of_core"] = 100 * data["hosts"][host]["sampler_cpu_s"] / sampled
+        if tensorboard and not any((root / "output/tensorboard/byoc-job").iterdir()):
+            raise RuntimeError("no TensorBoard events were written")
         return result
 
 
@@ -91,13 +104,33 @@ def median(values) -> float:
     return statistics.median(values) if values else float("nan")
 
 
+def print_live_table(args) -> int:
+    """The long job three ways, interleaved: the report with TensorBoard, the report alone, none."""
+    ways = {"with TensorBoard": (True, True), "the report alone": (True, False), "BYOC_REPORT=0": (False, False)}
+    runs = {name: [] for name in ways}
+    for _ in range(args.repeats):
+        for name, (report, tensorboard) in ways.items():
+            runs[name].append(run_long(args.seconds, report, tensorboard))
+    for name, results in runs.items():
+        print(f"each run, {name}:", [round(r["steps_per_s"], 1) for r in results], "steps/s;",
+              [round(r.get("sampler_pct_of_core", 0), 2) for r in results], "% of a core", flush=True)
+    print(f"\n| median of {args.repeats}, {args.seconds:g} s loop | " + " | ".join(ways) + " |\n|---|---|---|---|")
+    print("| steps/s | " + " | ".join(f"{median(r['steps_per_s'] for r in runs[n]):.1f}" for n in ways) + " |")
+    print("| the report's CPU (sampler + live thread), % of one core | " + " | ".join(
+        f"{median(r['sampler_pct_of_core'] for r in runs[n]):.2f}" if ways[n][0] else "-" for n in ways) + " |")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--only", choices=["long", "fit"])
+    parser.add_argument("--tensorboard", action="store_true", help="the long job with TensorBoard on too")
     args = parser.parse_args()
     rows = []
+    if args.tensorboard and args.only != "fit":
+        return print_live_table(args)
     if args.only != "fit":
         runs = {True: [], False: []}
         for _ in range(args.repeats):

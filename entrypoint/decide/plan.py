@@ -30,7 +30,7 @@ from entrypoint.job.program import (
 )
 from entrypoint.decide.smenv import build_sm_env, build_user_args
 from entrypoint.hosts.job_port import JOB_PORTS_ENV, REPORT_KEY_ENV
-from entrypoint.jobreport.spec import REPORT_DIR_ENV, ReportSpec, decide_report_spec
+from entrypoint.jobreport.spec import REPORT_DIR_ENV, ReportSpec, decide_report_spec, decide_tensorboard_dir
 
 if TYPE_CHECKING:  # decide/health.py is imported only when the job asks for the check
     from entrypoint.decide.health import HealthCheck
@@ -441,11 +441,14 @@ def decide(
     notes.extend(n for n in (topo.gpu_share_note, topo.processes_per_host_note) if n)
     notes.extend(describe_restart_limits(settings, dist.launcher, launcher_kind, len(topo.distribution_hosts)))
     notes.extend(describe_capacity_end(settings))
+    tensorboard_dir = decide_tensorboard_dir(settings.tensorboard, job.tensorboard_path,
+                                             os.path.join(job.paths.output_dir, "tensorboard"))
     thread_env, thread_note = threads.build_thread_env(job.environ, facts, topo, job.resource.current_instance_type,
                                                        launcher_kind)
     notes.append(thread_note)
     report = decide_report_spec(settings.report, settings.report_interval_s, runtime.files.folder, facts.gpu_count,
-                                facts.neuron_core_count)
+                                facts.neuron_core_count, tensorboard_dir, settings.live_interval_s,
+                                settings.status_interval_s)
     report_env = {REPORT_DIR_ENV: report.rank_folder} if report else {}
     sm_env = build_sm_env(job, facts, topo)
     if job.sdk_v3 is not None:

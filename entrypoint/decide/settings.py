@@ -48,6 +48,10 @@ class LaunchSettings(NamedTuple):
     # The job report (entrypoint/jobreport/, docs/job-report.md).
     report: bool = True  # BYOC_REPORT: 0 turns it off
     report_interval_s: float = 1.0  # BYOC_REPORT_INTERVAL_S: how often each host is sampled
+    # The job watched live (jobreport/live.py, docs/job-report.md).
+    tensorboard: bool | None = None  # BYOC_TENSORBOARD: 1 on without a config, 0 off with one; None: the config
+    live_interval_s: float = 10.0  # BYOC_LIVE_INTERVAL_S: TensorBoard events, a worker's figures to the leader
+    status_interval_s: float = 300.0  # BYOC_STATUS_INTERVAL_S: the status line; 0: off
     # torch.compile's caches kept between jobs (decide/compile_cache.py, run/compile_cache.py).
     compile_cache: bool = True  # BYOC_COMPILE_CACHE: 0 turns it off
     compile_cache_max_mb: int = 1024  # BYOC_COMPILE_CACHE_MAX_MB: the folder's bound, oldest out first
@@ -116,6 +120,9 @@ class LaunchSettings(NamedTuple):
     report_figures_bytes: int = 60000
     # How long the leader waits for workers' figures still missing when it writes the report.
     report_wait_s: float = 3.0
+    # A worker's live figures (every live interval): at most this many bytes of JSON, so the
+    # traffic to the leader is at most this a worker an interval.
+    live_figures_bytes: int = 16000
     # The job's end after its outcome is written (run/finishing.py): the job report step (the
     # MPI leader's SSH reads of its workers' figures included) and closing, beyond the role's
     # own wait for its peers (peer_wait_timeout_s), each at most this long.
@@ -176,6 +183,9 @@ def parse_launch_settings(environ: Mapping[str, str]) -> LaunchSettings:
         health_check_timeout_s=number("BYOC_HEALTH_CHECK_TIMEOUT_S", 600.0, float, 1.0),
         report=parse_switch(environ, "BYOC_REPORT", True),
         report_interval_s=number("BYOC_REPORT_INTERVAL_S", 1.0, float, 0.1, 60.0),
+        tensorboard=parse_switch(environ, "BYOC_TENSORBOARD", None),
+        live_interval_s=number("BYOC_LIVE_INTERVAL_S", 10.0, float, 0.5, 3600.0),
+        status_interval_s=parse_status_interval(environ),
         compile_cache=parse_switch(environ, "BYOC_COMPILE_CACHE", True),
         compile_cache_max_mb=number("BYOC_COMPILE_CACHE_MAX_MB", 1024, int, 1, 1 << 20),
         compile_cache_save_every_s=number("BYOC_COMPILE_CACHE_SAVE_EVERY_S", 600.0, float, 0.0),
@@ -183,7 +193,14 @@ def parse_launch_settings(environ: Mapping[str, str]) -> LaunchSettings:
     )
 
 
-def parse_switch(environ: Mapping[str, str], name: str, default: bool) -> bool:
+def parse_status_interval(environ: Mapping[str, str]) -> float:
+    """BYOC_STATUS_INTERVAL_S: 0 turns the status line off; else 1 s to a day."""
+    if environ.get("BYOC_STATUS_INTERVAL_S", "").strip() in ("0", "0.0"):
+        return 0.0
+    return _parse_number(environ, "BYOC_STATUS_INTERVAL_S", 300.0, float, 1.0, 86400.0)
+
+
+def parse_switch(environ: Mapping[str, str], name: str, default: bool | None) -> bool | None:
     raw = environ.get(name, "").strip().lower()
     if raw == "":
         return default

@@ -11,6 +11,8 @@ connection carries nothing or lines of UTF-8 text, at most MAX_REPORT_BYTES:
     BYOC-SIGNED <hmac> BYOC-HOST-DONE {json}            a worker host's part ended (to the leader)
     BYOC-SIGNED <hmac> BYOC-HOST-FIGURES {json}         a worker host's figures for the job report
                                                         (to the leader, just before HOST-DONE)
+    BYOC-SIGNED <hmac> BYOC-HOST-LIVE {json}            a worker host's live figures (to the leader,
+                                                        every live interval: jobreport/live.py)
 
 - `<hmac>`: HMAC-SHA256 (hex) of the record (everything after it) with the job's report key,
   BYOC_JOB_REPORT_KEY (hex), which the plan gives every process of the job.
@@ -20,6 +22,8 @@ connection carries nothing or lines of UTF-8 text, at most MAX_REPORT_BYTES:
 - BYOC-HOST-FIGURES's json: host, time, figures (jobreport/figures.py: the host's sampled series,
   phases and ranks' step figures, cut to fit MAX_REPORT_BYTES; the leader keeps only the fields
   it knows, every number checked: parse_host_figures).
+- BYOC-HOST-LIVE's json: host, time, figures (jobreport/live.py: what is new since the last
+  one, at most settings.live_figures_bytes; the leader checks every number as above).
 - A record made more than REPORT_CLOCK_SKEW_S before the port opened, or whose signature was
   seen before, is a replay and refused; so is anything unsigned or signed with another key.
 - The ranks find every host's port in BYOC_JOB_PORTS (`host:port,host:port`).
@@ -45,6 +49,7 @@ from entrypoint.hosts.ssh import can_connect
 ROOT_CAUSE = "BYOC-ROOT-CAUSE "
 HOST_DONE = "BYOC-HOST-DONE "
 HOST_FIGURES = "BYOC-HOST-FIGURES "
+HOST_LIVE = "BYOC-HOST-LIVE "
 SIGNED = "BYOC-SIGNED "
 REPORT_KEY_ENV = "BYOC_JOB_REPORT_KEY"
 JOB_PORTS_ENV = "BYOC_JOB_PORTS"
@@ -89,12 +94,17 @@ def build_host_figures_record(host: str, figures_json: str, now: float) -> str:
     return HOST_FIGURES + json.dumps({"host": host, "time": now, "figures": figures_json}, ensure_ascii=True)
 
 
-def parse_host_figures_record(record: str) -> tuple[str, str] | None:
-    """(host, the figures' JSON) of a `BYOC-HOST-FIGURES {json}` record; None when it is not one."""
-    if not record.startswith(HOST_FIGURES):
+def build_host_live_record(host: str, figures_json: str, now: float) -> str:
+    return HOST_LIVE + json.dumps({"host": host, "time": now, "figures": figures_json}, ensure_ascii=True)
+
+
+def parse_host_figures_record(record: str, word: str = HOST_FIGURES) -> tuple[str, str] | None:
+    """(host, the figures' JSON) of a `BYOC-HOST-FIGURES {json}` record (or `word`'s: HOST_LIVE);
+    None when it is not one."""
+    if not record.startswith(word):
         return None
     try:
-        fields = json.loads(record[len(HOST_FIGURES):])
+        fields = json.loads(record[len(word):])
         host, figures = fields["host"], fields["figures"]
     except (ValueError, KeyError, TypeError, RecursionError):
         return None
@@ -143,7 +153,7 @@ def parse_signed_report(line: str, key_hex: str, not_before: float,
         return None, "no valid report key on this host"
     if not hmac.compare_digest(signature, expected):
         return None, "signed with another key"
-    marker = next((m for m in (ROOT_CAUSE, HOST_DONE, HOST_FIGURES) if record.startswith(m)), None)
+    marker = next((m for m in (ROOT_CAUSE, HOST_DONE, HOST_FIGURES, HOST_LIVE) if record.startswith(m)), None)
     try:
         made = float(json.loads(record[len(marker):])["time"]) if marker else None
     except (ValueError, KeyError, TypeError, RecursionError):
@@ -184,11 +194,11 @@ class JobPort:
     """The host's port for its peers. A connection that sends nothing is a liveness probe.
     A signed root cause from a rank on any host goes to on_report(record line); a worker
     host's outcome to on_host_done(host, exit_code); a host's figures to on_figures(host,
-    figures JSON, the sender's address); anything else, and a replay, to
+    figures JSON, the sender's address), its live figures to on_live (the same); anything else, and a replay, to
     on_refused(address, why), and is dropped."""
 
     def __init__(self, port: int, on_report=None, report_key: str = "", on_refused=None, on_host_done=None,
-                 on_figures=None, settings: LaunchSettings = DEFAULTS):
+                 on_figures=None, settings: LaunchSettings = DEFAULTS, on_live=None):
         import socket
 
         self._sock = socket.create_server(("", port))
@@ -196,6 +206,7 @@ class JobPort:
         self._on_report = on_report
         self._on_host_done = on_host_done or (lambda host, exit_code: None)
         self._on_figures = on_figures or (lambda host, figures_json, sender: None)
+        self._on_live = on_live or (lambda host, figures_json, sender: None)
         self._report_key = report_key
         self._on_refused = on_refused or (lambda address, why: None)
         self._opened_at = time.time()
@@ -252,6 +263,12 @@ class JobPort:
                 self._on_refused(sender, "a host's figures without a host name and figures")
             else:
                 self._on_figures(*figures, sender)
+        elif record.startswith(HOST_LIVE):
+            live = parse_host_figures_record(record, HOST_LIVE)
+            if live is None:
+                self._on_refused(sender, "a host's live figures without a host name and figures")
+            else:
+                self._on_live(*live, sender)
         else:
             self._on_report(record)
 
@@ -282,6 +299,18 @@ def send_host_figures(leader: str, port: int, key_hex: str, host: str, figures_j
     under MAX_REPORT_BYTES); as send_host_done."""
     return send_record(leader, port, key_hex, build_host_figures_record(host, figures_json, time.time()), within_s,
                        stopped, settings)
+
+
+def send_live_figures(leader: str, port: int, key_hex: str, host: str, figures_json: str,
+                      settings: LaunchSettings = DEFAULTS) -> int:
+    """This host's live figures (jobreport/live.py) to the leader's port, one try (the next
+    interval brings newer ones). The bytes sent, 0 when not delivered."""
+    record = build_host_live_record(host, figures_json, time.time())
+    try:
+        size = len(build_signed_line(key_hex, record).encode("utf-8"))
+    except ValueError:
+        return 0
+    return size if send_record(leader, port, key_hex, record, 0.0, lambda: True, settings) else 0
 
 
 def send_record(leader: str, port: int, key_hex: str, record: str, within_s: float | None, stopped,

@@ -169,6 +169,9 @@ class MpiLeader(MultiHostRole):
 
 
 class MpiWorker(HostRole):
+    def start_live(self) -> None:
+        """None here: an MPI worker's figures reach the leader over SSH, at the end only."""
+
     def run(self, launch) -> Outcome:
         """Not the plan's processes: mpirun on the leader starts this host's ranks over SSH."""
         import signal
@@ -201,6 +204,7 @@ class MpiWorker(HostRole):
         """Never written here: the leader read this host's figures before it told the outcome."""
         if self.report_part is not None:
             self.report_part.sampler.stop()
+            self.report_part.stop_live()
 
 
 class JobPortRole(MultiHostRole):
@@ -214,13 +218,15 @@ class JobPortRole(MultiHostRole):
         self.refused_reports = 0
         self.watch_rendezvous = watch_rendezvous
         self.worker_figures: dict[str, dict] = {}  # the leader's: each worker's figures, as they arrive
+        self.addresses: dict[str, list] = {}  # the leader's: each worker's addresses, resolved once (live figures)
 
     def start_beside(self) -> Outcome | None:
         plan = self.plan
         try:
             self.port = JobPort(plan.settings.job_port, self.collector.add_line_text,
                                 report_key=plan.env_dict.get(REPORT_KEY_ENV, ""), on_refused=self.on_refused_report,
-                                on_host_done=self.on_host_done, on_figures=self.on_figures, settings=plan.settings)
+                                on_host_done=self.on_host_done, on_figures=self.on_figures, settings=plan.settings,
+                                on_live=self.on_live)
         except OSError as exc:
             return self.start_problem(describe_port_problem(plan.settings.job_port, plan.current_host, exc), None)
         return None
@@ -251,6 +257,23 @@ class JobPortRole(MultiHostRole):
             self.on_refused_report(sender, f"figures for {host!r} that are not figures")
         else:
             self.worker_figures[host] = figures
+
+    def on_live(self, host: str, figures_json: str, sender: str) -> None:
+        """A worker's live figures (jobreport/live.py): only the leader takes them, from that
+        worker's own address, as on_figures; the live thread parses them."""
+        from entrypoint.hosts.ssh import resolve_addresses
+
+        live = self.report_part.live if self.report_part is not None else None
+        if not self.plan.is_leader or host not in self.plan.peers or live is None:
+            self.on_refused_report(sender, f"live figures for {host!r}: not one of this leader's workers")
+            return
+        addresses = self.addresses.get(host) or resolve_addresses(host)
+        if addresses:
+            self.addresses[host] = addresses  # job port threads: a dict item set is atomic
+        if sender not in addresses:
+            self.on_refused_report(sender, f"live figures for {host!r} sent from another address")
+            return
+        live.take_remote(host, figures_json)
 
     def on_refused_report(self, address: str, why: str) -> None:
         """A report on the job port that is not this job's: logged (the first few), dropped."""
@@ -373,6 +396,16 @@ class JobPortLeader(JobPortRole):
 
 
 class JobPortWorker(JobPortRole):
+    def start_live(self) -> None:
+        """This host's live figures go to the leader's job port every interval."""
+        plan, settings = self.plan, self.plan.settings
+        key = plan.env_dict.get(REPORT_KEY_ENV, "")
+
+        def send(text: str) -> int:
+            return job_port.send_live_figures(plan.leader, settings.job_port, key, plan.current_host, text, settings)
+
+        self.report_part.start_live(log, send, settings.capacity_ends_at, settings.live_figures_bytes)
+
     def start_watches(self) -> list[PeerWatch]:
         plan, settings = self.plan, self.plan.settings
         watches = [PeerWatch(plan.peers, settings.job_port, settings.host_lost_timeout_s,

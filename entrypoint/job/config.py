@@ -27,6 +27,7 @@ RESOURCE_CONFIG = "resourceconfig.json"
 HYPERPARAMETERS = "hyperparameters.json"
 INPUT_DATA_CONFIG = "inputdataconfig.json"
 CHECKPOINT_CONFIG = "checkpointconfig.json"
+TENSORBOARD_CONFIG = "tensorboardoutputconfig.json"
 
 # Hyperparameters the SDK writes for the platform, not for the user's script
 # (sagemaker_training.params.SAGEMAKER_HYPERPARAMETERS). Everything else starting with
@@ -203,6 +204,9 @@ class JobConfig(NamedTuple):
     program_from_env: bool  # SAGEMAKER_PROGRAM wins over the hyperparameter, as in the toolkit
     environ: Mapping[str, str]  # the entrypoint's own environment, as it was at start
     sdk_v3: Any = None  # a v3_definition.V3Job when SDK v3's sm_train.sh was handed to us
+    # A TensorBoard output config's LocalPath (SageMaker syncs that folder to S3 while the job
+    # runs); None without the file.
+    tensorboard_path: str | None = None
 
 
 # --- parsing (pure) -----------------------------------------------------------------------
@@ -419,6 +423,13 @@ def parse_checkpoint_config(doc: Any, paths: MlPaths) -> CheckpointConfig:
     return CheckpointConfig(local_path=local_path, s3_uri=s3_uri)
 
 
+def parse_tensorboard_config(doc: Any, paths: MlPaths) -> str:
+    """The folder SageMaker syncs to S3 while the job runs: LocalPath, default
+    output/tensorboard (what smdebug reads from the same file)."""
+    obj = _require_object(doc, TENSORBOARD_CONFIG)
+    return _string_field(obj, "LocalPath", TENSORBOARD_CONFIG, default=os.path.join(paths.base, "output", "tensorboard"))
+
+
 def parse_program(hyperparameters: Hyperparameters, environ: Mapping[str, str]) -> tuple[str | None, bool]:
     from_env = environ.get("SAGEMAKER_PROGRAM")
     if from_env:
@@ -484,6 +495,7 @@ def load_job(paths: MlPaths, environ: Mapping[str, str]) -> JobConfig:
         program, program_from_env = sdk_v3.entry_script, False
         if sdk_v3.source_dir:
             paths = paths._replace(code=paths.channel_dir("code"))
+    tb_doc = _read_config(paths, TENSORBOARD_CONFIG, required=False)
     return JobConfig(
         paths=paths,
         resource=resource,
@@ -494,6 +506,7 @@ def load_job(paths: MlPaths, environ: Mapping[str, str]) -> JobConfig:
         program_from_env=program_from_env,
         environ=frozen_mapping(environ),
         sdk_v3=sdk_v3,
+        tensorboard_path=None if tb_doc is None else parse_tensorboard_config(tb_doc, paths),
     )
 
 

@@ -8,6 +8,7 @@ import json
 import os
 import statistics
 
+from entrypoint.jobreport.gpu_truth import apply_gpu_timings
 from entrypoint.jobreport.sampler import halve_points
 
 SERIES_ORDER = ("time", "cpu_pct", "tree_cpu_pct", "core_pct", "tree_rss_mb", "cgroup_mb", "net_rx_mbps",
@@ -129,7 +130,7 @@ def build_host_figures(host: str, points: list[dict], phases: dict[str, float], 
     return {**({"note": note} if note else {}), "host": host, "status": "reported", "interval_s": interval_s, "cores": cores,
             "sampler_cpu_s": round(sampler_cpu_s, 3), "samples_per_s": samples_per_s, "series": build_columns(points),
             "phases": [{"host": host, "name": n, "time": round(t, 3)} for n, t in sorted(phases.items(), key=lambda p: p[1])],
-            "ranks": [build_rank_figures(r, host) for r in ranks]}
+            "ranks": [apply_gpu_timings(build_rank_figures(r, host), r) for r in ranks]}
 
 
 def wire_size(text: str) -> int:

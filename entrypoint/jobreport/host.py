@@ -38,6 +38,23 @@ class HostReport:
         except OSError:
             pass  # no rank figures: the ranks find no folder and write none
         self.sampler.start()
+        self.live = None  # the live thread (live_loop.py), when the role starts one
+
+    def start_live(self, log, send=None, capacity_ends_at: float | None = None, max_bytes: int = 16000) -> None:
+        """The job watched live: a worker's updates to the leader (send), or the leader's
+        events and status line; never the job's failure."""
+        from entrypoint.jobreport.live_loop import LiveLoop
+
+        try:
+            self.live = LiveLoop(self.spec, self.host, self.sampler, self.throughput, log, send, capacity_ends_at,
+                                 max_bytes).start()
+        except Exception as exc:  # noqa: BLE001
+            log(f"job report: the live figures did not start: {type(exc).__name__}: {exc}")
+
+    def stop_live(self) -> None:
+        if self.live is not None:
+            self.live.stop()
+            self.sampler.cpu_s += self.live.cpu_s
 
     def mark(self, phase: str) -> None:
         self.sampler.mark(phase)
@@ -45,6 +62,7 @@ class HostReport:
     def end(self, max_bytes: int) -> tuple[dict, str]:
         """Stop sampling; this host's figures and their JSON, at most max_bytes."""
         self.sampler.stop()
+        self.stop_live()
         return self.build_figures(max_bytes)
 
     def write_figures_file(self, max_bytes: int) -> None:

@@ -14,7 +14,11 @@ imported here that the script does not import itself):
   - Horovod: its DistributedOptimizer waits for the all-reduces inside step(): that step's time
     is wait;
   - data wait, and samples a step, when the script says so (train/'s library does:
-    add_data_wait, add_samples, through sys.modules["byoc_rank_figures"]).
+    add_data_wait, add_samples, through sys.modules["byoc_rank_figures"]);
+  - on a GPU (once the script has initialised CUDA): the same collectives and backward() timed
+    on the GPU too, with CUDA events (GpuTimings): recorded on the current stream, queried at
+    later step ends, never synchronised. NCCL's collectives return before their GPU work ends,
+    so only these see a rank wait on the GPU for a peer slowed on its GPU.
 Written as JSON to BYOC_REPORT_DIR/rank-<RANK>.json every WRITE_EVERY_S from the training
 thread (a rank killed outright leaves its figures up to then) and at exit. Bounded: at most
 MAX_POINTS points a series; past that, pairs of steps are merged (the stride doubles).
@@ -29,9 +33,74 @@ REPORT_DIR_ENV = "BYOC_REPORT_DIR"
 WRITE_EVERY_S = 5.0
 MAX_POINTS = 512
 MODULE_NAME = "byoc_rank_figures"  # where a script's library finds this module (train/lib)
+GPU_PENDING = 512  # events' pairs not yet completed on the GPU, at most (the oldest dropped past it)
 COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_to_all",
                "all_to_all_single", "barrier", "broadcast", "broadcast_object_list", "gather", "reduce",
                "reduce_scatter", "reduce_scatter_tensor", "scatter", "monitored_barrier")
+
+
+class GpuTimings:
+    """GPU time of a step's collectives (wait) and backward, from pairs of CUDA events.
+
+    new_event() makes an event with record(), query() and elapsed_time(other) (ms): torch's
+    torch.cuda.Event(enable_timing=True), or a stand-in in the tests. begin() records one before
+    the call, end() one after it; collect(), at each step's end, takes the pairs whose end event
+    has completed, oldest first, without waiting, and closes a step's point once none of its pairs
+    is pending. Bounded: past GPU_PENDING pairs the oldest step's are dropped (and counted)."""
+
+    def __init__(self, new_event, max_pending: int = GPU_PENDING):
+        self.new_event, self.max_pending = new_event, max_pending
+        self.pending = []  # [step, slot, start event, end event], in record order
+        self.totals = {}  # step -> {"wait": ms, "backward": ms}, for steps with a pair still pending
+        self.dropped = 0
+        self.series = {"step": [], "gpu_wait_ms": [], "gpu_backward_ms": []}
+
+    def begin(self):
+        event = self.new_event()
+        event.record()
+        return event
+
+    def end(self, step: int, slot: str, start) -> None:
+        event = self.new_event()
+        event.record()
+        self.pending.append([step, slot, start, event])
+        self.totals.setdefault(step, {"wait": 0.0, "backward": 0.0})
+        if len(self.pending) > self.max_pending:
+            oldest = self.pending[0][0]
+            self.dropped += sum(1 for p in self.pending if p[0] == oldest)
+            self.pending = [p for p in self.pending if p[0] != oldest]
+            self.totals.pop(oldest, None)
+
+    def collect(self, current_step: int) -> None:
+        """Completed pairs into their step's totals; every step before current_step with
+        nothing pending becomes a point."""
+        while self.pending and self.pending[0][3].query():
+            step, slot, start, end = self.pending.pop(0)
+            if step in self.totals:
+                self.totals[step][slot] += start.elapsed_time(end)
+        waiting = {p[0] for p in self.pending}
+        for step in sorted(self.totals):
+            if step >= current_step or step in waiting:
+                break
+            done = self.totals.pop(step)
+            self.series["step"].append(step)
+            self.series["gpu_wait_ms"].append(round(done["wait"], 3))
+            self.series["gpu_backward_ms"].append(round(done["backward"], 3))
+            if len(self.series["step"]) > MAX_POINTS:
+                for values in self.series.values():
+                    del values[0]
+
+
+def probe_gpu_timings():
+    """GpuTimings once the script has initialised CUDA (a CPU job never gets one); None before."""
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    try:
+        if cuda is None or not cuda.is_initialized():
+            return None
+        return GpuTimings(lambda: cuda.Event(enable_timing=True))
+    except Exception:  # noqa: BLE001 - another torch: no GPU figures
+        return None
 
 
 class Figures:
@@ -53,6 +122,8 @@ class Figures:
         self.series = {"step": [], "step_ms": [], "wait_ms": [], "backward_ms": [], "data_wait_ms": [], "samples": []}
         self.pending = None  # the point being filled when stride > 1
         self.written_at = time.monotonic()
+        self.gpu = None  # GpuTimings, from the first timed call after CUDA is initialised
+        self.gpu_checked_at = -1.0  # time.monotonic() of the last look for CUDA (once a second)
 
     def on_step_end(self) -> None:
         with self.lock:
@@ -66,9 +137,13 @@ class Figures:
             self.first_step_at = time.time()
         self.steps += 1
         self.last_step_end = now
+        if self.gpu is not None:
+            _gpu_call(self.gpu.collect, self.steps)
         self.wait = self.backward = self.data_wait = 0.0
         self.samples = 0
-        if time.monotonic() - self.written_at >= WRITE_EVERY_S:
+        # The first point at once (the leader's live view shows the job from its first steps),
+        # then every WRITE_EVERY_S.
+        if self.steps == 2 or time.monotonic() - self.written_at >= WRITE_EVERY_S:
             self._write()
 
     def add_point(self, step_s: float) -> None:
@@ -97,7 +172,16 @@ class Figures:
     def as_dict(self) -> dict:
         return {"rank": self.rank, "local_rank": self.local_rank, "host": self.host, "pid": os.getpid(),
                 "steps": self.steps, "first_step_at": self.first_step_at, "ddp": self.ddp, "stride": self.stride,
-                "series": {k: list(v) for k, v in self.series.items()}}
+                "series": {k: list(v) for k, v in self.series.items()},
+                **({"gpu": {"dropped": self.gpu.dropped, **{k: list(v) for k, v in self.gpu.series.items()}}}
+                   if self.gpu is not None else {})}
+
+    def gpu_timings(self):
+        """This rank's GpuTimings, looked for at most once a second until CUDA is initialised."""
+        if self.gpu is None and time.monotonic() - self.gpu_checked_at >= 1.0:
+            self.gpu_checked_at = time.monotonic()
+            self.gpu = probe_gpu_timings()
+        return self.gpu
 
     def write(self) -> None:
         with self.lock:
@@ -150,6 +234,8 @@ def timed(fn, slot: str):
     def wrapper(*args, **kwargs):
         depth = getattr(_nesting, "depth", 0)
         _nesting.depth = depth + 1
+        gpu = _figures.gpu_timings() if _figures is not None and depth == 0 else None
+        gpu_start = _gpu_call(gpu.begin) if gpu is not None else None
         started = time.perf_counter()
         try:
             return fn(*args, **kwargs)
@@ -158,9 +244,22 @@ def timed(fn, slot: str):
             if _figures is not None and depth == 0:
                 with _figures.lock:
                     setattr(_figures, slot, getattr(_figures, slot) + time.perf_counter() - started)
+                    if gpu_start is not None:
+                        _gpu_call(gpu.end, _figures.steps, slot, gpu_start)
 
     wrapper.__byoc_timed__ = True
     return wrapper
+
+
+def _gpu_call(method, *args):
+    """A GpuTimings call that never raises into the script: an error (a CUDA error surfacing
+    here) ends the GPU figures for good."""
+    try:
+        return method(*args)
+    except Exception:  # noqa: BLE001
+        if _figures is not None:
+            _figures.gpu, _figures.gpu_checked_at = None, float("inf")
+        return None
 
 
 def patch_collectives(module) -> None:

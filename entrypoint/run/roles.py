@@ -60,6 +60,11 @@ class HostRole:
             log(f"job report: not started: {type(exc).__name__}: {exc}")
             return
         self.collector.on_line = self.report_part.throughput.take
+        self.start_live()
+
+    def start_live(self) -> None:
+        """The leader's (or the one host's) live view: TensorBoard events, the status line."""
+        self.report_part.start_live(log, None, self.plan.settings.capacity_ends_at)
 
     def mark(self, phase: str) -> None:
         if self.report_part is not None:
@@ -95,10 +100,12 @@ class HostRole:
         from entrypoint.jobreport.host import write_job_report
 
         figures, _ = self.report_part.end(self.plan.settings.report_figures_bytes)
+        live = self.report_part.live
+        notes = [f"live figures: {n}" for n in live.notes.seen] if live is not None else []
         write_job_report(self.paths.output_data_dir, self.what, self.plan.current_host,
                          self.plan.hosts or (self.plan.current_host,), outcome.exit_code,
                          {**others, self.plan.current_host: figures},
-                         [f"{self.plan.current_host}: {n}" for n in self.report_notes])
+                         [f"{self.plan.current_host}: {n}" for n in self.report_notes] + notes)
 
     def close(self, outcome: Outcome) -> None:
         return None

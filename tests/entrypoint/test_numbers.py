@@ -105,7 +105,7 @@ def test_process_counts_in_hyperparameters_follow_the_same_rule(raw):
 
     hps = parse_hyperparameters({"sagemaker_mpi_enabled": "true", "sagemaker_mpi_num_of_processes_per_host": raw})
     with pytest.raises(JobDefinitionError, match="sagemaker_mpi_num_of_processes_per_host"):
-        parse_distribution(SimpleNamespace(hyperparameters=hps))
+        parse_distribution(SimpleNamespace(hyperparameters=hps, sdk_v3=None))
 
 
 @pytest.mark.parametrize("raw", ["nan", "inf", "-5", "1e999"])

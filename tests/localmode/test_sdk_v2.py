@@ -96,6 +96,21 @@ def test_two_hosts_torch_distributed(tmp_path):
     check_job_report(result)
 
 
+def test_two_hosts_watched_live_in_tensorboard(tmp_path):
+    """Local mode has no TensorBoard output config: BYOC_TENSORBOARD=1 stands in. Rank 0, on
+    the leader, reads the leader's TensorBoard folder from inside the running job (its peer
+    waits for it in an all-reduce) until both ranks' and both hosts' scalars are there."""
+    result = run_v2_job(tmp_path, source_files=script("live_watch.py"), instance_count=2,
+                        distribution={"torch_distributed": {"enabled": True}},
+                        environment={"BYOC_TENSORBOARD": "1", "BYOC_LIVE_INTERVAL_S": "1"})
+    report("2 hosts watched live", result)
+    assert_every_host_succeeded(result, 2)
+    live = result.model_json("live.json")
+    seen = live["seen_after_first_step_s"]
+    assert set(live["wanted"]) <= set(seen), (live, result.log_tail())
+    print(f"[live] seen after the first step (s): { {t: seen[t] for t in live['wanted']} }")
+
+
 def check_job_report(result: V2JobResult) -> None:
     """The leader's job report survives local mode's merge of the hosts' output into
     output.tar.gz, and covers both hosts (a worker's figures reach the leader)."""

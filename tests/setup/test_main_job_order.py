@@ -23,7 +23,7 @@ STAND_IN = textwrap.dedent("""\
     name=$(basename "$0" .sh)
     echo "$name $*" >>"$EVENTS"
     case "$name $*" in
-        "bootstrap --for main-job --horovod-wheel")
+        "bootstrap --for main-job --horovod-wheel --sdk "*)
             touch "$EVENTS.setup-started"; sleep 1 ;;
         "build-local-image --tag "*"-runtime --target runtime")
             for _ in $(seq 200); do [ -e "$EVENTS.setup-started" ] && break; sleep 0.1; done
@@ -65,7 +65,7 @@ def test_the_image_build_waits_for_the_wheel_the_venv_compiles(tmp_path):
     assert done.returncode == 0, done.stderr
     assert events[0:2] == ["bootstrap --for main-job --apt-only", "bootstrap done"]
     builder = events.index("build-local-image --tag byoc-training:mine-runtime --target runtime")
-    setup = events.index("bootstrap --for main-job --horovod-wheel")
+    setup = events.index("bootstrap --for main-job --horovod-wheel --sdk v2")
     image = events.index("build-local-image --tag byoc-training:mine")
     # Both start after the Debian packages, and the set-up (with Horovod) starts while the
     # builder stage's build runs (which that stand-in checks).
@@ -90,5 +90,13 @@ def test_a_failed_builder_stage_stops_before_the_image_and_the_job(tmp_path):
 def test_emulated_hosts_need_no_image(tmp_path):
     done, events = _run(tmp_path, "--emulated")
     assert done.returncode == 0, done.stderr
-    assert events == ["bootstrap --for main-job --with-horovod", "bootstrap done",
+    assert events == ["bootstrap --for main-job --with-horovod --sdk v2", "bootstrap done",
                       "python -m jobs.run_main_job --emulated", "python done"]
+
+
+def test_sdk_v3_sets_up_sdk_v3_and_runs_the_job_with_it(tmp_path):
+    done, events = _run(tmp_path, "--sdk", "v3", "--image-tag", "byoc-training:mine")
+    assert done.returncode == 0, done.stderr
+    assert "bootstrap --for main-job --horovod-wheel --sdk v3" in events
+    assert events[-2:] == ["python -m jobs.run_main_job --sdk v3 --image-tag byoc-training:mine --image-built",
+                           "python done"]

@@ -1,0 +1,175 @@
+"""The job watched live: what moves (the updates; pure but for the rank files' loader).
+live_loop.py runs them, live_view.py turns them into scalars. Every interval, each host's new
+figures (its sampled points, its ranks' new steps) reach the leader, which writes them as
+TensorBoard scalars (tb_events.py) and, every BYOC_STATUS_INTERVAL_S, logs the status line
+(status_line.py).
+
+    a worker (job port)   LiveLoop.tick: build_update -> fit_update -> BYOC-HOST-LIVE to the leader
+    the leader / 1 host   LiveLoop.tick: build_update (its own) + the workers' (parse_update)
+                          -> LiveView.take -> events file, status line
+
+Whatever a figure holds (a rank file is the script's process's; a worker's words come over the
+network), a value that is not a finite number of sensible size is left out with a note, and a
+rank file too large is skipped with a note (one that does not parse, being replaced, is read
+again at the next interval): never a crash, never a lost report. The traffic is bounded: one
+message a worker an interval, at most settings.live_figures_bytes (the newest points kept when
+it must be cut); the bytes sent are counted and logged at the end. The thread's own CPU time is
+counted with the sampler's (the report's budget: 1% of a core).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+# What a host point and a rank point carry live (the report's names); a rank file larger than
+# MAX_RANK_FILE_BYTES is no file of ours (512 points a series are ~60 kB).
+HOST_FIELDS = ("cpu_pct", "tree_cpu_pct", "tree_rss_mb", "cgroup_mb", "net_rx_mbps", "net_tx_mbps", "disk_read_mbps",
+               "disk_write_mbps", "gpu_util_pct", "gpu_mem_mb", "gpu_power_w", "neuron_util_pct")
+RANK_FIELDS = ("step_ms", "wait_ms", "backward_ms", "data_wait_ms", "samples")
+MAX_RANK_FILE_BYTES = 4_000_000
+MAX_POINTS = 256  # a rank's or a host's new points an interval, at most (the newest)
+MAX_ABS = 1e12
+RECENT = 64  # the steps a rank's recent medians cover (status line, stragglers)
+MAX_NOTES = 20
+
+
+def finite(value):
+    """A number the events can carry (finite, not a bool, not absurdly large), or None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return value if math.isfinite(value) and abs(value) <= MAX_ABS else None
+
+
+class Notes:
+    """What was left out, each said once (bounded: a hostile source cannot flood the log)."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def add(self, text: str) -> bool:
+        if text in self.seen or len(self.seen) >= MAX_NOTES:
+            return False
+        self.seen.append(text)
+        return True
+
+
+# --- a host's update (pure, but for the loader) --------------------------------------------------
+
+
+def load_rank_raws(folder: str, notes: Notes) -> list[dict]:
+    """Every rank-<N>.json in folder, as written by the ranks (rank/step_figures.py); each opened
+    only when it is a regular file (paths.open_regular: a FIFO a script left there would block)."""
+    from entrypoint.job.paths import open_regular
+
+    raws = []
+    try:
+        names = sorted(n for n in os.listdir(folder) if n.startswith("rank-") and n.endswith(".json"))
+    except OSError:
+        return []
+    for name in names:
+        path = os.path.join(folder, name)
+        try:
+            if os.path.getsize(path) > MAX_RANK_FILE_BYTES:
+                notes.add(f"{name}: larger than {MAX_RANK_FILE_BYTES} bytes, not read")
+                continue
+            with open_regular(path) as f:
+                raw = json.load(f)
+        except (OSError, ValueError, RecursionError):
+            continue  # being replaced, or not JSON: the next interval reads it again
+        if isinstance(raw, dict):
+            raws.append(raw)
+    return raws
+
+
+def build_rank_update(raw: dict, after_step: int, notes: Notes) -> dict | None:
+    """A rank's steps after after_step: [step, step_ms, wait_ms, backward_ms, data_wait_ms,
+    samples] each, at most MAX_POINTS (the newest); None when the file is not a rank's."""
+    series = raw.get("series")
+    rank = raw.get("rank")
+    if not isinstance(series, dict) or not isinstance(rank, (str, int)) or isinstance(rank, bool):
+        return None
+    columns = [series.get("step")] + [series.get(n) for n in RANK_FIELDS]
+    if not all(isinstance(c, list) for c in columns):
+        notes.add(f"rank {str(rank)[:40]!r}: a series that is not a list, left out")
+        return None
+    # The series are written in step (index by index); a column shorter than the steps (not a
+    # file of ours) lacks those values: None there. A huge series: only its end can be new.
+    count = len(columns[0])
+    start = max(0, count - 4 * MAX_POINTS)
+    columns = [(c[:count] + [None] * (count - len(c)))[start:] for c in columns]
+    points, dropped = [], 0
+    for values in zip(*columns):
+        step = values[0]
+        if isinstance(step, bool) or not isinstance(step, int) or step <= after_step:
+            continue
+        clean = [finite(v) for v in values[1:]]
+        if clean[0] is None:
+            dropped += 1
+            continue
+        points.append([step] + clean)
+    if dropped:
+        notes.add(f"rank {str(rank)[:40]!r}: steps whose time is not a finite number, left out")
+    steps = finite(raw.get("steps"))
+    return {"rank": str(rank)[:40], "steps": int(steps) if steps is not None else 0, "ddp": raw.get("ddp") is True,
+            "points": points[-MAX_POINTS:]}
+
+
+def build_update(host: str, points: list[dict], raws: list[dict], sent: dict, samples_per_s, notes: Notes) -> dict:
+    """This host's new figures since `sent` (rank -> last step sent; "time" -> last point's
+    time), which it moves on."""
+    new_points = [p for p in points if isinstance(p.get("time"), (int, float)) and p["time"] > sent.get("time", 0.0)]
+    new_points = new_points[-MAX_POINTS:]
+    if new_points:
+        sent["time"] = new_points[-1]["time"]
+    ranks = []
+    for raw in raws:
+        update = build_rank_update(raw, sent.get(("rank", str(raw.get("rank"))), 0), notes)
+        if update is not None:
+            ranks.append(update)
+            if update["points"]:
+                sent[("rank", update["rank"])] = update["points"][-1][0]
+    return {"host": host, "points": [{k: p[k] for k in ("time",) + HOST_FIELDS if k in p} for p in new_points],
+            "ranks": ranks, "samples_per_s": finite(samples_per_s)}
+
+
+def fit_update(update: dict, max_bytes: int) -> str:
+    """The update's JSON, at most max_bytes: the oldest half of its points dropped until it
+    fits (the next update brings newer ones), at last its points altogether."""
+    while True:
+        text = json.dumps(update, ensure_ascii=True, separators=(",", ":"), allow_nan=False)
+        if len(json.dumps(text)) <= max_bytes:
+            return text
+        longest = max([len(update["points"])] + [len(r["points"]) for r in update["ranks"]])
+        if longest == 0:
+            return json.dumps({"host": update["host"], "points": [], "ranks": [], "samples_per_s": None})
+        keep = longest // 2
+        update = {**update, "points": update["points"][-keep:] if keep else [],
+                  "ranks": [{**r, "points": r["points"][-keep:] if keep else []} for r in update["ranks"]]}
+
+
+def parse_update(text: str, host: str, notes: Notes) -> dict | None:
+    """A worker's update as the leader keeps it: only the known fields, every number checked
+    (build_rank_update again, on the worker's points); None when it is not an update of host."""
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(data, dict) or data.get("host") != host:
+        return None
+    points = []
+    for p in data.get("points") if isinstance(data.get("points"), list) else []:
+        if isinstance(p, dict) and finite(p.get("time")) is not None:
+            points.append({"time": p["time"], **{k: p[k] for k in HOST_FIELDS if k in p}})
+    ranks = []
+    for r in data.get("ranks") if isinstance(data.get("ranks"), list) else []:
+        if isinstance(r, dict) and isinstance(r.get("points"), list):
+            columns = [list(c) for c in zip(*[p for p in r["points"] if isinstance(p, list) and len(p) == 6])] or [[]] * 6
+            raw = {"rank": r.get("rank"), "steps": r.get("steps"), "ddp": r.get("ddp"),
+                   "series": dict(zip(("step",) + RANK_FIELDS, columns))}
+            update = build_rank_update(raw, 0, notes)
+            if update is not None:
+                ranks.append(update)
+    return {"host": host, "points": points[-MAX_POINTS:], "ranks": ranks,
+            "samples_per_s": finite(data.get("samples_per_s"))}

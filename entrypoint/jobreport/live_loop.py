@@ -1,0 +1,153 @@
+"""This host's live thread (jobreport/live.py says what moves): started with the host's part
+of the job report (jobreport/host.py), ended with it.
+
+- a worker of a job-port launch (torchrun, parameter server): every tick, its update to the
+  leader (send, which returns the bytes sent);
+- the leader, or the one host: its own update and the workers' queued ones, into the live view,
+  the TensorBoard events (when on) and the status line (when due).
+An MPI worker runs none: its figures reach the leader over SSH at the end only.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+
+from entrypoint.jobreport.live import Notes, build_update, fit_update, load_rank_raws, parse_update
+from entrypoint.jobreport.status_line import build_status_line
+
+MAX_QUEUED = 64  # workers' updates waiting for the next tick; past it, the newest are dropped
+
+
+def decide_tick_s(tensorboard_dir: str | None, live_interval_s: float, status_interval_s: float,
+                  worker: bool) -> float | None:
+    """How often this host's live thread works; None: it has nothing to do. A worker sends at
+    the live interval when the leader writes events, else at the status line's."""
+    ticks = ([live_interval_s] if tensorboard_dir else []) + ([status_interval_s] if status_interval_s > 0 else [])
+    if not ticks:
+        return None
+    return ticks[0] if worker else min(ticks)
+
+
+class LiveLoop:
+    def __init__(self, spec, host: str, sampler, throughput, log, send=None, capacity_ends_at: float | None = None,
+                 max_bytes: int = 16000):
+        from entrypoint.jobreport.live_view import LiveView
+
+        self.spec, self.host, self.sampler, self.throughput, self.log = spec, host, sampler, throughput, log
+        self.send = send  # a worker's: text -> bytes delivered (0: not)
+        self.max_bytes = max_bytes  # a worker's update, at most (settings.live_figures_bytes)
+        self.capacity_ends_at = capacity_ends_at
+        self.notes, self.notes_logged = Notes(), 0
+        self.sent: dict = {}  # what this host's updates covered so far (live.build_update)
+        self.started_at = sampler.phases.get("entrypoint start", time.time())
+        self.view = LiveView(self.started_at, self.notes)
+        self.events = None
+        if spec.tensorboard_dir and send is None:
+            from entrypoint.jobreport.tb_events import EventsFile
+
+            self.events = EventsFile(spec.tensorboard_dir, log)
+        self.tick_s = decide_tick_s(spec.tensorboard_dir, spec.live_interval_s, spec.status_interval_s, send is not None)
+        self.inbox: deque = deque()  # (host, text) from the job port's threads (deque: thread-safe ends)
+        self.messages = self.bytes_sent = self.largest = 0  # a worker's traffic to the leader
+        self.cpu_s = 0.0  # this thread's CPU time, with the sampler's in the report
+        self.next_status = time.monotonic() + spec.status_interval_s
+        self.phases_said = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="byoc-live")
+
+    def start(self) -> "LiveLoop":
+        if self.tick_s is not None:
+            self._thread.start()
+        return self
+
+    def take_remote(self, host: str, text: str) -> None:
+        """A worker's update from the job port (its thread): queued for the live thread."""
+        if len(self.inbox) < MAX_QUEUED:
+            self.inbox.append((host, text))
+        else:
+            self.notes.add("workers' live figures arrived faster than they were read: some were dropped")
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.tick_s):
+            self.tick()
+
+    def tick(self) -> None:
+        started = time.thread_time()
+        try:
+            own = build_update(self.host, self.sampler.snapshot()[0], load_rank_raws(self.spec.rank_folder, self.notes),
+                               self.sent, self.throughput.median(), self.notes)
+            if self.send is not None:
+                self.send_update(own)
+            else:
+                self.take_updates(own)
+        except Exception as exc:  # noqa: BLE001 - the live view is a bonus: never the job's failure
+            self.notes.add(f"live figures: {type(exc).__name__}: {exc}"[:300])
+        self.log_notes()
+        self.cpu_s += time.thread_time() - started
+
+    def send_update(self, update: dict) -> None:
+        text = fit_update(update, self.max_bytes)
+        delivered = self.send(text)
+        if delivered:
+            self.messages, self.bytes_sent = self.messages + 1, self.bytes_sent + delivered
+            self.largest = max(self.largest, delivered)
+
+    def take_updates(self, own: dict) -> None:
+        updates = [own]
+        while self.inbox:
+            host, text = self.inbox.popleft()
+            parsed = parse_update(text, host, self.notes)
+            if parsed is None:
+                self.notes.add(f"host {host}: live figures that are not figures, left out")
+            else:
+                updates.append(parsed)
+        scalars, texts = [], []
+        for update in updates:
+            s, t = self.view.take(update)
+            scalars.extend(s)
+            texts.extend(t)
+        texts.extend(self.phase_texts())
+        if self.events is not None:
+            self.events.write(scalars, texts)
+        if self.spec.status_interval_s > 0 and time.monotonic() >= self.next_status:
+            self.next_status = time.monotonic() + self.spec.status_interval_s
+            self.log(self.status_line())
+
+    def status_line(self) -> str:
+        util, mem = self.view.gpu_now()
+        left = self.capacity_ends_at - time.time() if self.capacity_ends_at is not None else None
+        return build_status_line(time.time() - self.started_at, self.view.ranks_now(), util, mem, left)
+
+    def phase_texts(self) -> list:
+        """This host's phases, as text, when new ones were reached."""
+        phases = sorted(self.sampler.snapshot()[1].items(), key=lambda p: p[1])
+        if len(phases) == self.phases_said:
+            return []
+        self.phases_said = len(phases)
+        text = "\n\n".join(f"{self.host}: {name} at +{when - self.started_at:.1f} s" for name, when in phases)
+        return [("job/phases", text, len(phases), time.time())]
+
+    def log_notes(self) -> None:
+        for note in self.notes.seen[self.notes_logged:]:
+            self.log(f"job report (live): {note}")
+        self.notes_logged = len(self.notes.seen)
+
+    def stop(self) -> None:
+        """The thread ends; the leader writes what came since its last tick (the finished job's
+        folder then holds everything); a worker says what its live figures cost. Idempotent."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)
+        if self.tick_s is None:
+            return
+        if self.send is None:
+            self.tick()
+        elif self.messages:
+            self.log(f"job report (live): {self.messages} update(s) sent to the leader, {self.bytes_sent} bytes, "
+                     f"the largest {self.largest} bytes")
+        if self.events is not None:
+            self.events.close()

@@ -1,0 +1,166 @@
+"""The leader's live view of the job: every host's updates (jobreport/live.py) turned into
+TensorBoard scalars and texts, and the recent figures the status line reads.
+
+Tags group in TensorBoard's UI by their first part: `host/<host>/<series>` (`gpu0_util_pct`
+for a GPU's), `rank/<rank>/<series>` (step_ms, compute_ms, wait_ms, backward_ms, data_wait_ms,
+samples_per_s), `job/stragglers` and `job/phases` as text. Host points are at step = seconds
+since the leader's entrypoint started; rank points at their optimizer step.
+
+Owned by the live thread alone (no lock): updates from the job port are queued for it.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+
+from entrypoint.jobreport.live import HOST_FIELDS, RECENT, Notes, finite
+from entrypoint.jobreport.status_line import RankNow
+from entrypoint.jobreport.stragglers import MIN_STEPS, decide_outliers
+
+# Each tick's rank scalars, at most: a rank's new steps are averaged into at most
+# MAX_RANK_POINTS points (fewer with many ranks). Every scalar costs ~30 us to write (its record's
+# CRC is computed in Python) and ~40 bytes SageMaker syncs: a job at 60 steps/s would otherwise
+# write 7,200 scalars a tick for 2 ranks (0.23 s of CPU each 10 s).
+MAX_RANK_SCALARS = 1000
+MAX_RANK_POINTS = 16
+SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
+
+
+def build_tag_part(text: str) -> str:
+    """A host or rank as one part of a tag: no `/` (a new group), no control characters."""
+    return "".join(c if c in SAFE else "_" for c in str(text))[:64] or "_"
+
+
+def build_rank_values(point: list, ddp: bool, shortest_backward: float | None) -> dict[str, float]:
+    """One rank point's scalars: [step, step_ms, wait_ms, backward_ms, data_wait_ms, samples]
+    with compute = step - wait; under DDP the wait is the backward beyond the job's shortest
+    (jobreport/figures.adjust_ddp_ranks, the same rule live)."""
+    _, step_ms, wait_ms, backward_ms, data_wait_ms, samples = point
+    if ddp and backward_ms is not None and shortest_backward is not None:
+        wait_ms = max(0.0, backward_ms - shortest_backward)
+    values = {"step_ms": step_ms, "wait_ms": wait_ms, "backward_ms": backward_ms, "data_wait_ms": data_wait_ms}
+    if wait_ms is not None:
+        values["compute_ms"] = max(0.0, step_ms - wait_ms)
+    if samples and step_ms > 0:
+        values["samples_per_s"] = samples * 1e3 / step_ms
+    return {k: round(v, 3) for k, v in values.items() if v is not None}
+
+
+def decide_points_per_rank(ranks: int) -> int:
+    return max(1, min(MAX_RANK_POINTS, MAX_RANK_SCALARS // (6 * max(1, ranks))))
+
+
+def build_merged(points: list[tuple[int, dict]], most: int) -> list[tuple[int, dict]]:
+    """At most `most` points from consecutive (step, values) ones: each group's means, at its
+    last step (a value missing from some of a group's points: the mean of those that have it)."""
+    if len(points) <= most:
+        return points
+    size = -(-len(points) // most)  # ceiling: groups of `size` consecutive points
+    merged = []
+    for start in range(0, len(points), size):
+        group = points[start:start + size]
+        names = {name for _, values in group for name in values}
+        merged.append((group[-1][0], {name: round(statistics.fmean(v[name] for _, v in group if name in v), 3)
+                                      for name in names}))
+    return merged
+
+
+class RankState:
+    def __init__(self, ddp: bool) -> None:
+        self.ddp = ddp
+        self.steps = 0
+        self.step_ms: deque = deque(maxlen=RECENT)
+        self.compute_ms: deque = deque(maxlen=RECENT)
+        self.backward_ms: deque = deque(maxlen=RECENT)
+
+
+class LiveView:
+    def __init__(self, started_at: float, notes: Notes):
+        self.started_at = started_at  # epoch s: host points' step 0
+        self.notes = notes
+        self.ranks: dict[tuple[str, str], RankState] = {}
+        self.latest_points: dict[str, dict] = {}  # host -> its newest point
+        self.stragglers_said = ""
+
+    def take(self, update: dict) -> tuple[list, list]:
+        """(scalars, texts) of one host's update: (tag, value, step, wall time) each."""
+        host = update["host"]
+        scalars = self._host_scalars(host, update)
+        for rank in update["ranks"]:
+            scalars.extend(self._rank_scalars(host, rank))
+        return scalars, self._straggler_texts(update)
+
+    def _host_scalars(self, host: str, update: dict) -> list:
+        scalars, part = [], build_tag_part(host)
+        for point in update["points"]:
+            wall = point["time"]
+            step = max(0, int(round(wall - self.started_at)))
+            for name in HOST_FIELDS:
+                value = point.get(name)
+                values = value if isinstance(value, list) else [value]
+                for i, v in enumerate(values):
+                    if v is None:
+                        continue
+                    if finite(v) is None:
+                        self.notes.add(f"host {host}: a {name} value that is not a finite number, left out")
+                        continue
+                    tag = f"host/{part}/gpu{i}_{name[4:]}" if isinstance(value, list) and name.startswith("gpu_") \
+                        else f"host/{part}/{name}{i}" if isinstance(value, list) else f"host/{part}/{name}"
+                    scalars.append((tag, float(v), step, wall))
+            self.latest_points[host] = point
+        if update.get("samples_per_s") is not None and update["points"]:
+            wall = update["points"][-1]["time"]
+            scalars.append((f"host/{part}/samples_per_s", float(update["samples_per_s"]),
+                            max(0, int(round(wall - self.started_at))), wall))
+        return scalars
+
+    def shortest_backward(self) -> float | None:
+        medians = [statistics.median(s.backward_ms) for s in self.ranks.values() if s.ddp and s.backward_ms]
+        return min(medians) if medians else None
+
+    def _rank_scalars(self, host: str, rank: dict) -> list:
+        state = self.ranks.setdefault((rank["rank"], host), RankState(rank["ddp"]))
+        state.steps = max(state.steps, rank["steps"])
+        for point in rank["points"]:
+            if point[3] is not None:
+                state.backward_ms.append(point[3])
+        shortest, part, timed = self.shortest_backward(), build_tag_part(rank["rank"]), []
+        for point in rank["points"]:
+            values = build_rank_values(point, state.ddp, shortest)
+            state.step_ms.append(values["step_ms"])
+            if "compute_ms" in values:
+                state.compute_ms.append(values["compute_ms"])
+            timed.append((point[0], values))
+        # no wall time in a rank's point: the newest host time the view has
+        wall = max((p["time"] for p in self.latest_points.values()), default=self.started_at)
+        return [(f"rank/{part}/{name}", value, step, wall)
+                for step, values in build_merged(timed, decide_points_per_rank(len(self.ranks)))
+                for name, value in values.items()]
+
+    def ranks_now(self) -> list[RankNow]:
+        return [RankNow(rank, s.steps, statistics.median(s.step_ms) if s.step_ms else None,
+                        statistics.median(s.compute_ms) if s.compute_ms else None)
+                for (rank, _host), s in sorted(self.ranks.items())]
+
+    def gpu_now(self) -> tuple[list, list]:
+        """The newest reading of every GPU of every host: (use %, memory MB)."""
+        util, mem = [], []
+        for point in self.latest_points.values():
+            util.extend(v for v in point.get("gpu_util_pct") or () if finite(v) is not None)
+            mem.extend(v for v in point.get("gpu_mem_mb") or () if finite(v) is not None)
+        return util, mem
+
+    def _straggler_texts(self, update: dict) -> list:
+        """The ranks that stand out now (the report's rule on their recent compute), as text,
+        when that changed."""
+        recent = {f"rank {rank} on {host}": statistics.median(s.compute_ms) for (rank, host), s in self.ranks.items()
+                  if s.compute_ms and s.steps >= MIN_STEPS}
+        lines = [f"{who}: compute {value:.0f} ms a step, median of the others {median:.0f} ms (+{excess}%)"
+                 for who, value, median, excess in decide_outliers(recent)]
+        said = "\n\n".join(lines) or "no rank stands out"
+        if said == self.stragglers_said or not recent:
+            return []
+        self.stragglers_said = said
+        wall = max((p["time"] for p in self.latest_points.values()), default=self.started_at)
+        return [("job/stragglers", said, max(0, int(round(wall - self.started_at))), wall)]
