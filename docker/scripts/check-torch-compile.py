@@ -1,12 +1,16 @@
-"""The check after the venv reaches the runtime: torch.compile (Inductor's C++ backend, the
+"""The check after the venv reaches the image: torch.compile (Inductor's C++ backend, the
 CPU default) compiles and runs a tiny function in the image's own Python, with the image's
-g++ and Python headers. Its cache goes to a temporary folder, so no build artefact stays."""
+g++ and Python headers. Everything it writes (the cache, and the precompiled headers that
+Inductor keeps in <tempdir>/torchinductor_<user> whatever TORCHINDUCTOR_CACHE_DIR says) goes
+to a temporary folder that is removed, so no build artefact reaches a layer."""
 
 import os
 import tempfile
 
-with tempfile.TemporaryDirectory() as cache:
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
+with tempfile.TemporaryDirectory() as work:
+    tempfile.tempdir = work
+    os.environ["TMPDIR"] = work
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(work, "inductor")
     import torch
 
     x = torch.arange(8, dtype=torch.float32)
