@@ -65,7 +65,8 @@ def load_plan(job: JobConfig, facts: MachineFacts, runtime: Runtime) -> LaunchPl
     code folder (is it empty, what entry point and requirements it holds)."""
     dist = parse_distribution(job)
     settings = parse_launch_settings(job.environ)
-    program = check_program_name(job.program)
+    command_job = job.sdk_v3 is not None and job.sdk_v3.driver == "command"  # SDK v3's command=: no program
+    program = "" if command_job else check_program_name(job.program)
     missing = find_missing_channel_dirs(job)
     if missing:
         raise JobDefinitionError(
@@ -133,6 +134,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     environ = dict(os.environ)
     paths = build_paths(environ)
+    if environ.get("BYOC_SDK_V3_RUN") == "byoc":  # bash-env.sh handed us SDK v3's sm_train.sh
+        why = decide_v3_fallback(environ, paths)
+        if why:
+            return start_v3_drivers(environ, why, args.dry_run)
     if args.dry_run:
         return print_plan(environ, paths)
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -157,6 +162,40 @@ def main(argv: list[str] | None = None) -> int:
         # leader tells its workers what it wrote), each bounded: run/finishing.py.
         finishing.run_finish(finish, launch, outcome)
     return outcome.exit_code
+
+
+def decide_v3_fallback(environ: dict[str, str], paths: MlPaths) -> str | None:
+    """Why SDK v3's own drivers should run this v3 job (job/v3_definition.py), or None: ours."""
+    from entrypoint.job import v3_definition as v3
+
+    if v3.decide_v3_route(environ) == v3.SDK:
+        return f"{v3.CHOICE_ENV}={environ.get(v3.CHOICE_ENV)}"
+    try:
+        job = v3.load_handed_v3_job(paths, environ)
+        if job is not None:
+            from entrypoint.decide.v3_launch import decide_v3_distribution
+
+            decide_v3_distribution(job)  # mpirun options we refuse: v3's own mpirun takes them
+    except (v3.V3NotUnderstood, JobDefinitionError) as exc:
+        return str(exc)
+    return None
+
+
+def start_v3_drivers(environ: dict[str, str], why: str, dry_run: bool) -> int:
+    """Give the job back to v3's own drivers: the `bash -c` command v3 gave PID 1, run again
+    with BYOC_SDK_V3_RUN=sdk (bash-env.sh then prepares for v3's drivers, as before)."""
+    from entrypoint.job import v3_definition as v3
+
+    command = environ.get(v3.COMMAND_ENV) or v3.DEFAULT_COMMAND
+    argv = ["/bin/bash", "-c", command]
+    log(f"SDK v3's own drivers run this job: {why}")
+    if dry_run:
+        print(build_json({"sdk_v3_drivers": why, "argv": argv}, indent=2))
+        return 0
+    env = {**environ, v3.RUN_ENV: v3.SDK}
+    env.pop(v3.COMMAND_ENV, None)
+    os.execve(argv[0], argv, env)
+    return 127  # not reached
 
 
 def print_plan(environ: dict[str, str], paths: MlPaths) -> int:

@@ -1,12 +1,14 @@
 """The README's main job: the default model (an MLP on scikit-learn's 8x8 digits, shipped
 with scikit-learn) trained on 2 SageMaker hosts through the image's entrypoint.
 
-    python -m jobs.run_main_job [--backend ddp|horovod|mpi4py|ps] [--hosts 2] [--processes-per-host 1] [--emulated]
+    python -m jobs.run_main_job [--backend ddp|horovod|mpi4py|ps] [--hosts 2] [--processes-per-host 1]
+                                [--sdk v2|v3] [--emulated]
 
 By default the way users run it: the CPU image is built from this tree (or reused from
 Docker's cache: scripts/build-local-image.sh) and the SageMaker Python SDK v2's PyTorch
 estimator runs it in local mode (`image_uri=<image>, instance_type="local",
-instance_count=2`, scripts/main_job_sdk_v2.py in .venv-sdk-v2), streaming every host's log.
+instance_count=2`, scripts/main_job_sdk_v2.py in .venv-sdk-v2), streaming every host's log;
+--sdk v3: SDK v3's ModelTrainer (Torchrun() or MPI(), scripts/main_job_sdk_v3.py in .venv-sdk-v3).
 --emulated instead runs `python -m entrypoint train` on emulated hosts (Linux namespaces,
 localcluster; no Docker, root needed).
 
@@ -38,6 +40,8 @@ RESULT = re.compile(r"\[result\] validation_accuracy=(?P<acc>[0-9.]+) model=(?P<
 REPO = Path(__file__).resolve().parents[1]
 SDK_V2_PYTHON = REPO / ".venv-sdk-v2" / "bin" / "python"
 SDK_V2_SCRIPT = REPO / "scripts" / "main_job_sdk_v2.py"
+# --sdk v3: ModelTrainer (scripts/main_job_sdk_v3.py in .venv-sdk-v3), the same argv.
+SDK_SCRIPTS = {"v2": SDK_V2_SCRIPT, "v3": REPO / "scripts" / "main_job_sdk_v3.py"}
 DEFAULT_IMAGE_TAG = "byoc-training:cpu-local"
 SDK_NETWORK = "sagemaker-local"
 # Where the main job works when the default (<cwd>/.work/main-job) is a folder SDK local mode
@@ -114,8 +118,8 @@ def parse_exports(text: str) -> dict[str, str]:
 
 
 def build_sdk_argv(python: str, image: str, code: str, channels: dict[str, str], hosts: int, backend: str,
-                   processes_per_host: int, container_root: str, result_path: str) -> list[str]:
-    argv = [python, str(SDK_V2_SCRIPT), "--image", image, "--code", code, "--entry-point", ENTRY_SCRIPT,
+                   processes_per_host: int, container_root: str, result_path: str, sdk: str = "v2") -> list[str]:
+    argv = [python, str(SDK_SCRIPTS[sdk]), "--image", image, "--code", code, "--entry-point", ENTRY_SCRIPT,
             "--instance-count", str(hosts),
             "--distribution", json.dumps(decide_sdk_distribution(backend, processes_per_host)),
             "--hyperparameters", json.dumps(DEFAULT_HYPERPARAMETERS),
@@ -171,10 +175,17 @@ def run_compose_down(container_root: str, env: dict[str, str]) -> None:
         subprocess.run(["docker", "network", "rm", SDK_NETWORK], env=env, capture_output=True, check=False)
 
 
-def main_sdk_v2(args) -> int:
-    python = os.environ.get("BYOC_SDK_V2_PYTHON") or str(SDK_V2_PYTHON)
+def main_sdk(args) -> int:
+    """SDK v2's PyTorch estimator (the default) or SDK v3's ModelTrainer (--sdk v3) in local mode."""
+    sdk = args.sdk
+    python = os.environ.get(f"BYOC_SDK_{sdk.upper()}_PYTHON") or str(REPO / f".venv-sdk-{sdk}" / "bin" / "python")
     if not os.path.isfile(python):
-        print(f"main job: {python} is missing; scripts/bootstrap.sh installs the SageMaker SDK v2 there", file=sys.stderr)
+        print(f"main job: {python} is missing; scripts/bootstrap.sh installs the SageMaker SDK {sdk} there",
+              file=sys.stderr)
+        return 2
+    if sdk == "v3" and DISTRIBUTION[args.backend] == "parameter_server":
+        print("main job: SDK v3 has no parameter-server launcher (Torchrun() and MPI() only): use --sdk v2",
+              file=sys.stderr)
         return 2
     if args.image_built:
         # scripts/run-main-job.sh has just built it. A second build would not be a cache hit on a
@@ -196,19 +207,22 @@ def main_sdk_v2(args) -> int:
                 "AWS_SECRET_ACCESS_KEY": "local-mode-placeholder", "PYTHONUNBUFFERED": "1"})
     for name in ("AWS_SESSION_TOKEN", "AWS_PROFILE", "VIRTUAL_ENV", "PYTHONPATH"):
         env.pop(name, None)
-    print(f"main job: {args.backend} on {args.hosts} SageMaker local-mode hosts: SDK v2 PyTorch(image_uri={image!r}, "
-          f"instance_type='local', instance_count={args.hosts}).fit()", flush=True)
+    call = (f"SDK v2 PyTorch(image_uri={image!r}, instance_type='local', instance_count={args.hosts}).fit()"
+            if sdk == "v2" else
+            f"SDK v3 ModelTrainer(training_image={image!r}, Compute(instance_type='local_cpu', "
+            f"instance_count={args.hosts})).train()")
+    print(f"main job: {args.backend} on {args.hosts} SageMaker local-mode hosts: {call}", flush=True)
+    log_path = os.path.join(args.work, f"sdk-{sdk}.log")
     try:
         code_rc, log = run_streaming(build_sdk_argv(python, image, code, channels, args.hosts, args.backend,
-                                                    args.processes_per_host, container_root, result_path),
-                                     env, os.path.join(args.work, "sdk-v2.log"))
+                                                    args.processes_per_host, container_root, result_path, sdk),
+                                     env, log_path)
     finally:
         run_compose_down(container_root, env)
     result = json.load(open(result_path)) if os.path.isfile(result_path) else {"ok": False, "error": f"exit {code_rc}"}
     found = RESULT.search(log)
     if not result["ok"] or found is None:
-        print(f"main job FAILED: {result.get('error') or 'no [result] line in the log'} "
-              f"(log: {os.path.join(args.work, 'sdk-v2.log')})")
+        print(f"main job FAILED: {result.get('error') or 'no [result] line in the log'} (log: {log_path})")
         return 1
     model_tar = result["model_data"].removeprefix("file://")
     member = decide_model_member(found["model"])
@@ -216,7 +230,7 @@ def main_sdk_v2(args) -> int:
         if member not in tar.getnames():
             print(f"main job FAILED: {model_tar} has no {member} ({tar.getnames()})")
             return 1
-    print(f"fit() took {result['fit_seconds']:.1f} s")
+    print(f"{'fit' if sdk == 'v2' else 'train'}() took {result['fit_seconds']:.1f} s")
     print(f"validation accuracy: {float(found['acc']):.4f}")
     print(f"model.tar.gz: {model_tar} (holds {member}; torch.load reads it)")
     return 0
@@ -262,6 +276,9 @@ def main(argv=None) -> int:
     parser.add_argument("--backend", choices=sorted(DISTRIBUTION), default="ddp")
     parser.add_argument("--hosts", type=int, default=2)
     parser.add_argument("--processes-per-host", type=int, default=1)
+    parser.add_argument("--sdk", choices=("v2", "v3"), default="v2",
+                        help="the SageMaker Python SDK that runs the job: v2's PyTorch estimator (default) or "
+                             "v3's ModelTrainer")
     parser.add_argument("--work", help="the job's folder (default <cwd>/.work/main-job, or "
                         f"{FALLBACK_WORK} where SDK local mode refuses that: e.g. under /root)")
     parser.add_argument("--image-built", action="store_true",
@@ -277,7 +294,7 @@ def main(argv=None) -> int:
         args.work = decide_work_dir(args.work, os.getcwd(), os.path.expanduser("~"))
     print(f"main job: working in {args.work}", flush=True)
     shutil.rmtree(args.work, ignore_errors=True)
-    return main_emulated(args) if args.emulated else main_sdk_v2(args)
+    return main_emulated(args) if args.emulated else main_sdk(args)
 
 
 if __name__ == "__main__":

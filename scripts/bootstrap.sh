@@ -11,8 +11,9 @@
 #     compiled at most once per machine, docker/wheelhouse/README.md);
 #   - the SDK v3 in .venv-sdk-v3 (about 1 GB; only tests/localmode uses it).
 #
-# usage: scripts/bootstrap.sh [--for tests|main-job] [--with-horovod]
+# usage: scripts/bootstrap.sh [--for tests|main-job] [--sdk v2|v3] [--with-horovod]
 #   --for main-job   what `scripts/run-main-job.sh` needs, nothing more
+#   --sdk v3         the main job's SDK (run-main-job.sh --sdk v3): .venv-sdk-v3 instead of .venv-sdk-v2
 #   --with-horovod   Horovod in .venv as well (the main job's --emulated runs need it)
 #   --horovod-wheel  Horovod's wheel only, kept in docker/wheelhouse/cpu for the CPU image's
 #                    build (run-main-job.sh: compiled here, beside the image's first stages)
@@ -26,19 +27,20 @@ cd "$repo_root"
 # shellcheck source=scripts/lib/stages.sh
 source scripts/lib/stages.sh
 
-purpose=tests horovod=0 apt_only=0
+purpose=tests horovod=0 apt_only=0 main_sdk=v2
 while (($#)); do
     case "$1" in
         --for) purpose=${2:?--for needs tests or main-job}; shift 2 ;;
         --with-horovod) horovod=1; shift ;;
         --horovod-wheel) ((horovod)) || horovod=wheel; shift ;;
         --apt-only) apt_only=1; shift ;;
+        --sdk) main_sdk=${2:?--sdk needs v2 or v3}; shift 2 ;;
         *) echo "bootstrap: unknown argument $1" >&2; exit 2 ;;
     esac
 done
 case "$purpose" in
     tests) horovod=1 extras=test,stack sdks=(v2 v3) test_apt=(chromium) ;;  # Horovod installed in .venv
-    main-job) extras=stack sdks=(v2) test_apt=() ;;
+    main-job) extras=stack sdks=("$main_sdk") test_apt=() ;;
     *) echo "bootstrap: --for tests|main-job (got '$purpose')" >&2; exit 2 ;;
 esac
 started=$SECONDS did=0

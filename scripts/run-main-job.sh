@@ -6,6 +6,7 @@
 # validation accuracy and the path of model.tar.gz. Root needed (Docker engine).
 #   --backend ddp (torchrun + DDP, default) | horovod (mpirun + Horovod) | mpi4py | ps
 #   --hosts N  --processes-per-host P  --work DIR  --image-tag TAG (default $BYOC_IMAGE_TAG or byoc-training:cpu-local)
+#   --sdk v3: SDK v3's ModelTrainer (Torchrun() for ddp, MPI() for horovod/mpi4py) instead of SDK v2's estimator
 #   --emulated: 2 emulated hosts (Linux namespaces, no Docker) through `python -m entrypoint train`
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -18,11 +19,14 @@ export BYOC_SETUP_T0=${BYOC_SETUP_T0:-$(date +%s)}
 # hosts run the trainers with .venv's Python, so there it goes into .venv too.
 bootstrap_args=(--for main-job --horovod-wheel)
 emulated=0 tag=${BYOC_IMAGE_TAG:-byoc-training:cpu-local} previous=
+sdk=v2
 for arg in "$@"; do
     if [ "$arg" = --emulated ]; then bootstrap_args=(--for main-job --with-horovod) emulated=1; fi
     if [ "$previous" = --image-tag ]; then tag=$arg; fi
+    if [ "$previous" = --sdk ]; then sdk=$arg; fi
     previous=$arg
 done
+bootstrap_args+=(--sdk "$sdk")
 # The image's stages before Horovod (up to `runtime`: the venv and sshd, docker/Dockerfile.cpu)
 # need only the Debian packages (Docker): they build in the background from then on, beside
 # the venvs' installs and Horovod's compile (those mostly download and compile, these mostly

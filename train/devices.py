@@ -65,6 +65,20 @@ def decide_precision(requested: str, device_type: str, bf16_supported: bool) -> 
     return Precision(torch.float16, True)
 
 
+MPI_YIELD = "OMPI_MCA_mpi_yield_when_idle"
+
+
+def decide_mpi_wait_env(environ: Mapping[str, str], device_type: str) -> dict[str, str]:
+    """Settings for Open MPI, read when MPI starts: a CPU rank's blocking MPI calls (Waitall,
+    Allreduce, Horovod's background negotiation) yield the core between polls instead of
+    spinning on it. Spinning, a waiting rank takes a core from the rank it waits for whenever
+    ranks share cores (more ranks than cores, or local mode's containers on one machine).
+    On GPUs MPI only coordinates, and low latency matters more. A value the job sets wins."""
+    if device_type != "cpu" or MPI_YIELD in environ:
+        return {}
+    return {MPI_YIELD: "1"}
+
+
 def decide_cpu_threads(environ: Mapping[str, str], cpu_count: int, local_world_size: int) -> int:
     """An explicit OMP_NUM_THREADS wins; otherwise share the cores between this host's ranks."""
     explicit = environ.get("OMP_NUM_THREADS", "")

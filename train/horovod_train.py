@@ -16,8 +16,8 @@ from torch import nn
 
 from train.backend import Backend
 from train.config import TrainConfig
-from train.devices import decide_cpu_plan, probe_cpu_facts, probe_device, probe_device_type, setup_cpu
-from train.ranks import RankInfo, parse_rank_info
+from train.devices import decide_mpi_wait_env, probe_device, probe_device_type, setup_cpu
+from train.ranks import RankInfo
 from train.script import run_script
 
 
@@ -95,29 +95,16 @@ class HorovodBackend(Backend):
         self.hvd.shutdown()
 
 
-def will_bind_before_init(config: TrainConfig, environ: Mapping[str, str]) -> bool:
-    """Whether this rank will be bound, judged from the launcher's variables: Open MPI reads
-    its settings when hvd.init() starts it, before Horovod can say the local rank."""
-    try:
-        launched = parse_rank_info(environ)
-    except ValueError:
-        return False  # variables Horovod does not need; after init we know for sure
-    plan = decide_cpu_plan(environ, probe_cpu_facts(), launched.local_rank if launched.local_rank_known else None,
-                           launched.local_world_size, config.cpu_binding)
-    return plan.cores is not None
-
-
 def build_horovod_backend(config: TrainConfig, environ: Mapping[str, str]) -> HorovodBackend:
     import horovod.torch as hvd
 
     device_type = probe_device_type(environ)
     if device_type == "xla":
         raise RuntimeError("Horovod does not run on Trainium; use train.ddp_train (xla process group)")
-    if device_type == "cpu" and will_bind_before_init(config, environ):
-        # Horovod's background thread waits inside MPI calls, which spin by default; bound,
-        # it spins on the core the rank computes on. Yielding gives the core back: measured
-        # 2 ranks on 2 cores, batch 2048, 170k -> 240k samples/s (two runs each).
-        os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
+    # Horovod's background thread waits inside MPI calls (its negotiation every cycle), which
+    # spin by default: on the core the rank computes on when bound, on another rank's core
+    # when ranks share cores. Yielding gives the core back (docs/training.md).
+    os.environ.update(decide_mpi_wait_env(environ, device_type))
     hvd.init()
     ranks = RankInfo(hvd.rank(), hvd.local_rank(), hvd.size(), hvd.local_size(), "horovod")
     # Decided again with Horovod's own local rank and size, which are authoritative; binds

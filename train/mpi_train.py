@@ -15,6 +15,7 @@ only inside MPI calls, so each hook also tests the requests in flight.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -24,7 +25,7 @@ import torch
 from train.report_hooks import timed_as
 from train.backend import Backend
 from train.config import TrainConfig
-from train.devices import probe_device, probe_device_type, setup_cpu
+from train.devices import decide_mpi_wait_env, probe_device, probe_device_type, setup_cpu
 from train.ranks import RankInfo
 from train.script import run_script
 
@@ -170,6 +171,9 @@ class MPIBackend(Backend):
 
 
 def build_mpi_backend(config: TrainConfig, environ: Mapping[str, str]) -> MPIBackend:
+    device_type = probe_device_type(environ)
+    # Before MPI starts (importing mpi4py.MPI starts it; under `python -m mpi4py` it already has).
+    os.environ.update(decide_mpi_wait_env(environ, device_type))
     from mpi4py import MPI
 
     if config.grad_compression != "none":
@@ -181,7 +185,6 @@ def build_mpi_backend(config: TrainConfig, environ: Mapping[str, str]) -> MPIBac
     local = comm.Split_type(MPI.COMM_TYPE_SHARED)
     ranks = RankInfo(comm.Get_rank(), local.Get_rank(), comm.Get_size(), local.Get_size(), "mpi4py")
     local.Free()
-    device_type = probe_device_type(environ)
     if device_type == "xla":
         raise RuntimeError("the mpi4py trainer does not run on Trainium; use train.ddp_train")
     cpu_plan = setup_cpu(environ, ranks, config.cpu_binding) \

@@ -244,6 +244,10 @@ def parse_mpi_options(key: str, value: Any) -> tuple[str, ...]:
 
 
 def parse_distribution(job: JobConfig) -> Distribution:
+    if job.sdk_v3 is not None:  # an SDK v3 ModelTrainer job: its Torchrun()/MPI() (decide/v3_launch.py)
+        from entrypoint.decide.v3_launch import decide_v3_distribution
+
+        return decide_v3_distribution(job.sdk_v3)
     framework: Mapping[str, Any] = job.hyperparameters.framework
     notes = check_framework_keys(framework)
     launcher = parse_launcher(framework)

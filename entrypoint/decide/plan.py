@@ -10,7 +10,7 @@ import os
 from enum import StrEnum
 from typing import TYPE_CHECKING, NamedTuple
 
-from entrypoint.decide import topology
+from entrypoint.decide import threads, topology
 from entrypoint.job.config import JobConfig, build_json
 from entrypoint.decide.distribution import MPI_BASED, Distribution
 from entrypoint.decide.settings import DEFAULTS, LaunchSettings, decide_capacity_stop_at
@@ -418,9 +418,15 @@ def decide(
     if topo.interface_note:
         notes.append(topo.interface_note)
     code_dir = job.paths.code_dir
-    entry = decide_entry_point(program, code_dir, code_facts)
-    program_argv = build_program_argv(entry, runtime.python, code_facts, build_user_args(job.hyperparameters.user),
-                                      RECORD_ERRORS)
+    if job.sdk_v3 is not None:  # an SDK v3 ModelTrainer job: v3's rules for the program (decide/v3_launch.py)
+        from entrypoint.decide import v3_launch
+
+        entry, program_argv, install = v3_launch.decide_v3_program(job, code_facts, runtime.python, RECORD_ERRORS)
+    else:
+        entry = decide_entry_point(program, code_dir, code_facts)
+        program_argv = build_program_argv(entry, runtime.python, code_facts, build_user_args(job.hyperparameters.user),
+                                          RECORD_ERRORS)
+        install = build_install_steps(runtime.python, code_dir, code_facts)
     gpu_env, gpu_notes = build_gpu_env(job.environ, facts, topo.interface)
     notes.extend(gpu_notes)
     neuron_env, neuron_notes = build_neuron_cache_env(job.environ, facts.neuron_core_count,
@@ -435,12 +441,18 @@ def decide(
     notes.extend(n for n in (topo.gpu_share_note, topo.processes_per_host_note) if n)
     notes.extend(describe_restart_limits(settings, dist.launcher, launcher_kind, len(topo.distribution_hosts)))
     notes.extend(describe_capacity_end(settings))
+    thread_env, thread_note = threads.build_thread_env(job.environ, facts, topo, job.resource.current_instance_type,
+                                                       launcher_kind)
+    notes.append(thread_note)
     report = decide_report_spec(settings.report, settings.report_interval_s, runtime.files.folder, facts.gpu_count,
                                 facts.neuron_core_count)
     report_env = {REPORT_DIR_ENV: report.rank_folder} if report else {}
-    shared = _Shared(job, topo, dist.launcher, code, entry, build_install_steps(runtime.python, code_dir, code_facts),
-                     {**build_sm_env(job, facts, topo), **gpu_env, **topology.build_gpu_share_env(topo), **neuron_env,
-                      **compile_env, **report_env}, settings, runtime, notes)
+    sm_env = build_sm_env(job, facts, topo)
+    if job.sdk_v3 is not None:
+        sm_env.update(v3_launch.build_v3_env(job, topo, sm_env, settings.master_port))
+    shared = _Shared(job, topo, dist.launcher, code, entry, install,
+                     {**sm_env, **gpu_env, **topology.build_gpu_share_env(topo), **neuron_env,
+                      **compile_env, **report_env, **thread_env}, settings, runtime, notes)
     plan = decide_role_plan(shared, dist, facts, launcher_kind, program_argv)._replace(report=report,
                                                                                        compile_cache=compile_cache)
     return decide_health_check(plan, job, facts, topo, runtime.python) if settings.health_check else plan

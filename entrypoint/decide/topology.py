@@ -27,6 +27,8 @@ DISTRIBUTION_ENABLED_KEYS = (
 
 
 def distribution_instance_groups(job: JobConfig) -> list[str]:
+    if job.sdk_v3 is not None:  # v3's drivers use every host of the job (SM_HOSTS)
+        return [g.name for g in job.resource.instance_groups]
     framework = job.hyperparameters.framework
     if "sagemaker_distribution_instance_groups" in framework:
         return framework["sagemaker_distribution_instance_groups"]

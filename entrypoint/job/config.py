@@ -202,6 +202,7 @@ class JobConfig(NamedTuple):
     program: str | None  # SAGEMAKER_PROGRAM or sagemaker_program
     program_from_env: bool  # SAGEMAKER_PROGRAM wins over the hyperparameter, as in the toolkit
     environ: Mapping[str, str]  # the entrypoint's own environment, as it was at start
+    sdk_v3: Any = None  # a v3_definition.V3Job when SDK v3's sm_train.sh was handed to us
 
 
 # --- parsing (pure) -----------------------------------------------------------------------
@@ -478,6 +479,11 @@ def load_job(paths: MlPaths, environ: Mapping[str, str]) -> JobConfig:
     ckpt_doc = _read_config(paths, CHECKPOINT_CONFIG, required=False)
     checkpoint = None if ckpt_doc is None else parse_checkpoint_config(ckpt_doc, paths)
     program, program_from_env = parse_program(hyperparameters, environ)
+    sdk_v3 = load_handed_v3_job(paths, environ)
+    if sdk_v3 is not None:
+        program, program_from_env = sdk_v3.entry_script, False
+        if sdk_v3.source_dir:
+            paths = paths._replace(code=paths.channel_dir("code"))
     return JobConfig(
         paths=paths,
         resource=resource,
@@ -487,7 +493,21 @@ def load_job(paths: MlPaths, environ: Mapping[str, str]) -> JobConfig:
         program=program,
         program_from_env=program_from_env,
         environ=frozen_mapping(environ),
+        sdk_v3=sdk_v3,
     )
+
+
+def load_handed_v3_job(paths: MlPaths, environ: Mapping[str, str]) -> Any:
+    """The SDK v3 job bash-env.sh handed to this launcher (job/v3_definition.py), or None.
+    cli.main has already sent what this launcher does not understand to v3's own drivers."""
+    if environ.get("BYOC_SDK_V3_RUN") != "byoc":  # v3_definition.RUN_ENV, HANDED: no import on other jobs
+        return None
+    from entrypoint.job import v3_definition as v3
+
+    try:
+        return v3.load_handed_v3_job(paths, environ)
+    except v3.V3NotUnderstood as exc:
+        raise JobDefinitionError(f"The SDK v3 job cannot be read: {exc}.") from None
 
 
 def find_missing_channel_dirs(job: JobConfig) -> list[str]:

@@ -10,6 +10,9 @@ DEFAULT_BASE_DIR = "/opt/ml"
 
 class MlPaths(NamedTuple):
     base: str
+    # The user's code when it is not base/code: an SDK v3 job's `code` channel
+    # (job/v3_definition.py), where v3's sm_train.sh cds to run it.
+    code: str | None = None
 
     @property
     def input_dir(self) -> str:
@@ -25,7 +28,7 @@ class MlPaths(NamedTuple):
 
     @property
     def code_dir(self) -> str:
-        return os.path.join(self.base, "code")
+        return self.code or os.path.join(self.base, "code")
 
     @property
     def model_dir(self) -> str:

@@ -12,9 +12,11 @@ import json
 import os
 import re
 import subprocess
+import sys
 from typing import NamedTuple
 
 from entrypoint.decide.settings import DEFAULTS
+from entrypoint.decide.threads import parse_cfs_quota, parse_cpu_max
 
 # Where the cuda-compat package puts its libcuda (the GPU image installs it).
 CUDA_COMPAT_DIR = "/usr/local/cuda/compat"
@@ -22,6 +24,8 @@ CUDA_COMPAT_DIR = "/usr/local/cuda/compat"
 BUILD_VERSIONS_FILE = "/etc/byoc/build-versions.env"
 # Where AWS's EFA installer puts libfabric and, on CUDA images, the aws-ofi-nccl plugin.
 LIBFABRIC_GLOB = ("opt/amazon/efa/lib", "opt/amazon/efa/lib64")
+# Where a shared MKL (libmkl_rt) lives: Debian's libmkl-rt, Intel's oneAPI, a conda-style prefix.
+MKL_FOLDERS = ("usr/lib/x86_64-linux-gnu", "opt/intel/oneapi/mkl/latest/lib", "opt/conda/lib", "usr/local/lib")
 OFI_NCCL_GLOB = ("opt/amazon/ofi-nccl/lib", "opt/amazon/ofi-nccl/lib64")
 
 
@@ -49,6 +53,12 @@ class MachineFacts(NamedTuple):
     libfabric: bool = False
     ofi_nccl_plugin: bool = False
     build_versions: tuple[tuple[str, str], ...] = ()  # BUILD_VERSIONS_FILE, in its order
+    # The cores the job may really use besides cpu_count (decide/threads.py): this process's
+    # affinity (None: unknown) and the cgroup's CPU quota in cores (None: no limit); and
+    # whether a shared MKL library is in the image (MKL_NUM_THREADS then matters too).
+    cpu_affinity: int | None = None
+    cpu_quota: float | None = None
+    mkl: bool = False
 
 
 def probe_program(name: str) -> str | None:
@@ -79,7 +89,36 @@ def probe_machine(root: str = "/") -> MachineFacts:
         libfabric=probe_library(root, LIBFABRIC_GLOB, "libfabric.so"),
         ofi_nccl_plugin=probe_library(root, OFI_NCCL_GLOB, "libnccl-net-ofi.so"),
         build_versions=probe_build_versions(root),
+        cpu_affinity=probe_cpu_affinity(),
+        cpu_quota=probe_cpu_quota(root),
+        mkl=probe_library(root, (*MKL_FOLDERS, os.path.join(sys.prefix, "lib").lstrip("/")), "libmkl_rt.so"),
     )
+
+
+def probe_cpu_affinity() -> int | None:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None
+
+
+def probe_cpu_quota(root: str = "/") -> float | None:
+    """The cgroup's CPU quota in cores (`docker run --cpus`): cgroup v2's cpu.max, else v1's
+    cfs quota; None when there is none or it cannot be read."""
+    cgroup = os.path.join(root, "sys/fs/cgroup")
+    text = _read_text(os.path.join(cgroup, "cpu.max"))
+    if text is not None:
+        return parse_cpu_max(text)
+    quota, period = (_read_text(os.path.join(cgroup, "cpu", name)) for name in ("cpu.cfs_quota_us", "cpu.cfs_period_us"))
+    return parse_cfs_quota(quota, period) if quota is not None and period is not None else None
+
+
+def _read_text(path: str) -> str | None:
+    try:
+        with open(path, encoding="ascii", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return None
 
 
 def probe_gpu_driver_version(root: str = "/") -> str | None:

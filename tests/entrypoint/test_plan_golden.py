@@ -43,6 +43,14 @@ def non_sm_env(plan):
 RENDEZVOUS_ALGO_1 = {"MASTER_ADDR": "algo-1", "MASTER_PORT": "7777", "NCCL_SOCKET_IFNAME": "eth0"}
 # Every GPU job: torch's NCCL watchdog fails a rank stuck in a collective, the flight recorder's
 # trace goes to the job's output (entrypoint/decide/gpu_env.py).
+# Every process's share of the machine's cores (entrypoint/decide/threads.py;
+# tests/entrypoint/test_thread_budget.py): OMP_NUM_THREADS = cores // the processes on the
+# machine. make_job's resource config names no instance type: local mode's default, in which
+# every host of the job shares this one machine, so its processes count too.
+def threads(n: int) -> dict[str, str]:
+    return {"OMP_NUM_THREADS": str(n)}
+
+
 NCCL_HANG = {"TORCH_NCCL_DUMP_ON_TIMEOUT": "1", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/opt/ml/output/data/nccl_trace_rank_"}
 
 
@@ -50,7 +58,7 @@ def test_one_host_single_process():
     plan = plan_for(make_job(hps={"epochs": 2, "lr": 0.1}))
     assert plan.role == "single"
     assert [p.argv for p in plan.processes] == [(PY, RE, SCRIPT, "--epochs", "2", "--lr", "0.1")]
-    assert non_sm_env(plan) == RENDEZVOUS_ALGO_1
+    assert non_sm_env(plan) == {**RENDEZVOUS_ALGO_1, **threads(8)}  # alone on CPU's 8 cores
 
 
 def test_byoc_report_0_leaves_the_report_out_of_the_plan():
@@ -65,14 +73,14 @@ def test_two_hosts_without_a_launcher_get_master_addr_and_port_like_the_dlc(curr
     first host and MASTER_PORT = 7777. No RANK/WORLD_SIZE (the DLC sets neither)."""
     plan = plan_for(make_job(hosts=("algo-1", "algo-2"), current=current))
     assert plan.role == "single" and plan.leader == "algo-1"
-    assert non_sm_env(plan) == RENDEZVOUS_ALGO_1
+    assert non_sm_env(plan) == {**RENDEZVOUS_ALGO_1, **threads(4)}  # 2 local-mode hosts, one process each
 
 
 def test_no_launcher_master_port_setting_and_user_values_win():
     plan = plan_for(make_job(hosts=("algo-1", "algo-2"), current="algo-2", environ={"BYOC_MASTER_PORT": "29400"}))
-    assert non_sm_env(plan) == {**RENDEZVOUS_ALGO_1, "MASTER_PORT": "29400"}
+    assert non_sm_env(plan) == {**RENDEZVOUS_ALGO_1, "MASTER_PORT": "29400", **threads(4)}
     mine = plan_for(make_job(hosts=("algo-1", "algo-2"), environ={"MASTER_ADDR": "10.0.0.9", "MASTER_PORT": "1234"}))
-    assert non_sm_env(mine) == {"NCCL_SOCKET_IFNAME": "eth0"}  # the job's own values reach the script as they are
+    assert non_sm_env(mine) == {"NCCL_SOCKET_IFNAME": "eth0", **threads(4)}  # the job's own values reach the script as they are
 
 
 def test_one_host_torchrun_is_standalone():
@@ -95,7 +103,7 @@ def test_two_hosts_torchrun_same_command_node_rank_from_order(current, node_rank
     assert non_sm_env(plan) == {
         "FI_PROVIDER": "efa", "RDMAV_FORK_SAFE": "1", "FI_EFA_FORK_SAFE": "1",
         "MASTER_ADDR": "algo-1", "MASTER_PORT": "7777", "NCCL_SOCKET_IFNAME": "eth0",
-        "BYOC_JOB_PORTS": "algo-1:7778,algo-2:7778", **NCCL_HANG,
+        "BYOC_JOB_PORTS": "algo-1:7778,algo-2:7778", **NCCL_HANG, **threads(6),  # 96 cores, 2 hosts x 8 GPUs
     }
 
 
@@ -119,7 +127,8 @@ def test_two_hosts_without_efa_gets_no_fi_variables_and_no_ofi_plugin():
     never loaded, and the plan says so."""
     plan = plan_for(make_job(hosts=("algo-1", "algo-2"), hps=TORCH), GPU4)
     assert non_sm_env(plan) == {"MASTER_ADDR": "algo-1", "MASTER_PORT": "7777", "NCCL_SOCKET_IFNAME": "eth0",
-                                "BYOC_JOB_PORTS": "algo-1:7778,algo-2:7778", "NCCL_NET_PLUGIN": "none", **NCCL_HANG}
+                                "BYOC_JOB_PORTS": "algo-1:7778,algo-2:7778", "NCCL_NET_PLUGIN": "none", **NCCL_HANG,
+                                **threads(6)}  # 48 cores, 2 local-mode hosts x 4 GPUs
     assert any(n.startswith("NCCL network: TCP sockets on eth0") for n in plan.notes), plan.notes
 
 
@@ -155,8 +164,8 @@ def test_mpirun_leader_two_hosts_golden():
     plan = plan_for(job, CPU)
     assert plan.role == "mpi-leader"
     sm_names = sorted(k for k, _ in plan.env if k.startswith("SM_"))
-    forwarded = sorted(["AWS_SECRET_ACCESS_KEY", "BYOC_HOST_ENV_FILE", "BYOC_REPORT_DIR", "MASTER_ADDR", "MASTER_PORT", "NCCL_SOCKET_IFNAME", "PATH",
-                        "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", *sm_names])
+    forwarded = sorted(["AWS_SECRET_ACCESS_KEY", "BYOC_HOST_ENV_FILE", "BYOC_REPORT_DIR", "MASTER_ADDR", "MASTER_PORT", "NCCL_SOCKET_IFNAME",
+                        "OMP_NUM_THREADS", "PATH", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", *sm_names])
     expected = (
         "mpirun", "--host", "algo-1:2,algo-2:2", "-np", "4", *MPI_FLAGS,
         *[a for name in forwarded for a in ("-x", name)],
@@ -208,7 +217,7 @@ def test_trainium_torchrun_xla_settings_and_parallel_compile():
         "FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "FI_EFA_FORK_SAFE": "1", "RDMAV_FORK_SAFE": "1",
         "PJRT_DEVICE": "NEURON", "CCOM_SOCKET_IFNAME": "eth0", "NEURON_RT_ROOT_COMM_ID": "algo-1:46820",
         "MASTER_ADDR": "algo-1", "MASTER_PORT": "7777", "NCCL_SOCKET_IFNAME": "eth0",
-        "BYOC_JOB_PORTS": "algo-1:7778,algo-2:7778",
+        "BYOC_JOB_PORTS": "algo-1:7778,algo-2:7778", **threads(2),  # 128 cores, 2 hosts x 32 NeuronCores
     }
 
 
@@ -248,14 +257,14 @@ def test_heterogeneous_host_outside_distribution_runs_script_once_and_says_so():
     assert [p.argv for p in plan.processes] == [(PY, RE, SCRIPT)]
     assert any("outside the distribution's groups (train)" in n for n in plan.notes)
     # As the DLC: MASTER_ADDR is the first host of the distribution, not the first host.
-    assert non_sm_env(plan) == {**RENDEZVOUS_ALGO_1, "MASTER_ADDR": "algo-2"}
+    assert non_sm_env(plan) == {**RENDEZVOUS_ALGO_1, "MASTER_ADDR": "algo-2", **threads(2)}  # 3 hosts, 1 each
 
 
 def test_heterogeneous_groups_without_a_launcher_master_is_the_first_host():
     """No distribution key: the toolkit's distribution hosts are empty and its master is hosts[0]."""
     plan = plan_for(make_job(hosts=("algo-1", "algo-2", "algo-3"), current="algo-3", resource_extra=HETERO), CPU)
     assert plan.role == "single"
-    assert non_sm_env(plan) == RENDEZVOUS_ALGO_1
+    assert non_sm_env(plan) == {**RENDEZVOUS_ALGO_1, **threads(2)}
 
 
 def test_shell_and_package_entry_points():

@@ -224,6 +224,9 @@ def test_dry_run_prints_the_plan_and_runs_nothing(tmp_path):
     plan = json.loads(done.stdout)
     assert plan["role"] == "single"
     assert plan["processes"][0]["argv"][-2:] == ["--lr", "0.5"]
+    # The thread budget, and why (one process: the cores this process may use, or fewer under a quota).
+    assert 1 <= int(plan["env"]["OMP_NUM_THREADS"]) <= len(os.sched_getaffinity(0))
+    assert any(n.startswith("threads per process:") for n in plan["notes"])
     assert "hf_secret_value_123" not in done.stdout
     assert not (root / "output/success").exists() and not (root / "output/failure").exists()
 

@@ -56,6 +56,7 @@ def main(spec_path: str, result_path: str) -> int:
                 source_dir=spec["source_dir"],
                 entry_script=None if spec.get("command") else spec["entry_script"],
                 command=spec.get("command"),
+                requirements=spec.get("requirements"),
             ),
             compute=Compute(instance_type=spec["instance_type"], instance_count=spec["instance_count"]),
             distributed=build_distributed(spec),

@@ -60,6 +60,7 @@ class V3JobSpec:
     environment: dict[str, str]
     base_job_name: str
     command: str | None = None  # SourceCode(command=…): v3 runs it instead of a driver
+    requirements: str | None = None  # SourceCode(requirements=…): a file in source_dir
 
 
 def build_v3_spec(
@@ -74,6 +75,7 @@ def build_v3_spec(
     environment: Mapping[str, str] | None = None,
     base_job_name: str = "byoc-v3",
     command: str | None = None,
+    requirements: str | None = None,
 ) -> V3JobSpec:
     if distributed and distributed.get("kind") not in ("torchrun", "mpi"):
         raise ValueError(f"distributed kind {distributed.get('kind')!r}: expected 'torchrun' or 'mpi'")
@@ -91,6 +93,7 @@ def build_v3_spec(
         environment={k: str(v) for k, v in (environment or {}).items()},
         base_job_name=base_job_name,
         command=command,
+        requirements=requirements,
     )
 
 
@@ -140,6 +143,13 @@ class V3JobResult:
             return []
         return [json.loads(p.read_text()) for p in sorted(self.model_dir.glob(prefix + "*.json"))]
 
+    def output_file(self, relative: str) -> Path:
+        """A file of output.tar.gz: every host's /opt/ml/output copied into one folder, host by
+        host (v3 removes each host's own folder after the job)."""
+        if self.output_dir is None:
+            raise AssertionError("the job produced no output.tar.gz")
+        return self.output_dir / relative
+
     def log_tail(self, chars: int = 8000) -> str:
         return (
             f"error: {self.error_type}: {self.error}\ncontainers: {self.exit_codes}\n"
@@ -166,17 +176,20 @@ def run_build_image(tag: str) -> str:
     return tag
 
 
-def write_source(folder: Path, files: Mapping[str, str]) -> Path:
+def write_source(folder: Path, files: Mapping[str, str | bytes]) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
-    for name, text in files.items():
-        (folder / name).write_text(text)
+    for name, content in files.items():
+        if isinstance(content, bytes):
+            (folder / name).write_bytes(content)
+        else:
+            (folder / name).write_text(content)
     return folder
 
 
 def run_v3_job(
     tmp_path: Path,
     image: str,
-    source_files: Mapping[str, str],
+    source_files: Mapping[str, str | bytes],
     entry_script: str = "train.py",
     instance_count: int = 1,
     distributed: Mapping[str, Any] | None = None,
@@ -184,6 +197,7 @@ def run_v3_job(
     environment: Mapping[str, str] | None = None,
     timeout_s: float = 540,
     command: str | None = None,
+    requirements: str | None = None,
 ) -> V3JobResult:
     source_dir = write_source(tmp_path / "src", source_files)
     # The compose project is named after this folder: unique per test, so no two jobs share
@@ -193,7 +207,7 @@ def run_v3_job(
     spec = build_v3_spec(
         image=image, container_root=container_root, source_dir=source_dir, entry_script=entry_script,
         instance_count=instance_count, distributed=distributed, hyperparameters=hyperparameters,
-        environment=environment, command=command,
+        environment=environment, command=command, requirements=requirements,
     )
     spec_path, result_path, log_path = tmp_path / "spec.json", tmp_path / "result.json", tmp_path / "driver.log"
     spec_path.write_text(json.dumps(asdict(spec)))

@@ -16,7 +16,7 @@ import pytest
 
 from tests.train.train_helpers import MPIRUN, PYTHON, free_port, job_env, needs_horovod, needs_mpirun
 from train.config import TrainConfig, parse_config, HyperparameterError
-from train.devices import CpuFacts, CpuPlan, decide_cpu_plan
+from train.devices import CpuFacts, CpuPlan, decide_cpu_plan, decide_mpi_wait_env
 from train.ranks import parse_rank_info
 
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
@@ -143,6 +143,29 @@ def test_mpi4py_ranks_under_mpirun_each_own_a_core(tmp_path):
     cores = sorted(os.sched_getaffinity(0))
     for rank, report in run_probe(tmp_path, "mpirun", "train.mpi_train:build_mpi_backend", "auto").items():
         assert report["thread_affinities"] == [[cores[rank]]] and report["plan"] == [cores[rank]]
+        assert report["mpi_yield"] == "1"  # set before mpi4py.MPI started Open MPI
+
+
+@pytest.mark.parametrize("environ, device_type, expected", [
+    ({}, "cpu", {"OMPI_MCA_mpi_yield_when_idle": "1"}),
+    ({"OMPI_MCA_mpi_yield_when_idle": "0"}, "cpu", {}),  # the job's own choice (mpirun -mca sets it so too)
+    ({}, "cuda", {}),  # MPI only coordinates there: latency first
+])
+def test_cpu_ranks_ask_open_mpi_to_yield_while_they_wait(environ, device_type, expected):
+    assert decide_mpi_wait_env(environ, device_type) == expected
+
+
+# GNU OpenMP's spin count before an idle thread sleeps: 300,000 when nothing is set, 0 passive.
+@pytest.mark.parametrize("own, expected", [(None, "0"), ("ACTIVE", "30000000000")])
+def test_openmp_threads_sleep_when_idle_unless_the_job_says_otherwise(own, expected):
+    """The train package sets OMP_WAIT_POLICY before torch loads GNU OpenMP, which prints what
+    it read (OMP_DISPLAY_ENV): the setting reaches the library, not only the environment."""
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    env.update({"OMP_DISPLAY_ENV": "VERBOSE", "PYTHONPATH": REPO, **({"OMP_WAIT_POLICY": own} if own else {})})
+    shown = subprocess.run([PYTHON, "-c", "import train.devices, torch; torch.ones(4).sum()"], env=env,
+                           capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    assert f"GOMP_SPINCOUNT = '{expected}'" in shown.stderr
 
 
 @two_cores

@@ -25,7 +25,22 @@
 # the caller asked bash to do, in the caller's shell. Hence builtins only on the common path
 # ($EUID, not `id -u`), every name it sets starts with _byoc_ and is unset at the end, and the
 # helper is started detached (a subshell's child), so no caller's `wait` waits for it.
-if [ "${EUID:-}" = 0 ]; then
+#
+# First, an SDK v3 ModelTrainer job: the `bash -c "… sm_drivers/sm_train.sh"` v3 runs instead of
+# the ENTRYPOINT hands the job to our launcher before sm_train.sh starts. exec keeps the PID (1,
+# as under `docker run <image> train`); the launcher reads v3's definition (entrypoint/job/
+# v3_definition.py) and runs it, or runs this same command again with BYOC_SDK_V3_RUN=sdk when it
+# does not understand it or BYOC_SDK_V3_DRIVERS=sdk asks for v3's own drivers. Its processes carry
+# BYOC_SDK_V3_RUN=launched: no bash below it hands anything over or prepares for v3's drivers.
+if [ -z "${BYOC_SDK_V3_RUN:-}" ] && [ -f /opt/ml/input/data/sm_drivers/sm_train.sh ]; then
+    case "${BASH_EXECUTION_STRING:-}" in
+        *sm_drivers/sm_train.sh*)
+            export BYOC_SDK_V3_RUN=byoc BYOC_SDK_V3_COMMAND="$BASH_EXECUTION_STRING"
+            exec python3 -m entrypoint train ;;  # as the ENTRYPOINT; cwd: the WORKDIR, v3 mounts no code there
+    esac
+fi
+# What follows serves v3's own drivers (the fallback above, and v3 jobs started otherwise).
+if [ "${EUID:-}" = 0 ] && [ "${BYOC_SDK_V3_RUN:-}" != launched ]; then
     { [ -d /run/sshd ] || mkdir -m 755 /run/sshd; } 2>/dev/null || :
     # `[ -d ]` first: a builtin, so a bash after the first forks nothing here.
     [ -d /dev/shm/byoc-sshd ] || { mkdir -m 700 /dev/shm/byoc-sshd \
