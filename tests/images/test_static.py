@@ -305,6 +305,22 @@ def test_no_image_sets_neurons_compile_cache(flavor):
 # --- pins -------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("flavor", ["cpu", "gpu"])
+def test_the_runtime_has_what_torch_compile_needs(flavor):
+    """Inductor's C++ backend compiles every graph with g++ against Python.h at run time (and
+    Triton its launcher with gcc): the stage the image is made from installs them, checks
+    them, and the image runs a torch.compile once its venv is there (docs/compile-cache.md)."""
+    packages = {p.split("=", 1)[0] for p in load_versions()[f"{flavor.upper()}_APT_COMPILE_PACKAGES"].split()}
+    assert {"g++", "python3-dev"} <= packages
+    parsed = load_dockerfile(flavor)
+    system_runs = [i.args for i in parsed.stage("system").instructions if i.keyword == "RUN"]
+    assert any("${APT_COMPILE_PACKAGES}" in r and "check-compiler.sh" in r for r in system_runs), system_runs
+    stages_over_system = ("runtime",) if flavor == "cpu" else ("sagemaker",)
+    checks = [i.args for name in stages_over_system for i in parsed.stage(name).instructions
+              if i.keyword == "RUN" and "check-torch-compile.py" in i.args]
+    assert checks, f"{flavor}: no torch.compile check after the venv is copied"
+
+
 def test_no_latest_and_no_unpinned_base_anywhere():
     texts = {p: p.read_text() for p in [*DOCKERFILES.values(), *SCRIPTS_DIR.glob("*.sh"), BUILD_SH]}
     for path, text in texts.items():
