@@ -12,6 +12,7 @@ Owned by the live thread alone (no lock): updates from the job port are queued f
 from __future__ import annotations
 
 import statistics
+import time
 from collections import deque
 
 from entrypoint.jobreport.live import HOST_FIELDS, RECENT, Notes, finite
@@ -81,6 +82,7 @@ class LiveView:
         self.notes = notes
         self.ranks: dict[tuple[str, str], RankState] = {}
         self.latest_points: dict[str, dict] = {}  # host -> its newest point
+        self.samples_said: dict[str, float] = {}  # host -> the script's samples/s last written
         self.stragglers_said = ""
 
     def take(self, update: dict) -> tuple[list, list]:
@@ -109,10 +111,14 @@ class LiveView:
                         else f"host/{part}/{name}{i}" if isinstance(value, list) else f"host/{part}/{name}"
                     scalars.append((tag, float(v), step, wall))
             self.latest_points[host] = point
-        if update.get("samples_per_s") is not None and update["points"]:
-            wall = update["points"][-1]["time"]
-            scalars.append((f"host/{part}/samples_per_s", float(update["samples_per_s"]),
-                            max(0, int(round(wall - self.started_at))), wall))
+        # With the host's newest point, or on its own when the script said a new figure since:
+        # its last line often comes after the last sample (the final tick must not lose it).
+        samples = update.get("samples_per_s")
+        if samples is not None and (update["points"] or self.samples_said.get(host) != samples):
+            wall = update["points"][-1]["time"] if update["points"] else time.time()
+            scalars.append((f"host/{part}/samples_per_s", float(samples), max(0, int(round(wall - self.started_at))),
+                            wall))
+            self.samples_said[host] = samples
         return scalars
 
     def shortest_backward(self) -> float | None:

@@ -295,3 +295,17 @@ def test_a_workers_live_figures_reach_the_leaders_port_signed_and_a_replay_does_
         assert job_port.send_live_figures("127.0.0.1", port, "not hex", "algo-2", text) == 0
     finally:
         listener.close()
+
+
+def test_the_scripts_last_throughput_is_written_even_without_a_new_host_point():
+    """The script's last samples/s line often comes after the host's last sample: the final
+    tick has no new point, and the figure must still reach TensorBoard, once."""
+    view = LiveView(0.0, Notes())
+
+    def samples(update):
+        return [v for tag, v, _, _ in view.take(update)[0] if tag.endswith("/samples_per_s") and "host/" in tag]
+
+    assert samples({"host": "algo-1", "points": [{"time": 1.0}], "ranks": [], "samples_per_s": None}) == []
+    assert samples({"host": "algo-1", "points": [], "ranks": [], "samples_per_s": 1234.0}) == [1234.0]
+    assert samples({"host": "algo-1", "points": [], "ranks": [], "samples_per_s": 1234.0}) == []  # said already
+    assert samples({"host": "algo-1", "points": [{"time": 2.0}], "ranks": [], "samples_per_s": 1234.0}) == [1234.0]
