@@ -17,7 +17,7 @@ from collections import deque
 
 from entrypoint.jobreport.live import HOST_FIELDS, RECENT, Notes, finite
 from entrypoint.jobreport.status_line import RankNow
-from entrypoint.jobreport.stragglers import MIN_STEPS, decide_outliers
+from entrypoint.jobreport.stragglers import MIN_STEPS, decide_outliers, describe
 
 # Each tick's rank scalars, at most: a rank's new steps are averaged into at most
 # MAX_RANK_POINTS points (fewer with many ranks). Every scalar costs ~30 us to write (its record's
@@ -162,8 +162,7 @@ class LiveView:
         when that changed."""
         recent = {f"rank {rank} on {host}": statistics.median(s.compute_ms) for (rank, host), s in self.ranks.items()
                   if s.compute_ms and s.steps >= MIN_STEPS}
-        lines = [f"{who}: compute {value:.0f} ms a step, median of the others {median:.0f} ms (+{excess}%)"
-                 for who, value, median, excess in decide_outliers(recent)]
+        lines = [describe(who, value, median, excess) for who, value, median, excess in decide_outliers(recent)]
         said = "\n\n".join(lines) or "no rank stands out"
         if said == self.stragglers_said or not recent:
             return []

@@ -336,10 +336,9 @@ class Supervisor:
                 running.remove(item)
                 if code < 0:
                     self._report_signal_death(proc, -code)
+                signaled, code = code < 0, 128 - code if code < 0 else code
                 if code != 0 and first_failure is None:
-                    self.first_failure_signaled = code < 0
-                code = 128 - code if code < 0 else code
-                if code != 0 and first_failure is None:
+                    self.first_failure_signaled = signaled
                     first_failure = code
                     if running:
                         self.stop_after_failure(f"{spec.name} exited with code {code}")
