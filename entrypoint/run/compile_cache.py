@@ -22,6 +22,7 @@ import re
 import stat
 import threading
 import time
+from typing import NamedTuple
 
 from entrypoint.decide.compile_cache import CompileCache
 from entrypoint.log import log
@@ -29,6 +30,7 @@ from entrypoint.log import log
 STAMP_NAME = "byoc-compile-cache.json"  # the archive's first member
 STAGING_PREFIX = ".byoc-restore-"
 ARCHIVE_NAME = re.compile(r"host-\d+\.tar\.gz\Z")
+LOCKS = "locks" + os.sep  # torch's lock files: never archived
 _VERSION = re.compile(r"""^(__version__|version|cuda|hip|git_version)\s*(?::\s*\w+\s*)?=\s*['"]([^'"]*)['"]""", re.M)
 
 
@@ -88,15 +90,25 @@ def decide_kept(entries: list[tuple[str, int, float]], max_bytes: int) -> tuple[
     return kept, evicted
 
 
-def run_eviction(folder: str, max_bytes: int) -> tuple[int, int]:
-    """Remove the oldest entries until the folder fits max_bytes: (files, bytes) removed."""
-    _, evicted = decide_kept(load_entries(folder), max_bytes)
+def run_eviction(folder: str, entries: list[tuple[str, int, float]], max_bytes: int) -> tuple[list, list]:
+    """Remove the oldest of the folder's entries (as load_entries read them) until the rest fit
+    max_bytes: (kept, evicted), so the caller need not walk the folder again."""
+    kept, evicted = decide_kept(entries, max_bytes)
     for name, _, _ in evicted:
         try:
             os.unlink(os.path.join(folder, name))
         except OSError:
             pass
-    return len(evicted), sum(e[1] for e in evicted)
+    return kept, evicted
+
+
+def probe_empty(folder: str) -> bool:
+    """Whether the folder is missing or empty (a new instance's), without walking it."""
+    try:
+        with os.scandir(folder) as found:
+            return next(found, None) is None
+    except FileNotFoundError:
+        return True
 
 
 def _remove_tree(path: str) -> None:
@@ -115,27 +127,29 @@ def _safe_member_path(name: str) -> str | None:
     return os.path.join(*parts)
 
 
-def _unpack(archive: str, staging: str, stamp: dict, max_bytes: int) -> tuple[int, int, str | None]:
-    """Unpack one archive into staging: (files, bytes, why it is not used or None). Raises on a
-    corrupt or truncated archive (the caller discards staging)."""
+def _unpack(archive: str, staging: str, stamp: dict, max_bytes: int) -> tuple[list, bool, str | None]:
+    """Unpack one archive into staging: (the entries unpacked, whether that was every member,
+    why it is not used or None). Raises on a corrupt or truncated archive (the caller discards
+    staging)."""
     import gzip
     import tarfile
 
-    files = size = 0
-    stamped = False
+    unpacked: list[tuple[str, int, float]] = []
+    size, whole, stamped = 0, True, False
     with gzip.open(archive, "rb") as raw:
         with tarfile.open(fileobj=raw, mode="r|") as tar:
             for member in tar:
                 if not stamped:
                     if member.name != STAMP_NAME:
-                        return 0, 0, "it has no stamp of what made it"
+                        return [], False, "it has no stamp of what made it"
                     found = json.loads(tar.extractfile(member).read(65536).decode("utf-8"))
                     if found != stamp:
-                        return 0, 0, f"made by {describe_stamp_difference(found, stamp)}"
+                        return [], False, f"made by {describe_stamp_difference(found, stamp)}"
                     stamped = True
                     continue
                 path = _safe_member_path(member.name)
                 if path is None or not member.isreg() or size + member.size > max_bytes:
+                    whole = False
                     continue
                 target = os.path.join(staging, path)
                 os.makedirs(os.path.dirname(target), exist_ok=True)
@@ -144,10 +158,11 @@ def _unpack(archive: str, staging: str, stamp: dict, max_bytes: int) -> tuple[in
                     while chunk := source.read(1 << 20):
                         out.write(chunk)
                 os.utime(target, (member.mtime, member.mtime))
-                files, size = files + 1, size + member.size
+                unpacked.append((path, member.size, float(member.mtime)))
+                size += member.size
         while raw.read(1 << 20):  # to the end: gzip checks the whole stream's CRC there
             pass
-    return files, size, None
+    return unpacked, whole, None
 
 
 def describe_stamp_difference(found, stamp: dict) -> str:
@@ -157,14 +172,17 @@ def describe_stamp_difference(found, stamp: dict) -> str:
     return ", ".join(f"{k} {found.get(k)!r} (this job: {stamp.get(k)!r})" for k in keys[:4])
 
 
-def _move_into_place(staging: str, folder: str) -> None:
-    """Entries that are not in the folder yet (a name is its content's key: one that is there
-    is the same entry, which a rank may be reading)."""
-    for name, _, _ in load_entries(staging):
-        target = os.path.join(folder, name)
+def _move_into_place(staging: str, folder: str, unpacked: list) -> list:
+    """The unpacked entries that are not in the folder yet (a name is its content's key: one
+    that is there is the same entry, which a rank may be reading): those moved."""
+    moved = []
+    for entry in unpacked:
+        target = os.path.join(folder, entry[0])
         if not os.path.exists(target):
             os.makedirs(os.path.dirname(target), exist_ok=True)
-            os.replace(os.path.join(staging, name), target)
+            os.replace(os.path.join(staging, entry[0]), target)
+            moved.append(entry)
+    return moved
 
 
 def list_archives(cache: CompileCache) -> list[str]:
@@ -177,14 +195,24 @@ def list_archives(cache: CompileCache) -> list[str]:
     return [os.path.join(cache.archive_folder, n) for n in sorted(names, key=lambda n: n != own)]
 
 
-def restore_archive(archive: str, cache: CompileCache, stamp: dict) -> str:
-    """Unpack one archive into the cache folder; the log line that says what happened."""
+class Restored(NamedTuple):
+    """One archive's restore: the log line, the entries it held (whole: all of its members),
+    and those of them now in the folder that were not there before."""
+
+    line: str
+    entries: list | tuple = ()
+    whole: bool = False
+    moved: list | tuple = ()
+
+
+def restore_archive(archive: str, cache: CompileCache, stamp: dict) -> Restored:
+    """Unpack one archive into the cache folder."""
     try:
         info = os.stat(archive)
     except OSError as exc:
-        return f"torch.compile cache: {archive} not read ({exc}): not used"
+        return Restored(f"torch.compile cache: {archive} not read ({exc}): not used")
     if not stat.S_ISREG(info.st_mode):  # a FIFO would block the start
-        return f"torch.compile cache: {archive} is not a regular file: not used"
+        return Restored(f"torch.compile cache: {archive} is not a regular file: not used")
     # Named by host and process: in containers every entrypoint is PID 1, and a folder the user
     # points several hosts at (BYOC_COMPILE_CACHE_DIR on a shared file system) is shared.
     staging = os.path.join(cache.folder, f"{STAGING_PREFIX}{os.uname().nodename}-{os.getpid()}")
@@ -192,21 +220,24 @@ def restore_archive(archive: str, cache: CompileCache, stamp: dict) -> str:
         if os.path.isdir(staging):  # left by an entrypoint that was killed
             _remove_tree(staging)
         os.makedirs(staging)
-        files, size, why = _unpack(archive, staging, stamp, cache.max_bytes)
-        if why is None:
-            _move_into_place(staging, cache.folder)
+        unpacked, whole, why = _unpack(archive, staging, stamp, cache.max_bytes)
+        moved = _move_into_place(staging, cache.folder, unpacked) if why is None else []
     except Exception as exc:  # noqa: BLE001 - a bad archive is a cold start, never a failed job
-        files, size, why = 0, 0, f"unreadable ({type(exc).__name__}: {exc}), corrupt or truncated"
+        unpacked, whole, moved, why = [], False, [], f"unreadable ({type(exc).__name__}: {exc}), corrupt or truncated"
     finally:
         if os.path.isdir(staging):
             _remove_tree(staging)
     if why is not None:
-        return f"torch.compile cache: {archive} not used: {why}; the ranks compile what they need (a cold start)"
-    return f"torch.compile cache: restored {files} file(s), {describe_mb(size)}, from {archive}"
+        return Restored(f"torch.compile cache: {archive} not used: {why}; the ranks compile what they need (a cold "
+                        f"start)")
+    line = f"torch.compile cache: restored {len(unpacked)} file(s), {describe_mb(sum(e[1] for e in unpacked))}, " \
+        f"from {archive}"
+    return Restored(line, unpacked, whole, moved)
 
 
 def build_signature(entries: list[tuple[str, int, float]]) -> frozenset:
-    return frozenset((name, size) for name, size, _ in entries)
+    """What an archive of these entries would hold (torch's lock files are never in one)."""
+    return frozenset((name, size) for name, size, _ in entries if not name.startswith(LOCKS))
 
 
 def probe_kernel_locked(folder: str, name: str) -> bool:
@@ -228,16 +259,17 @@ def probe_kernel_locked(folder: str, name: str) -> bool:
         os.close(fd)
 
 
-def write_archive(cache: CompileCache, stamp: dict, entries: list[tuple[str, int, float]]) -> tuple[int, int]:
+def write_archive(cache: CompileCache, stamp: dict, entries: list[tuple[str, int, float]]) -> tuple[list, int]:
     """This host's archive of the entries that fit the bound, written whole and renamed into
-    place (SageMaker's upload and other hosts never see half of one): (files, archive bytes)."""
+    place (SageMaker's upload and other hosts never see half of one): (entries written, archive
+    bytes)."""
     import tarfile
 
-    kept, _ = decide_kept([e for e in entries if not e[0].startswith("locks" + os.sep)], cache.max_bytes)
+    kept, _ = decide_kept([e for e in entries if not e[0].startswith(LOCKS)], cache.max_bytes)
     os.makedirs(cache.archive_folder, exist_ok=True)
     tmp = os.path.join(cache.archive_folder, f".{os.path.basename(cache.archive)}.{os.getpid()}.tmp")
     stamp_bytes = json.dumps(stamp, sort_keys=True).encode("utf-8")
-    files = 0
+    written = []
     try:
         with tarfile.open(tmp, "w:gz", compresslevel=1) as tar:
             info = tarfile.TarInfo(STAMP_NAME)
@@ -245,19 +277,20 @@ def write_archive(cache: CompileCache, stamp: dict, entries: list[tuple[str, int
             import io
 
             tar.addfile(info, io.BytesIO(stamp_bytes))
-            for name, _, _ in kept:
-                if probe_kernel_locked(cache.folder, name):
+            for entry in kept:
+                if probe_kernel_locked(cache.folder, entry[0]):
                     continue
                 try:
-                    tar.add(os.path.join(cache.folder, name), arcname=name.replace(os.sep, "/"), recursive=False)
+                    tar.add(os.path.join(cache.folder, entry[0]), arcname=entry[0].replace(os.sep, "/"),
+                            recursive=False)
                 except OSError:
                     continue  # evicted or replaced meanwhile
-                files += 1
+                written.append(entry)
         os.replace(tmp, cache.archive)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    return files, os.path.getsize(cache.archive)
+    return written, os.path.getsize(cache.archive)
 
 
 def describe_graphs(before: list, after: list) -> str:
@@ -290,20 +323,15 @@ class CacheKeeper:
         self.lines.append(line)
 
     def start(self) -> None:
+        """Restore, bound, and note what the folder holds. The folder is walked at most once: on
+        a new instance it was empty, and what the archives held is what it holds."""
         cache = self.cache
         try:
+            was_empty = probe_empty(cache.folder)
             os.makedirs(cache.folder, exist_ok=True)
-            if cache.archive is not None:
-                self.stamp = probe_stamp()
-                archives = list_archives(cache)
-                for archive in archives:
-                    self.say(restore_archive(archive, cache, self.stamp))
-                if not archives:
-                    self.say(f"torch.compile cache: no archive in {cache.archive_folder} yet (a cold start)")
-            evicted = run_eviction(cache.folder, cache.max_bytes)
-            if evicted[0]:
-                self.say(self.describe_evicted(*evicted))
-            self.at_start = load_entries(cache.folder)
+            restored = self.restore_archives() if cache.archive is not None else []
+            entries = restored if was_empty else load_entries(cache.folder)
+            self.at_start = self.bound(entries)
         except Exception as exc:  # noqa: BLE001 - never a failed job
             self.say(f"torch.compile cache: not prepared ({type(exc).__name__}: {exc}); the ranks compile cold")
             return
@@ -314,19 +342,47 @@ class CacheKeeper:
             self.thread = threading.Thread(target=self._keep, name="compile-cache", daemon=True)
             self.thread.start()
 
-    def describe_evicted(self, files: int, size: int) -> str:
-        return (f"torch.compile cache: {files} oldest file(s), {describe_mb(size)}, evicted (bound "
-                f"{describe_mb(self.cache.max_bytes)}, BYOC_COMPILE_CACHE_MAX_MB)")
+    def restore_archives(self) -> list:
+        """Every host's archive, this host's first: the entries moved into the folder. An archive
+        of this host's that came back whole is what the folder holds: no need to write it again
+        unless the job adds to it (saved)."""
+        self.stamp = probe_stamp()
+        archives = list_archives(self.cache)
+        if not archives:
+            self.say(f"torch.compile cache: no archive in {self.cache.archive_folder} yet (a cold start)")
+        moved = []
+        for archive in archives:
+            restored = restore_archive(archive, self.cache, self.stamp)
+            self.say(restored.line)
+            moved.extend(restored.moved)
+            if archive == self.cache.archive and restored.whole:
+                self.saved = build_signature(restored.entries)
+        return moved
 
-    def save(self, why: str) -> None:
+    def bound(self, entries: list) -> list:
+        """The folder's entries within the bound (the rest are evicted); an eviction changes
+        what an archive would hold."""
+        kept, evicted = run_eviction(self.cache.folder, entries, self.cache.max_bytes)
+        if evicted:
+            self.saved = None
+            self.say(f"torch.compile cache: {len(evicted)} oldest file(s), {describe_mb(sum(e[1] for e in evicted))}, "
+                     f"evicted (bound {describe_mb(self.cache.max_bytes)}, BYOC_COMPILE_CACHE_MAX_MB)")
+        return kept
+
+    def save(self, why: str, entries: list | None = None) -> None:
+        """This host's archive, unless it holds what the folder holds already (SageMaker would
+        upload the same archive again)."""
         with self.lock:
-            entries = load_entries(self.cache.folder)
+            entries = load_entries(self.cache.folder) if entries is None else entries
             if build_signature(entries) == self.saved:
+                if why == "the end":
+                    self.say(f"torch.compile cache: {self.cache.archive} holds the folder's entries already: "
+                             f"not written again")
                 return
             started = time.monotonic()
-            files, size = write_archive(self.cache, self.stamp, entries)
-            self.saved = build_signature(entries)
-            self.say(f"torch.compile cache: {self.cache.archive} written ({why}): {files} file(s), "
+            written, size = write_archive(self.cache, self.stamp, entries)
+            self.saved = build_signature(written)
+            self.say(f"torch.compile cache: {self.cache.archive} written ({why}): {len(written)} file(s), "
                      f"{describe_mb(size)}, in {time.monotonic() - started:.1f} s")
 
     def _keep(self) -> None:
@@ -345,20 +401,18 @@ class CacheKeeper:
                 log(f"torch.compile cache: not written ({type(exc).__name__}: {exc})")
 
     def finish(self, join_s: float) -> None:
-        """After the ranks: the bound, this host's archive, and what the job's graphs did."""
+        """After the ranks: the bound, this host's archive, and what the job's graphs did, off
+        one walk of the folder."""
         self.done.set()
         if self.thread is not None:
             self.thread.join(join_s)
         try:
-            evicted = run_eviction(self.cache.folder, self.cache.max_bytes)
-            if evicted[0]:
-                self.say(self.describe_evicted(*evicted))
-            after = load_entries(self.cache.folder)
+            after = self.bound(load_entries(self.cache.folder))
             if not after and not self.at_start:
                 return  # nothing compiled (no torch.compile here): nothing to say or keep
             self.say(f"torch.compile cache: {describe_graphs(self.at_start, after)}; {self.cache.folder} holds "
                      f"{len(after)} file(s), {describe_mb(sum(e[1] for e in after))}")
             if self.cache.archive is not None:
-                self.save("the end")
+                self.save("the end", after)
         except Exception as exc:  # noqa: BLE001 - never a failed job
             self.say(f"torch.compile cache: not written ({type(exc).__name__}: {exc})")

@@ -119,6 +119,20 @@ def test_the_jobs_own_triton_folder_is_kept_and_named():
     assert "TRITON_CACHE_DIR=/fsx/triton (the job's own)" in cache_notes(plan)[0]
 
 
+def test_inductors_precompiled_header_is_off_unless_the_job_sets_it():
+    """torch builds the header (150 MB) outside the kept folder in every new container, even
+    when every kernel is a cache hit (docs/compile-cache.md)."""
+    for checkpoint in (CKPT, None):
+        plan = plan_for(make_job(checkpoint=checkpoint), CPU)
+        assert plan.env_dict["TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS"] == "0"
+        assert "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS=0: no precompiled header" in cache_notes(plan)[0]
+    own = plan_for(make_job(checkpoint=CKPT, environ={"TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": "1"}), CPU)
+    assert "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS" not in own.env_dict
+    assert "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS=1 (the job's own)" in cache_notes(own)[0]
+    off = plan_for(make_job(checkpoint=CKPT, environ={"BYOC_COMPILE_CACHE": "0"}), CPU)
+    assert "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS" not in off.env_dict
+
+
 def test_off_means_no_setting_and_no_keeping():
     plan = plan_for(make_job(checkpoint=CKPT, environ={"BYOC_COMPILE_CACHE": "0"}), CPU)
     assert plan.compile_cache is None and "TORCHINDUCTOR_CACHE_DIR" not in plan.env_dict
@@ -156,8 +170,8 @@ def fill(folder, sizes: dict[str, int], start: float = 1_000_000.0) -> None:
                                          (301, ["c/3.so", "b/2.so", "a/1.so"]), (99, []), (100, ["c/3.so"])])
 def test_the_bound_evicts_the_oldest_first_just_under_at_and_over_it(tmp_path, bound, kept):
     fill(tmp_path, {"a/1.so": 100, "b/2.so": 100, "c/3.so": 100})
-    removed, _ = keep.run_eviction(str(tmp_path), bound)
-    assert removed == 3 - len(kept)
+    survivors, removed = keep.run_eviction(str(tmp_path), keep.load_entries(str(tmp_path)), bound)
+    assert len(removed) == 3 - len(kept) and [e[0] for e in sorted(survivors, key=lambda e: -e[2])] == kept
     assert [e[0] for e in sorted(keep.load_entries(str(tmp_path)), key=lambda e: -e[2])] == kept
 
 
@@ -261,6 +275,82 @@ def test_a_hostile_member_name_stays_inside_the_folder(tmp_path):
     assert not (tmp_path / "escaped").exists()
 
 
+def count_walks(monkeypatch, folder) -> list:
+    """Each os.walk of the cache folder (the archive's own reads are not walks)."""
+    walks, walk = [], os.walk
+
+    def counting(top, *args, **kwargs):
+        if os.fspath(top) == folder:
+            walks.append(top)
+        return walk(top, *args, **kwargs)
+
+    monkeypatch.setattr(keep.os, "walk", counting)
+    return walks
+
+
+def test_a_job_on_a_new_instance_walks_the_cache_folder_once(tmp_path, monkeypatch):
+    """Restoring says what the folder holds; the end walks it once for the bound, the log and
+    the archive."""
+    cache = make_cache(tmp_path)._replace(max_bytes=200)
+    for host in (0, 1):  # each archive within the bound, both together over it
+        write_archive_bytes(tmp_path / f"ckpt/byoc-compile-cache/host-{host}.tar.gz", {f"ab/c{host}.so": b"x" * 150},
+                            keep.probe_stamp())
+    walks = count_walks(monkeypatch, cache.folder)
+    k = keeper(cache)
+    k.start()
+    assert walks == [] and "1 oldest file(s), 0.0 MB, evicted" in k.lines[2]  # the bound, unwalked
+    assert restored_names(cache) == ["ab/c0.so"]
+    (tmp_path / "local-0/fxgraph/b").mkdir(parents=True)
+    (tmp_path / "local-0/fxgraph/b/e").write_bytes(b"new")
+    walks.clear()
+    k.finish(5)
+    assert walks == [cache.folder]
+    assert "0 FX graph entries at the start, 1 compiled by this job" in k.lines[-2]
+    assert "written (the end): 2 file(s)" in k.lines[-1]
+
+
+def test_a_folder_a_restart_left_is_walked_once_at_the_start_and_once_at_the_end(tmp_path, monkeypatch):
+    cache = make_cache(tmp_path)
+    fill(tmp_path / "local-0", {"fxgraph/a/e": 10})
+    walks = count_walks(monkeypatch, cache.folder)
+    k = keeper(cache)
+    k.start()
+    k.finish(5)
+    assert walks == [cache.folder, cache.folder]
+    assert "holds 1 file(s)" in k.lines[-3] and "written (the end): 1 file(s)" in k.lines[-1]
+
+
+def test_a_warm_job_that_compiled_nothing_does_not_write_its_archive_again(tmp_path):
+    """SageMaker uploads every file written in the checkpoint folder: the same archive again is
+    an upload for nothing. torch's lock files, never archived, do not count as a change."""
+    cache = make_cache(tmp_path)
+    archive = tmp_path / "ckpt/byoc-compile-cache/host-0.tar.gz"
+    write_archive_bytes(archive, {"fxgraph/a/e": b"x", "ab/cab.main.so": b"yy"}, keep.probe_stamp())
+    before = archive.stat()
+    k = keeper(cache)
+    k.start()
+    fill(tmp_path / "local-0", {"locks/cab.lock": 0})  # a rank loaded the kernel
+    k.finish(5)
+    assert (archive.stat().st_ino, archive.stat().st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    assert k.lines[-1].endswith("holds the folder's entries already: not written again")
+    again = keeper(cache._replace(folder=str(tmp_path / "next")))
+    again.start()
+    fill(tmp_path / "next", {"fxgraph/b/e": 5})  # this job compiled a graph
+    again.finish(5)
+    assert "written (the end): 3 file(s)" in again.lines[-1]
+
+
+def test_another_hosts_archive_or_a_damaged_own_one_is_written_back_as_this_hosts(tmp_path):
+    cache = make_cache(tmp_path, host=1)
+    write_archive_bytes(tmp_path / "ckpt/byoc-compile-cache/host-0.tar.gz", {"fxgraph/a/e": b"x"}, keep.probe_stamp())
+    write_archive_bytes(tmp_path / "ckpt/byoc-compile-cache/host-1.tar.gz", {"../out": b"x"}, keep.probe_stamp())
+    k = keeper(cache)
+    k.start()
+    k.finish(5)
+    with tarfile.open(cache.archive) as tar:
+        assert tar.getnames() == [keep.STAMP_NAME, "fxgraph/a/e"]
+
+
 def test_the_other_hosts_archives_are_merged_and_this_hosts_own_is_written(tmp_path):
     cache = make_cache(tmp_path, host=1)
     write_archive_bytes(tmp_path / "ckpt/byoc-compile-cache/host-0.tar.gz", {"fxgraph/a/e": b"from 0"},
@@ -282,8 +372,8 @@ def test_a_kernel_torch_is_still_building_is_left_out_of_the_archive(tmp_path):
     fill(tmp_path / "local-0", {"ab/cbuilding.main.so": 10, "cd/cdone.main.so": 10, "locks/cbuilding.lock": 0})
     with open(tmp_path / "local-0/locks/cbuilding.lock") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # as torch's FileLock holds it while gcc writes the .so
-        files, _ = keep.write_archive(cache, {}, keep.load_entries(cache.folder))
-    assert files == 1
+        written, _ = keep.write_archive(cache, {}, keep.load_entries(cache.folder))
+    assert [e[0] for e in written] == ["cd/cdone.main.so"]
     with tarfile.open(cache.archive) as tar:
         assert tar.getnames() == [keep.STAMP_NAME, "cd/cdone.main.so"]
 
@@ -337,10 +427,15 @@ def test_a_second_job_with_the_restored_checkpoint_folder_is_warm_and_a_cache_fr
     run_job(first, tmp_path / "host-local-1")
     assert hits_and_misses(counters(first)) == (0, 2)  # cold: forward and backward compiled
     assert (ckpt / "byoc-compile-cache" / "host-0.tar.gz").is_file()
-    # A new instance: an empty host-local folder, the checkpoint folder back from S3.
+    # A new instance: an empty host-local folder and temporary folder, the checkpoint folder
+    # back from S3.
     second = job_tree(tmp_path, "job2", ckpt)
-    done = run_job(second, tmp_path / "host-local-2")
+    (tmp_path / "tmp-2").mkdir()
+    done = run_job(second, tmp_path / "host-local-2", TMPDIR=str(tmp_path / "tmp-2"))
     assert hits_and_misses(counters(second)) == (2, 0)
+    # No C++ at all on a hit: Inductor's precompiled header (<tempdir>/torchinductor_<user>/
+    # precompiled_headers) would be built here, outside the kept folder, hit or not.
+    assert not list((tmp_path / "tmp-2").rglob("*.gch"))
     assert counters(second)["dir"] == str(tmp_path / "host-local-2")
     assert "torch.compile cache: restored" in done.stderr and "0 compiled by this job" in done.stderr
     # torch's own keying, beneath our stamp: the same folder, as seen by another torch (its
