@@ -1,15 +1,17 @@
 """Time to the first training step of a torch.compile job, cold against warm, through the
 entrypoint (`python -m entrypoint train`) with a checkpoint folder. Goal: warm <= 30% of cold.
 
-    .venv/bin/python benchmarks/compile_cache.py [--runs 3] [--blocks 8] [--width 256]
+    .venv/bin/python benchmarks/compile_cache.py [--runs 3] [--blocks 12] [--width 256]
 
-Each round runs two jobs, each as on a new instance (an empty host-local cache folder):
+Each round runs two jobs, each as on a new instance (an empty host-local cache folder and an
+empty temporary folder, TMPDIR, where torch would keep what is not in the cache folder):
   cold: an empty checkpoint folder: Inductor compiles everything;
   warm: the checkpoint folder the cold job left (its byoc-compile-cache/host-0.tar.gz), as
         SageMaker puts it back for the next job with the same checkpoint_s3_uri.
 Time to first step: from the entrypoint's start to the end of the first optimizer step
-(the script writes the time). Also shown: the first step alone (compile included) and
-Inductor's FX graph cache counters of each job, which say cold or warm (not the clock). Medians
+(the script writes the time). Also shown: where that time went (the entrypoint until the
+script starts, `import torch`, torch.compile's own imports, the first step) and Inductor's
+and AOTAutograd's cache counters of each job, which say cold or warm (not the clock). Medians
 of --runs rounds; cold and warm alternate, so a load change on the machine hits both alike.
 """
 
@@ -28,10 +30,13 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 GOAL = 0.30  # warm / cold
+BLOCKS = 12  # cold compile >= 20 s on this machine, quiet, with margin (docs/compile-cache.md)
 
 SCRIPT = r"""
 import json, os, sys, time
+script_start = time.time()
 import torch
+torch_imported = time.time()
 blocks, width = int(sys.argv[2]), int(sys.argv[4])  # --blocks B --width W
 torch.manual_seed(0)
 layers = []
@@ -43,14 +48,22 @@ compiled = torch.compile(model)
 x, y = torch.randn(32, width), torch.randint(0, 10, (32,))
 started = time.time()
 loss = torch.nn.functional.cross_entropy(compiled(x), y)
+forward_done = time.time()
 loss.backward()
 optimizer.step()
 done = time.time()
 from torch._dynamo.utils import counters
 with open(os.path.join(os.environ["SM_MODEL_DIR"], "first-step.json"), "w") as f:
-    json.dump({"first_step_done": done, "first_step_s": done - started,
-               "inductor": {k: v for k, v in counters["inductor"].items() if "cache" in k}}, f)
+    json.dump({"script_start": script_start, "torch_imported": torch_imported, "step_start": started,
+               "forward_done": forward_done, "first_step_done": done, "first_step_s": done - started,
+               "inductor": {k: v for k, v in counters["inductor"].items() if "cache" in k},
+               "aot_autograd": {k: v for k, v in counters["aot_autograd"].items() if "cache" in k}}, f)
 """
+# (label, from, to) of the script's time stamps; "start" is the entrypoint's start.
+PHASES = (("entrypoint until the script", "start", "script_start"), ("import torch", "script_start", "torch_imported"),
+          ("the model, torch.compile's imports", "torch_imported", "step_start"),
+          ("first forward (compile or cache)", "step_start", "forward_done"),
+          ("first backward + step", "forward_done", "first_step_done"))
 
 
 def write_tree(root: Path, checkpoints: Path, blocks: int, width: int) -> None:
@@ -70,7 +83,9 @@ def run_job(work: Path, name: str, checkpoints: Path, blocks: int, width: int) -
     write_tree(root, checkpoints, blocks, width)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SM_", "SAGEMAKER_", "BYOC_", "TORCHINDUCTOR_"))}
     env.update(SAGEMAKER_BASE_DIR=str(root), PYTHONPATH=str(REPO), BYOC_REPORT="0",
-               BYOC_RUNTIME_DIR=str(work / f"run-{name}"), BYOC_COMPILE_CACHE_DIR=str(work / f"local-{name}"))
+               BYOC_RUNTIME_DIR=str(work / f"run-{name}"), BYOC_COMPILE_CACHE_DIR=str(work / f"local-{name}"),
+               TMPDIR=str(work / f"tmp-{name}"))
+    (work / f"tmp-{name}").mkdir()
     started = time.time()
     done = subprocess.run([sys.executable, "-m", "entrypoint", "train"], env=env, cwd=str(REPO),
                           capture_output=True, text=True)
@@ -78,6 +93,8 @@ def run_job(work: Path, name: str, checkpoints: Path, blocks: int, width: int) -
         sys.exit(f"{name} failed:\n{done.stderr[-3000:]}")
     result = json.loads((root / "model/first-step.json").read_text())
     result["to_first_step_s"] = result["first_step_done"] - started
+    result["start"] = started
+    result["phases"] = {label: result[end] - result[begin] for label, begin, end in PHASES}
     result["archive_line"] = next((line for line in done.stderr.splitlines() if "written (the end)" in line), "")
     return result
 
@@ -85,10 +102,11 @@ def run_job(work: Path, name: str, checkpoints: Path, blocks: int, width: int) -
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--blocks", type=int, default=8)
+    parser.add_argument("--blocks", type=int, default=BLOCKS)
     parser.add_argument("--width", type=int, default=256)
     args = parser.parse_args()
     rows: dict[str, list[dict]] = {"cold": [], "warm": []}
+    print(f"load average at the start: {os.getloadavg()[0]:.1f}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         for i in range(args.runs):
@@ -101,17 +119,24 @@ def main() -> None:
             files = [p for p in (work / f"local-cold-{i}").rglob("*") if p.is_file()]
             print(f"round {i + 1}: the cold job's cache: {len(files)} files, "
                   f"{sum(p.stat().st_size for p in files) / 1e6:.2f} MB", flush=True)
-            print(f"round {i + 1}: cold {rows['cold'][-1]['to_first_step_s']:.1f} s "
-                  f"{rows['cold'][-1]['inductor']}, warm {rows['warm'][-1]['to_first_step_s']:.1f} s "
-                  f"{rows['warm'][-1]['inductor']}, archive {archive.stat().st_size / 1e6:.2f} MB", flush=True)
-            print(f"  cold job: {rows['cold'][-1]['archive_line'].split('cache: ', 1)[-1]}", flush=True)
-            shutil.rmtree(work / f"local-cold-{i}", ignore_errors=True)
+            for kind in ("cold", "warm"):
+                row = rows[kind][-1]
+                print(f"round {i + 1}: {kind} {row['to_first_step_s']:.1f} s {row['inductor']} {row['aot_autograd']}: "
+                      + ", ".join(f"{label} {s:.1f}" for label, s in row["phases"].items()), flush=True)
+            print(f"  archive {archive.stat().st_size / 1e6:.2f} MB; cold job: "
+                  f"{rows['cold'][-1]['archive_line'].split('cache: ', 1)[-1]}", flush=True)
+            for name in (f"cold-{i}", f"warm-{i}"):
+                shutil.rmtree(work / f"local-{name}", ignore_errors=True)
+                shutil.rmtree(work / f"tmp-{name}", ignore_errors=True)
     medians = {kind: statistics.median(r["to_first_step_s"] for r in runs) for kind, runs in rows.items()}
     steps = {kind: statistics.median(r["first_step_s"] for r in runs) for kind, runs in rows.items()}
     ratio = medians["warm"] / medians["cold"]
     print(f"time to first step, median of {args.runs}: cold {medians['cold']:.1f} s, warm {medians['warm']:.1f} s, "
           f"ratio {ratio:.2f} (goal <= {GOAL}: {'met' if ratio <= GOAL else 'NOT met'})")
     print(f"the first step alone (compile included): cold {steps['cold']:.1f} s, warm {steps['warm']:.1f} s")
+    for label, _, _ in PHASES:
+        print(f"  {label}: cold {statistics.median(r['phases'][label] for r in rows['cold']):.1f} s, "
+              f"warm {statistics.median(r['phases'][label] for r in rows['warm']):.1f} s")
     print(f"load average at the end: {os.getloadavg()[0]:.1f}")
 
 
