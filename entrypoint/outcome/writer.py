@@ -7,11 +7,9 @@ from __future__ import annotations
 import os
 from typing import NamedTuple
 
-from entrypoint.report.failure import build_failure_report, first_root_cause
 from entrypoint.log import log
 from entrypoint.job.paths import MlPaths, open_regular
 from entrypoint.rank.record_errors import build_readable_text
-from entrypoint.decide.restarts import build_earlier_failures_note
 
 
 def clear_previous_outcome(paths: MlPaths) -> None:
@@ -33,7 +31,7 @@ class Outcome(NamedTuple):
     becomes one of these, and cli.main hands it to write_outcome, the one writer of output/."""
 
     exit_code: int
-    report: str | None = None  # the reason output/failure gives (None: success, or nothing to say)
+    reason: str | None = None  # the reason output/failure gives (None: success, or nothing to say)
     logged: bool = False  # the whole reason is in the log already (write_outcome adds no FAILED line)
 
 
@@ -47,9 +45,9 @@ def write_outcome(paths: MlPaths, outcome: Outcome) -> None:
     written readable (record_errors.build_readable_text): any text a rank raised, a file name
     that is not UTF-8 or a terminal escape included, arrives, never an encoding error instead."""
     exit_code = outcome.exit_code
-    report = build_readable_text(outcome.report) if outcome.report else outcome.report
-    if exit_code != 0 and report and not outcome.logged:
-        log(f"FAILED: {report.splitlines()[0]}")
+    reason = build_readable_text(outcome.reason) if outcome.reason else outcome.reason
+    if exit_code != 0 and reason and not outcome.logged:
+        log(f"FAILED: {reason.splitlines()[0]}")
     try:
         os.makedirs(paths.output_dir, exist_ok=True)
         if exit_code == 0:
@@ -60,11 +58,11 @@ def write_outcome(paths: MlPaths, outcome: Outcome) -> None:
             log("the script wrote its own output/failure; leaving it as it is")
             return
         with open_regular(paths.failure_file, write=True) as f:
-            f.write(report or "")
+            f.write(reason or "")
     except OSError as exc:
         what = paths.success_file if exit_code == 0 else paths.failure_file
         log(f"cannot write {what}: {exc.strerror or exc}; the job's exit code is {exit_code}"
-            + (f"; its reason: {report.strip()}" if report else ""))
+            + (f"; its reason: {reason.strip()}" if reason else ""))
 
 
 def load_failure_file(paths: MlPaths) -> str | None:
@@ -73,34 +71,3 @@ def load_failure_file(paths: MlPaths) -> str | None:
             return f.read()
     except OSError:
         return None
-
-
-def build_run_report(what: str, exit_code: int, collector, current_host: str, environ: dict[str, str],
-                     run=None, lost: str | None = None, peer_failed: str | None = None) -> str:
-    """The failure report of one step (an install, the training run, the start of the workers)
-    from what its processes printed (collector: supervise.OutputCollector) and how it ended
-    (run: supervise.RunResult, None when nothing ran)."""
-    return build_failure_report(
-        what=what,
-        exit_code=exit_code,
-        root_cause=first_root_cause(collector.root_causes),
-        tail=list(collector.tail),
-        current_host=current_host,
-        environ=environ,
-        stopped_by=run.stopped_by if run else None,
-        stopped_at=run.stopped_at if run else None,
-        lost=lost,
-        peer_failed=peer_failed,
-        oom_kills=run.oom_kills if run else None,
-        killed_by_us=run.killed_at_deadline if run else False,
-        signaled=run.signaled if run else None,
-    )
-
-
-def build_job_failure_text(report: str, hang: str | None, earlier: list[str]) -> str:
-    """The training run's report, led by why it was stopped as hung (hangs.py) and followed by
-    the failures that were restarted before it (restarts.py)."""
-    text = f"{hang}\n\n{report}" if hang else report
-    if earlier:
-        text = f"{text.rstrip()}\n\n{build_earlier_failures_note(earlier)}\n"
-    return text
