@@ -1,7 +1,7 @@
 """Time to the first training step of a torch.compile job, cold against warm, through the
 entrypoint (`python -m entrypoint train`) with a checkpoint folder. Goal: warm <= 30% of cold.
 
-    .venv/bin/python benchmarks/compile_cache.py [--runs 3] [--blocks 12] [--width 256]
+    .venv/bin/python benchmarks/compile_cache.py [--runs 3] [--blocks 12] [--width 256] [--bytecode]
 
 Each round runs two jobs, each as on a new instance (an empty host-local cache folder and an
 empty temporary folder, TMPDIR, where torch would keep what is not in the cache folder):
@@ -78,7 +78,7 @@ def write_tree(root: Path, checkpoints: Path, blocks: int, width: int) -> None:
     (root / "code/train.py").write_text(SCRIPT)
 
 
-def run_job(work: Path, name: str, checkpoints: Path, blocks: int, width: int) -> dict:
+def run_job(work: Path, name: str, checkpoints: Path, blocks: int, width: int, bytecode: Path | None = None) -> dict:
     root = work / name
     write_tree(root, checkpoints, blocks, width)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SM_", "SAGEMAKER_", "BYOC_", "TORCHINDUCTOR_"))}
@@ -86,6 +86,9 @@ def run_job(work: Path, name: str, checkpoints: Path, blocks: int, width: int) -
                BYOC_RUNTIME_DIR=str(work / f"run-{name}"), BYOC_COMPILE_CACHE_DIR=str(work / f"local-{name}"),
                TMPDIR=str(work / f"tmp-{name}"))
     (work / f"tmp-{name}").mkdir()
+    if bytecode is not None:  # Python's bytecode kept, as the image ships it (docs/compile-cache.md)
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = str(bytecode)
     started = time.time()
     done = subprocess.run([sys.executable, "-m", "entrypoint", "train"], env=env, cwd=str(REPO),
                           capture_output=True, text=True)
@@ -104,15 +107,22 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--blocks", type=int, default=BLOCKS)
     parser.add_argument("--width", type=int, default=256)
+    parser.add_argument("--bytecode", action="store_true",
+                        help="keep Python's bytecode between the jobs (an untimed job first writes it), as the "
+                             "image's venv has it; without it, a venv installed --no-compile under "
+                             "PYTHONDONTWRITEBYTECODE=1 recompiles torch's sources in every process")
     args = parser.parse_args()
     rows: dict[str, list[dict]] = {"cold": [], "warm": []}
     print(f"load average at the start: {os.getloadavg()[0]:.1f}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
+        bytecode = work / "bytecode" if args.bytecode else None
+        if bytecode is not None:
+            run_job(work, "bytecode", work / "checkpoints-bytecode", args.blocks, args.width, bytecode)
         for i in range(args.runs):
             checkpoints = work / f"checkpoints-{i}"
-            rows["cold"].append(run_job(work, f"cold-{i}", checkpoints, args.blocks, args.width))
-            rows["warm"].append(run_job(work, f"warm-{i}", checkpoints, args.blocks, args.width))
+            rows["cold"].append(run_job(work, f"cold-{i}", checkpoints, args.blocks, args.width, bytecode))
+            rows["warm"].append(run_job(work, f"warm-{i}", checkpoints, args.blocks, args.width, bytecode))
             archive = checkpoints / "byoc-compile-cache" / "host-0.tar.gz"
             # What a loose-file cache in the checkpoint folder would be: one S3 object (one PUT
             # when written, one GET at the next start) per file, against one for the archive.
