@@ -29,7 +29,7 @@ from entrypoint.job.program import (
     decide_entry_point,
 )
 from entrypoint.decide.smenv import build_sm_env, build_user_args
-from entrypoint.hosts.job_port import JOB_PORTS_ENV, REPORT_KEY_ENV
+from entrypoint.hosts.job_port import JOB_KEY_ENV, JOB_KEY_OLD_ENV, JOB_PORTS_ENV
 from entrypoint.jobreport.spec import REPORT_DIR_ENV, ReportSpec, decide_report_spec, decide_tensorboard_dir
 
 if TYPE_CHECKING:  # decide/health.py is imported only when the job asks for the check
@@ -128,7 +128,7 @@ class LaunchPlan(NamedTuple):
 
 
 
-def build_report_key(job: JobConfig, hosts: tuple[str, ...]) -> str:
+def build_job_key(job: JobConfig, hosts: tuple[str, ...]) -> str:
     """The key the ranks sign their root-cause reports with, the same on every host with no
     message between them: derived from what every host of this job is given and nothing
     outside the job has — its name, hosts and hyperparameters — and BYOC_JOB_SECRET when the
@@ -543,5 +543,5 @@ def build_job_port_env(job: JobConfig, topo: topology.Topology, settings: Launch
     if len(hosts) > 1 and JOB_PORTS_ENV not in job.environ:
         env[JOB_PORTS_ENV] = ",".join(f"{h}:{settings.job_port}" for h in hosts)
     if JOB_PORTS_ENV in env or JOB_PORTS_ENV in job.environ:
-        env[REPORT_KEY_ENV] = build_report_key(job, hosts)
+        env[JOB_KEY_ENV] = env[JOB_KEY_OLD_ENV] = build_job_key(job, hosts)  # the old name for one release
     return env

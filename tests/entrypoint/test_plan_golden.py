@@ -32,7 +32,8 @@ def non_sm_env(plan):
     assert env.pop("BYOC_REPORT_DIR") == plan.report.rank_folder == plan.files.folder + "/report"
     # torch.compile's caches, in the host-local folder by default (test_compile_cache.py).
     assert (env.pop("TORCHINDUCTOR_CACHE_DIR"), env.pop("TRITON_CACHE_DIR")) == (LOCAL_FOLDER, LOCAL_FOLDER + "/triton")
-    key = env.pop("BYOC_JOB_REPORT_KEY", None)
+    key = env.pop("BYOC_JOB_PORT_KEY", None)
+    assert env.pop("BYOC_JOB_REPORT_KEY", None) == key  # its old name, for one release
     assert (key is not None) == ("BYOC_JOB_PORTS" in env)
     assert key is None or (len(key) == 64 and int(key, 16) >= 0)
     return env
