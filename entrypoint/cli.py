@@ -13,9 +13,9 @@ from entrypoint.job.config import JobConfig, build_json, find_missing_channel_di
 from entrypoint.decide.distribution import parse_distribution
 from entrypoint.decide.settings import parse_launch_settings
 from entrypoint.errors import EXIT_BAD_JOB, JobDefinitionError
-from entrypoint.report.failure import build_job_definition_report, redact, secret_values
+from entrypoint.outcome.failure import describe_bad_definition, redact, secret_values
 from entrypoint.log import log
-from entrypoint.report.outcome import Outcome, clear_previous_outcome, write_outcome
+from entrypoint.outcome.writer import Outcome, clear_previous_outcome, write_outcome
 from entrypoint.job.paths import MlPaths, build_paths
 from entrypoint.decide.plan import LaunchPlan, Runtime, decide
 from entrypoint.job.probe import MachineFacts, probe_machine
@@ -118,7 +118,7 @@ def render_plan(plan: LaunchPlan, environ: dict[str, str]) -> str:
 
 def build_bad_job(message: str, environ: dict[str, str]) -> Outcome:
     """A bad job definition: its whole paragraph goes to the log now and to output/failure."""
-    report = build_job_definition_report(message, environ)
+    report = describe_bad_definition(message, environ)
     log(report.strip())
     return Outcome(EXIT_BAD_JOB, report, logged=True)
 
@@ -203,7 +203,7 @@ def print_plan(environ: dict[str, str], paths: MlPaths) -> int:
     try:
         job, _facts, _runtime, plan = load_job_and_plan(environ, paths)
     except JobDefinitionError as exc:
-        log(build_job_definition_report(str(exc), environ).strip())
+        log(describe_bad_definition(str(exc), environ).strip())
         return EXIT_BAD_JOB
     for note in plan.notes:
         log(f"note: {note}")

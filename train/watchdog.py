@@ -16,7 +16,7 @@ ended for `timeout_s`, the watchdog thread
 
 Every rank runs its own watchdog, so each stuck rank's stack is in the log. They fire at about
 the same time (each rank's last step ended in the same collective), and the job's root cause is
-the earliest report (entrypoint/report/failure.py first_root_cause): so a rank that only waits in a
+the earliest report (entrypoint/outcome/failure.py first_root_cause): so a rank that only waits in a
 collective (an allreduce, a barrier, a broadcast or a wait in torch.distributed, mpi4py or
 Horovod) for a rank that has not joined it prints its stack at once but reports a moment later
 (decide_report_delay), and its message says what it waits in. The rank stuck in a call of its

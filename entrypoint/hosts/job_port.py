@@ -192,18 +192,18 @@ class SeenSignatures:
 
 class JobPort:
     """The host's port for its peers. A connection that sends nothing is a liveness probe.
-    A signed root cause from a rank on any host goes to on_report(record line); a worker
+    A signed root cause from a rank on any host goes to on_root_cause(record line); a worker
     host's outcome to on_host_done(host, exit_code); a host's figures to on_figures(host,
     figures JSON, the sender's address), its live figures to on_live (the same); anything else, and a replay, to
     on_refused(address, why), and is dropped."""
 
-    def __init__(self, port: int, on_report=None, report_key: str = "", on_refused=None, on_host_done=None,
+    def __init__(self, port: int, on_root_cause=None, report_key: str = "", on_refused=None, on_host_done=None,
                  on_figures=None, settings: LaunchSettings = DEFAULTS, on_live=None):
         import socket
 
         self._sock = socket.create_server(("", port))
         self._settings = settings
-        self._on_report = on_report
+        self._on_root_cause = on_root_cause
         self._on_host_done = on_host_done or (lambda host, exit_code: None)
         self._on_figures = on_figures or (lambda host, figures_json, sender: None)
         self._on_live = on_live or (lambda host, figures_json, sender: None)
@@ -221,7 +221,7 @@ class JobPort:
                 conn, address = self._sock.accept()
             except OSError:
                 continue  # closed by close(), or a transient error
-            if self._on_report is None:
+            if self._on_root_cause is None:
                 conn.close()
             else:
                 threading.Thread(target=self._read_report, args=(conn, address), daemon=True).start()
@@ -270,7 +270,7 @@ class JobPort:
             else:
                 self._on_live(*live, sender)
         else:
-            self._on_report(record)
+            self._on_root_cause(record)
 
     def close(self) -> None:
         import socket

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from entrypoint.run import processes
 
 from entrypoint.hosts import ssh
-from entrypoint.report.failure import build_job_outcome_report
+from entrypoint.outcome.failure import describe_job_outcome
 from entrypoint.log import log as log_line
 from entrypoint.jobreport.spec import HOST_FIGURES_FILE
 from entrypoint.decide.plan import LaunchPlan
@@ -239,7 +239,7 @@ def run_worker_host(plan: LaunchPlan, env: dict[str, str]) -> tuple[int, str | N
     if outcome.exit_code == 0:
         log_line(f"{plan.current_host}: the leader reports success")
         return 0, None
-    return outcome.exit_code, build_job_outcome_report(build_worker_failure_reason(plan, outcome), env)
+    return outcome.exit_code, describe_job_outcome(build_worker_failure_reason(plan, outcome), env)
 
 
 def build_worker_failure_reason(plan: LaunchPlan, outcome: WorkerOutcome) -> str:

@@ -22,8 +22,8 @@ from entrypoint.decide.plan import LaunchPlan
 from entrypoint.hosts import job_port
 from entrypoint.hosts.job_port import REPORT_KEY_ENV, HostOutcomes, JobPort, PeerWatch
 from entrypoint.log import log
-from entrypoint.report.failure import build_worker_host_failure_report, first_root_cause
-from entrypoint.report.outcome import SUCCESS, Outcome, load_failure_file
+from entrypoint.outcome.failure import describe_worker_host_failure, first_root_cause
+from entrypoint.outcome.writer import SUCCESS, Outcome, load_failure_file
 from entrypoint.run.roles import HostRole
 from entrypoint.run.supervise import RunResult, StopRequest, stop_signals_set
 
@@ -84,7 +84,7 @@ class MultiHostRole(HostRole):
             return outcome
         self.collector.tail.append(f"host(s) {', '.join(unresolved)} did not resolve within "
                                    f"{settings.host_resolution_timeout_s:g} s (BYOC_HOST_RESOLUTION_TIMEOUT_S)")
-        return Outcome(1, self.build_report("waiting for the other hosts' names to resolve", RunResult(1)))
+        return Outcome(1, self.describe_failure("waiting for the other hosts' names to resolve", RunResult(1)))
 
     def start_beside(self) -> Outcome | None:
         """What runs beside the processes; an Outcome when the launch cannot start."""
@@ -92,7 +92,7 @@ class MultiHostRole(HostRole):
 
     def start_problem(self, problem: str, stopped_by: str | None) -> Outcome:
         self.collector.tail.append(problem)
-        return Outcome(1, self.build_report(f"{self.what}: starting the workers", RunResult(1, stopped_by)))
+        return Outcome(1, self.describe_failure(f"{self.what}: starting the workers", RunResult(1, stopped_by)))
 
     def on_processes_started(self, supervisor) -> None:
         self.supervisor = supervisor
@@ -162,7 +162,7 @@ class MpiLeader(MultiHostRole):
         if not self.resolved:
             return  # nothing started here; the workers give up on a leader they never reach
         try:
-            report = (load_failure_file(self.paths) or outcome.report) if outcome.exit_code else None
+            report = (load_failure_file(self.paths) or outcome.reason) if outcome.exit_code else None
             self.mpi.tell_workers(self.plan, outcome.exit_code, report, log)
         finally:
             self.mpi.stop_leader(self.plan, self.sshd)
@@ -352,7 +352,7 @@ class JobPortLeader(JobPortRole):
         if failed is None:
             return outcome
         host, code = failed
-        return Outcome(code, build_worker_host_failure_report(
+        return Outcome(code, describe_worker_host_failure(
             what=self.what, host=host, exit_code=code, root_cause=first_root_cause(self.collector.root_causes),
             current_host=self.plan.current_host, environ=self.env))
 

@@ -36,7 +36,7 @@ REPORT_KEY_ENV = "BYOC_JOB_REPORT_KEY"
 JOB_PORTS_ENV = "BYOC_JOB_PORTS"  # where every host's job port is: host:port,host:port
 MESSAGE_LIMIT = 2000
 # Environment variables whose names hold one of these words carry secrets: their values are
-# masked in every report, in every form (entrypoint/report/failure.py uses the same rule).
+# masked in every report, in every form (entrypoint/outcome/failure.py uses the same rule).
 SECRET_NAME_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "SESSION")
 MIN_SECRET_CHARS = 6  # a shorter value (or form of one) is not masked: it would mask ordinary text
 MASK = "****"
@@ -99,7 +99,7 @@ def build_secret_pattern(values):
     """One regular expression that finds every form of every secret (build_secret_forms), also
     where the text breaks it over lines between any two of its characters (SECRET_LINE_BREAK),
     whatever its length; None when there is nothing to mask. The one masking mechanism: the
-    ranks' records here, the entrypoint's reports and output tail (entrypoint/report/failure.py).
+    ranks' records here, the entrypoint's reports and output tail (entrypoint/outcome/failure.py).
     It matches (empty) at every place a secret starts, the secret as group 1: overlapping
     occurrences are all found (find_secret_spans)."""
     forms = build_secret_forms(values) if values else []

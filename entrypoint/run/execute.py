@@ -17,8 +17,8 @@ from entrypoint.decide.restarts import RunEnding, build_restart_line, decide_res
 from entrypoint.decide.settings import decide_capacity_stop_at
 from entrypoint.job.paths import MlPaths
 from entrypoint.log import log
-from entrypoint.report.failure import describe_exit_code, describe_root_cause, first_root_cause, secret_values
-from entrypoint.report.outcome import SUCCESS, Outcome, build_job_failure_text, clear_previous_outcome
+from entrypoint.outcome.failure import describe_exit_code, describe_root_cause, first_root_cause, secret_values
+from entrypoint.outcome.writer import SUCCESS, Outcome, describe_job_failure, clear_previous_outcome
 from entrypoint.run import runtime_dirs
 from entrypoint.run.roles import HostRole, choose_role
 from entrypoint.run.supervise import OutputCollector, RunResult, StartupStopped, mark_training_started, run_processes
@@ -120,7 +120,7 @@ def run_install_steps(plan: LaunchPlan, env: dict[str, str], role: HostRole) -> 
         if run.launch_error:
             return Outcome(run.exit_code, f"{what}: {run.launch_error}")
         if run.exit_code != 0:
-            return Outcome(run.exit_code, role.build_report(what, run))
+            return Outcome(run.exit_code, role.describe_failure(what, run))
     return None
 
 
@@ -172,9 +172,9 @@ def build_run_outcome(role: HostRole, run: RunResult, earlier: list[str]) -> Out
         if run.exit_code == 0:
             log(f"{run.stop_reason.splitlines()[0]} The processes ended with exit code 0 after the stop.")
             return SUCCESS
-        return Outcome(run.exit_code, f"{run.stop_reason}\n\n{role.build_report(role.what, run)}")
+        return Outcome(run.exit_code, f"{run.stop_reason}\n\n{role.describe_failure(role.what, run)}")
     if run.launch_error:
         return Outcome(run.exit_code, f"{role.what}: {run.launch_error}")
     if run.exit_code != 0:
-        return Outcome(run.exit_code, build_job_failure_text(role.build_report(role.what, run), run.hang, earlier))
+        return Outcome(run.exit_code, describe_job_failure(role.describe_failure(role.what, run), run.hang, earlier))
     return SUCCESS

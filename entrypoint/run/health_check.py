@@ -19,8 +19,8 @@ from entrypoint.decide.plan import LaunchPlan
 from entrypoint.decide.settings import DEFAULTS, LaunchSettings
 from entrypoint.errors import EXIT_BAD_JOB
 from entrypoint.log import log
-from entrypoint.report.failure import secret_values
-from entrypoint.report.outcome import Outcome
+from entrypoint.outcome.failure import secret_values
+from entrypoint.outcome.writer import Outcome
 from entrypoint.run.supervise import OutputCollector, RunResult, run_processes
 
 

@@ -21,7 +21,7 @@ import time
 
 from entrypoint.decide.plan import LaunchPlan, Role
 from entrypoint.log import log
-from entrypoint.report.outcome import Outcome, build_run_report
+from entrypoint.outcome.writer import Outcome, describe_run_failure
 
 # Roles whose every process is started by this host's entrypoint, so a relaunch here is a
 # relaunch of the whole job (restarts.py); torchrun restarts its own ranks.
@@ -110,9 +110,9 @@ class HostRole:
     def close(self, outcome: Outcome) -> None:
         return None
 
-    def build_report(self, what: str, run=None) -> str:
+    def describe_failure(self, what: str, run=None) -> str:
         """The failure report of one step of this host's part (supervise.RunResult run)."""
-        return build_run_report(what, run.exit_code if run else 1, self.collector, self.plan.current_host, self.env,
+        return describe_run_failure(what, run.exit_code if run else 1, self.collector, self.plan.current_host, self.env,
                                 run, self.lost, self.peer_failed)
 
 

@@ -23,7 +23,7 @@ from typing import NamedTuple
 from entrypoint.run import processes
 from entrypoint.errors import EXIT_BAD_JOB
 from entrypoint.hosts.job_port import ROOT_CAUSE, parse_root_cause_line
-from entrypoint.report.failure import SecretLines
+from entrypoint.outcome.failure import SecretLines
 from entrypoint.log import log
 from entrypoint.decide.plan import ProcessSpec
 from entrypoint.decide.settings import DEFAULTS, LaunchSettings
@@ -208,7 +208,7 @@ class Supervisor:
                 start_new_session=True,
             )
         except (OSError, ValueError) as error:
-            from entrypoint.report.launch_errors import describe_launch_error  # only when a start fails
+            from entrypoint.outcome.launch_errors import describe_launch_error  # only when a start fails
 
             argv = list(spec.argv)
             raise LaunchError(describe_launch_error(argv, env, error, shebang=_names_its_interpreter(argv))) from None
@@ -274,7 +274,7 @@ class Supervisor:
     def check_for_hang(self) -> None:
         """No line from any child for hang_timeout_s: ask every rank for its stack;
         settings.stack_wait_s later, stop the job naming where the ranks were (hangs.py)."""
-        from entrypoint.report import hangs  # only jobs that set BYOC_HANG_TIMEOUT_S
+        from entrypoint.outcome import hangs  # only jobs that set BYOC_HANG_TIMEOUT_S
 
         now = time.monotonic()
         if self.hang_asked_at is None:
@@ -473,7 +473,7 @@ def run_processes(
     oom_after = load_oom_kill_count() if code else None  # only a failure needs telling apart
     oom_kills = oom_after - oom_before if oom_after is not None and oom_before is not None else None
     if supervisor.hang_reason is not None:
-        from entrypoint.report.hangs import HANG_EXIT_CODE
+        from entrypoint.outcome.hangs import HANG_EXIT_CODE
 
         code = HANG_EXIT_CODE
     return RunResult(code, supervisor.stopped_by, supervisor.stopped_at,

@@ -433,7 +433,7 @@ def test_a_program_the_kernel_will_not_start_is_one_clear_line_not_a_traceback(t
 def test_launch_error_descriptions_for_what_the_kernel_says():
     import errno
 
-    from entrypoint.report.launch_errors import describe_launch_error
+    from entrypoint.outcome.launch_errors import describe_launch_error
 
     argv, env = ["/opt/ml/code/train"], {"PATH": "/bin"}
     assert describe_launch_error(argv, env, PermissionError(errno.EACCES, "denied")) == (

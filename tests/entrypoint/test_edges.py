@@ -137,7 +137,7 @@ def test_any_text_comes_out_readable_and_printable_text_unchanged(text):
 def test_any_text_through_the_real_writers_arrives_readable(tmp_path_factory, text, exit_code):
     """output/failure (outcome.write_outcome), the log (log.log) and train/'s own failure file."""
     from entrypoint.log import log
-    from entrypoint.report.outcome import Outcome, write_outcome
+    from entrypoint.outcome.writer import Outcome, write_outcome
     from entrypoint.job.paths import build_paths
     from train.script import write_failure as train_write_failure
 
@@ -169,13 +169,13 @@ def test_any_text_through_the_real_writers_arrives_readable(tmp_path_factory, te
 def test_any_exception_text_through_the_job_port_arrives_readable(message):
     """A rank's report (record_errors' wire form) parsed by the leader and written as its report."""
     from entrypoint.hosts.job_port import parse_root_cause_line
-    from entrypoint.report.failure import build_failure_report
+    from entrypoint.outcome.failure import describe_failure
     from entrypoint.rank.record_errors import MARKER
 
     record = {"host": "algo-2", "rank": "1", "type": "ValueError", "message": message, "time": 1.0, "where": ""}
     cause = parse_root_cause_line(MARKER + json.dumps(record, ensure_ascii=True))
     assert cause is not None and cause.message == message
-    report = build_failure_report(what="torchrun on 2 hosts", exit_code=1, root_cause=cause, tail=[],
+    report = describe_failure(what="torchrun on 2 hosts", exit_code=1, root_cause=cause, tail=[],
                                   current_host="algo-1", environ={})
     assert_readable(build_readable_text(report).replace("\n", "").replace("\t", ""))
 
@@ -218,7 +218,7 @@ def test_a_lone_surrogate_in_a_hyperparameter_is_refused_naming_it(tmp_path, whe
 
 
 def test_a_name_that_is_not_utf8_is_not_called_a_lone_surrogate():
-    from entrypoint.report.launch_errors import describe_launch_error
+    from entrypoint.outcome.launch_errors import describe_launch_error
 
     error = UnicodeEncodeError("utf-8", "x\ud800", 1, 2, "surrogates not allowed")
     text = describe_launch_error(["python", "caf\udce9.py", "x\ud800"], {"A": "caf\udce9", "B": "\ud800"}, error)

@@ -170,10 +170,10 @@ def test_the_launcher_stops_a_multi_host_job_on_an_efa_type_without_efa(tmp_path
     facts = GPU8_EFA._replace(efa=False, efa_devices=0, efa_uverbs=0, libfabric=True, ofi_nccl_plugin=True)
     outcome = run_preflight(job, facts, plan_for(job, facts), MlPaths(str(tmp_path)))
     assert outcome is not None and outcome.exit_code == 2
-    assert "algo-1 (ml.p4d.24xlarge) shows none of its 4 EFA devices" in outcome.report
+    assert "algo-1 (ml.p4d.24xlarge) shows none of its 4 EFA devices" in outcome.reason
     healthy = facts._replace(efa=True, efa_devices=4, efa_uverbs=4, build_versions=VERSIONS)
     outcome = run_preflight(job, healthy, plan_for(job, healthy), MlPaths(str(tmp_path)))
-    assert outcome is None or "EFA device" not in outcome.report  # /dev/shm or ulimit -l here may fail
+    assert outcome is None or "EFA device" not in outcome.reason  # /dev/shm or ulimit -l here may fail
 
 
 def test_trainium_multi_host_without_efa_devices_in_the_container_stops(tmp_path):
@@ -181,4 +181,4 @@ def test_trainium_multi_host_without_efa_devices_in_the_container_stops(tmp_path
                    resource_extra={"current_instance_type": "ml.trn1.32xlarge"})
     facts = TRN1_EFA._replace(efa_devices=8, efa_uverbs=0, libfabric=True)
     outcome = run_preflight(job, facts, plan_for(job, facts), MlPaths(str(tmp_path)))
-    assert outcome is not None and "the container was given no /dev/infiniband/uverbs*" in outcome.report
+    assert outcome is not None and "the container was given no /dev/infiniband/uverbs*" in outcome.reason

@@ -17,7 +17,7 @@ from entrypoint.run import processes
 
 from entrypoint.hosts import ssh
 from entrypoint.hosts.job_port import RootCause
-from entrypoint.report.failure import build_failure_report
+from entrypoint.outcome.failure import describe_failure
 from support.jobs import make_job, plan_for
 from support.jobtree import PYTHON, REPO
 
@@ -178,14 +178,14 @@ CAUSE = RootCause(host="algo-2", rank="1", type="RuntimeError", message="boom", 
 
 
 def test_a_failure_before_the_stop_leads_a_stopped_hosts_report():
-    report = build_failure_report(what="torchrun on 2 host(s)", exit_code=143, root_cause=CAUSE, tail=[],
+    report = describe_failure(what="torchrun on 2 host(s)", exit_code=143, root_cause=CAUSE, tail=[],
                                   current_host="algo-1", environ={}, stopped_by="SIGTERM", stopped_at=1001.0)
     assert report.startswith("RuntimeError: boom\nFirst failure: rank 1 on host algo-2")
     assert "Then this host (algo-1) was stopped by SIGTERM." in report.split("\n\n")[0]
 
 
 def test_a_failure_after_the_stop_does_not_lead():
-    report = build_failure_report(what="torchrun on 2 host(s)", exit_code=143, root_cause=CAUSE, tail=[],
+    report = describe_failure(what="torchrun on 2 host(s)", exit_code=143, root_cause=CAUSE, tail=[],
                                   current_host="algo-1", environ={}, stopped_by="SIGTERM", stopped_at=999.0)
     assert report.startswith("Training was stopped by SIGTERM. RuntimeError: boom")
 
@@ -394,7 +394,7 @@ def _has_signal_handler(pid: int, sig: int) -> bool:
 # --- 137: out-of-memory only when the kernel says so -------------------------------------------
 
 def test_137_is_called_out_of_memory_only_when_the_cgroup_counted_an_oom_kill():
-    from entrypoint.report.failure import describe_exit_code
+    from entrypoint.outcome.failure import describe_exit_code
 
     assert "by the kernel's out-of-memory killer (2 OOM kill(s)" in describe_exit_code(137, oom_kills=2)
     assert "not by the out-of-memory killer on this host" in describe_exit_code(137, oom_kills=0)

@@ -1,4 +1,4 @@
-"""Hang detection for any program (entrypoint/report/hangs.py, BYOC_HANG_TIMEOUT_S): silence on every
+"""Hang detection for any program (entrypoint/outcome/hangs.py, BYOC_HANG_TIMEOUT_S): silence on every
 rank for that long gets every rank's Python stack into the log and fails the job with 124,
 naming where each rank was. Real processes: a single script, and 2 ranks under mpirun."""
 
@@ -17,7 +17,7 @@ from support.jobtree import failure_text, run_entrypoint, write_tree  # noqa: E4
 
 from entrypoint.decide.settings import parse_launch_settings  # noqa: E402
 from entrypoint.errors import JobDefinitionError  # noqa: E402
-from entrypoint.report.hangs import HANG_EXIT_CODE, Where, build_hang_reason, parse_stack_dumps  # noqa: E402
+from entrypoint.outcome.hangs import HANG_EXIT_CODE, Where, build_hang_reason, parse_stack_dumps  # noqa: E402
 
 TAGGED = """\
 [1,1]<stderr>:Thread 0x00007f0000000001 (most recent call first):

@@ -25,7 +25,7 @@ KEY = "ab" * 32
 def test_failing_rank_reports_to_the_leaders_job_port(tmp_path):
     port = free_port()
     lines = []
-    job_port = JobPort(port, on_report=lines.append, report_key=KEY)
+    job_port = JobPort(port, on_root_cause=lines.append, report_key=KEY)
     try:
         assert can_connect("127.0.0.1", port)  # a liveness probe: no report
         script = tmp_path / "rank.py"
@@ -83,7 +83,7 @@ def test_the_job_port_takes_reports_only_from_this_jobs_ranks(tmp_path):
 
     port = free_port()
     heard, refused = [], []
-    job_port = JobPort(port, on_report=heard.append, report_key=KEY, on_refused=lambda a, why: refused.append(why))
+    job_port = JobPort(port, on_root_cause=heard.append, report_key=KEY, on_refused=lambda a, why: refused.append(why))
     try:
         def record(message: str, made: float) -> str:
             return MARKER + json.dumps({"host": "algo-9", "rank": "0", "type": "Forged", "message": message, "time": made})
@@ -142,7 +142,7 @@ def test_a_signed_report_sent_again_during_the_run_is_taken_once():
 
     port = free_port()
     heard, refused = [], []
-    job_port = JobPort(port, on_report=heard.append, report_key=KEY,
+    job_port = JobPort(port, on_root_cause=heard.append, report_key=KEY,
                        on_refused=lambda address, why: refused.append((address, why)))
     try:
         record = MARKER + json.dumps({"host": "algo-2", "rank": "1", "type": "KeyError", "message": "'shard 7'",
@@ -190,7 +190,7 @@ def test_a_worker_hosts_outcome_reaches_the_leader_signed_and_once():
     from entrypoint.hosts.job_port import send_host_done
 
     port, done, refused = free_port(), [], []
-    job_port = JobPort(port, on_report=lambda line: None, report_key=KEY, on_host_done=lambda h, c: done.append((h, c)),
+    job_port = JobPort(port, on_root_cause=lambda line: None, report_key=KEY, on_host_done=lambda h, c: done.append((h, c)),
                        on_refused=lambda address, why: refused.append(why))
     try:
         assert send_host_done("127.0.0.1", port, KEY, "algo-2", 3)

@@ -141,7 +141,7 @@ def wait_for(seen, count=1):
 
 def test_signed_figures_reach_the_leader_and_hostile_ones_are_refused():
     port, figures, refused = free_port(), [], []
-    job_port = JobPort(port, on_report=lambda line: None, report_key=KEY, on_figures=lambda h, t, s: figures.append((h, t)),
+    job_port = JobPort(port, on_root_cause=lambda line: None, report_key=KEY, on_figures=lambda h, t, s: figures.append((h, t)),
                        on_refused=lambda a, why: refused.append(why))
     try:
         assert send_host_figures("127.0.0.1", port, KEY, "algo-2", '{"host": "algo-2"}', within_s=5)

@@ -276,7 +276,7 @@ def test_a_workers_live_figures_reach_the_leaders_port_signed_and_a_replay_does_
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     key, got, refused, arrived = "ab" * 32, [], [], threading.Event()
-    listener = job_port.JobPort(port, on_report=lambda line: None, report_key=key,
+    listener = job_port.JobPort(port, on_root_cause=lambda line: None, report_key=key,
                                 on_refused=lambda address, why: refused.append(why),
                                 on_live=lambda host, text, sender: (got.append((host, text, sender)), arrived.set()))
     try:

@@ -302,14 +302,14 @@ def test_hostname_shim_preloaded_when_the_container_name_differs():
 
 
 def test_failure_report_names_a_lost_mpi_host():
-    from entrypoint.report.failure import build_failure_report
+    from entrypoint.outcome.failure import describe_failure
 
     tail = [
         "ORTE has lost communication with a remote daemon.",
         "  HNP daemon   : [[4242,0],0] on node algo-1",
         "  Remote daemon: [[4242,0],1] on node algo-2",
     ]
-    report = build_failure_report(what="mpirun on 2 host(s)", exit_code=1, root_cause=None, tail=tail,
+    report = describe_failure(what="mpirun on 2 host(s)", exit_code=1, root_cause=None, tail=tail,
                                   current_host="algo-1", environ={})
     assert report.startswith("Host algo-2 stopped responding")
 

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from entrypoint.run.supervise import TAIL_LINE_CHARS, TAIL_LINES, OutputCollector, _pump
-from entrypoint.report.failure import build_failure_report, redact, secret_values
+from entrypoint.outcome.failure import describe_failure, redact, secret_values
 from entrypoint.rank.record_errors import MESSAGE_LIMIT, MIN_SECRET_CHARS, load_root_cause, mask_secrets
 from support.jobtree import PYTHON, entrypoint_env, failure_text, write_tree
 
@@ -97,7 +97,7 @@ INDENT = st.text(alphabet=" \t", max_size=40)
 
 
 def _report(collector: OutputCollector, environ: dict[str, str]) -> str:
-    return build_failure_report(what="python train.py", exit_code=1, root_cause=None, tail=list(collector.tail),
+    return describe_failure(what="python train.py", exit_code=1, root_cause=None, tail=list(collector.tail),
                                 current_host="algo-1", environ=environ)  # fmt: skip
 
 

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from entrypoint.hosts.job_port import parse_root_cause_line
-from entrypoint.report.failure import build_failure_report, describe_exit_code, guess_signal_death
+from entrypoint.outcome.failure import describe_failure, describe_exit_code, guess_signal_death
 from entrypoint.rank.launch_torchrun import report_signal_death
 from entrypoint.rank.record_errors import MARKER, build_signal_root_cause, describe_signal
 
@@ -57,7 +57,7 @@ def test_an_unknown_signal_is_named_by_its_number():
 
 def test_the_report_leads_with_the_signal_death_rank_and_host():
     line = MARKER + json.dumps(build_signal_root_cause("0", "0", "algo-1", 6, 100.0))
-    report = build_failure_report(what="torchrun on 2 host(s)", exit_code=1, root_cause=parse_root_cause_line(line),
+    report = describe_failure(what="torchrun on 2 host(s)", exit_code=1, root_cause=parse_root_cause_line(line),
                                   tail=["rank aborting"], current_host="algo-2", environ={}, stopped_by="SIGTERM",
                                   stopped_at=101.0)
     head = report[:1024]
@@ -75,7 +75,7 @@ MPIRUN_NOTICE = [
 def test_mpiruns_notice_of_a_signal_death_leads_the_report():
     assert guess_signal_death(MPIRUN_NOTICE) == ("rank 1 on algo-2 was killed by SIGABRT (signal 6): the process "
                                                  "aborted, often a C++ assertion or `terminate` in a library")
-    report = build_failure_report(what="mpirun on 2 host(s)", exit_code=134, root_cause=None, tail=MPIRUN_NOTICE,
+    report = describe_failure(what="mpirun on 2 host(s)", exit_code=134, root_cause=None, tail=MPIRUN_NOTICE,
                                   current_host="algo-1", environ={})
     assert report.startswith("rank 1 on algo-2 was killed by SIGABRT (signal 6): ")
     assert "mpirun on 2 host(s) failed on host algo-1 with exit code 134: killed by SIGABRT (signal 6)" in report

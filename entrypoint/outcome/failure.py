@@ -176,7 +176,7 @@ class SecretLines:
         return build_masked(text, spans[-1]), changed
 
 
-def build_failure_report(
+def describe_failure(
     *,
     what: str,
     exit_code: int,
@@ -228,7 +228,7 @@ def build_failure_report(
     return redact("\n".join(lines).rstrip() + "\n", secret_values(environ))
 
 
-def build_worker_host_failure_report(*, what: str, host: str, exit_code: int, root_cause: RootCause | None,
+def describe_worker_host_failure(*, what: str, host: str, exit_code: int, root_cause: RootCause | None,
                                      current_host: str, environ: Mapping[str, str]) -> str:
     """The leader's report when its own part succeeded and a worker host's failed: the job
     failed there. The leader's output is not that host's, so none is quoted here."""
@@ -253,9 +253,9 @@ def decide_root_cause_leads(root_cause: RootCause | None, stopped_at: float | No
     return root_cause is not None and stopped_at is not None and root_cause.time <= stopped_at
 
 
-def build_job_outcome_report(reason: str, environ: Mapping[str, str]) -> str:
+def describe_job_outcome(reason: str, environ: Mapping[str, str]) -> str:
     return redact(reason.rstrip() + "\n", secret_values(environ))
 
 
-def build_job_definition_report(message: str, environ: Mapping[str, str]) -> str:
+def describe_bad_definition(message: str, environ: Mapping[str, str]) -> str:
     return redact(f"The training job definition is invalid: {message}\n", secret_values(environ))

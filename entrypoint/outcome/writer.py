@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from typing import NamedTuple
 
-from entrypoint.report.failure import build_failure_report, first_root_cause
+from entrypoint.outcome.failure import describe_failure, first_root_cause
 from entrypoint.log import log
 from entrypoint.job.paths import MlPaths, open_regular
 from entrypoint.rank.record_errors import build_readable_text
@@ -33,7 +33,7 @@ class Outcome(NamedTuple):
     becomes one of these, and cli.main hands it to write_outcome, the one writer of output/."""
 
     exit_code: int
-    report: str | None = None  # the reason output/failure gives (None: success, or nothing to say)
+    reason: str | None = None  # the reason output/failure gives (None: success, or nothing to say)
     logged: bool = False  # the whole reason is in the log already (write_outcome adds no FAILED line)
 
 
@@ -47,9 +47,9 @@ def write_outcome(paths: MlPaths, outcome: Outcome) -> None:
     written readable (record_errors.build_readable_text): any text a rank raised, a file name
     that is not UTF-8 or a terminal escape included, arrives, never an encoding error instead."""
     exit_code = outcome.exit_code
-    report = build_readable_text(outcome.report) if outcome.report else outcome.report
-    if exit_code != 0 and report and not outcome.logged:
-        log(f"FAILED: {report.splitlines()[0]}")
+    reason = build_readable_text(outcome.reason) if outcome.reason else outcome.reason
+    if exit_code != 0 and reason and not outcome.logged:
+        log(f"FAILED: {reason.splitlines()[0]}")
     try:
         os.makedirs(paths.output_dir, exist_ok=True)
         if exit_code == 0:
@@ -60,11 +60,11 @@ def write_outcome(paths: MlPaths, outcome: Outcome) -> None:
             log("the script wrote its own output/failure; leaving it as it is")
             return
         with open_regular(paths.failure_file, write=True) as f:
-            f.write(report or "")
+            f.write(reason or "")
     except OSError as exc:
         what = paths.success_file if exit_code == 0 else paths.failure_file
         log(f"cannot write {what}: {exc.strerror or exc}; the job's exit code is {exit_code}"
-            + (f"; its reason: {report.strip()}" if report else ""))
+            + (f"; its reason: {reason.strip()}" if reason else ""))
 
 
 def load_failure_file(paths: MlPaths) -> str | None:
@@ -75,12 +75,12 @@ def load_failure_file(paths: MlPaths) -> str | None:
         return None
 
 
-def build_run_report(what: str, exit_code: int, collector, current_host: str, environ: dict[str, str],
+def describe_run_failure(what: str, exit_code: int, collector, current_host: str, environ: dict[str, str],
                      run=None, lost: str | None = None, peer_failed: str | None = None) -> str:
     """The failure report of one step (an install, the training run, the start of the workers)
     from what its processes printed (collector: supervise.OutputCollector) and how it ended
     (run: supervise.RunResult, None when nothing ran)."""
-    return build_failure_report(
+    return describe_failure(
         what=what,
         exit_code=exit_code,
         root_cause=first_root_cause(collector.root_causes),
@@ -97,7 +97,7 @@ def build_run_report(what: str, exit_code: int, collector, current_host: str, en
     )
 
 
-def build_job_failure_text(report: str, hang: str | None, earlier: list[str]) -> str:
+def describe_job_failure(report: str, hang: str | None, earlier: list[str]) -> str:
     """The training run's report, led by why it was stopped as hung (hangs.py) and followed by
     the failures that were restarted before it (restarts.py)."""
     text = f"{hang}\n\n{report}" if hang else report
