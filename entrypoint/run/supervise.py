@@ -190,6 +190,7 @@ class Supervisor:
         self.children: list[tuple[ProcessSpec, subprocess.Popen]] = []
         self.rank_envs: dict[int, dict[str, str]] = {}  # pid -> environment, of the ranks we start
         self.pumps: list[threading.Thread] = []
+        self.followers: list = []  # rank_output.RankOutputFollower: the ranks' files mpirun has written here
         self.stopped_by: str | None = None
         self.stopped_at: float | None = None  # time.time() of the stop request
         self.kill_at: float | None = None
@@ -197,6 +198,12 @@ class Supervisor:
         self.first_failure_signaled: bool | None = None  # RunResult.signaled
 
     def start(self, spec: ProcessSpec, env: dict[str, str], cwd: str) -> None:
+        if spec.rank_output:
+            from entrypoint.run import rank_output  # only mpirun writes the ranks' files
+
+            settings = self.settings
+            self.followers.append(rank_output.start_following(spec.rank_output, self.collector, settings.quiet_line_s,
+                                                              settings.wait_poll_s))
         try:
             proc = subprocess.Popen(
                 list(spec.argv),
@@ -362,6 +369,8 @@ class Supervisor:
         processes.reap_orphans(set())
         for t in self.pumps:
             t.join(timeout=self.settings.thread_join_s)
+        for follower in self.followers:  # every line the ranks wrote, before the outcome is decided
+            follower.stop(self.settings.thread_join_s)
         return first_failure or 0
 
 
