@@ -10,11 +10,15 @@ the rank's text stays its text. Each line goes out once whole, as `[1,N]<stdout>
 mpirun wrote, so every reader of tagged lines (outcome/hangs.py, the live view, people) reads it
 as before. A piece still waiting for its line's end is written as a line of its own when its
 file is quiet for quiet_s, when it passes MAX_PENDING_BYTES, and at the end; stop() reads every
-file to its end first: nothing a rank wrote is held back long or lost.
+file to its end first: nothing a rank wrote is held back long or lost. What has been read is
+given back to the file system (a hole punched where it was: the daemon writes on at its own
+offset), so the files hold only what is not yet read, not a long job's whole log.
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
 import re
 import shutil
@@ -25,7 +29,9 @@ import time
 
 MAX_PENDING_BYTES = 65536  # as run/tagged_lines.py: a line with no end (a progress bar's \r)
 READ_BYTES = 1 << 20  # per file and round: one busy rank cannot hold back the others for long
+RELEASE_BYTES = 1 << 20  # read this much more, then give it back to the file system
 _RANK_FILE = re.compile(r"(\d+)/rank\.(\d+)/(stdout|stderr|stddiag)")
+_PUNCH_HOLE = 0x01 | 0x02  # FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE (linux/falloc.h)
 
 
 def parse_rank_file(relative: str) -> tuple[bytes, str] | None:
@@ -52,6 +58,7 @@ class _RankFile:
     def __init__(self, fd: int, tag: bytes, sink, stream) -> None:
         self.fd, self.tag, self.sink, self.stream = fd, tag, sink, stream
         self.offset = 0
+        self.released = 0  # the start of the file given back to the file system
         self.pending = b""
         self.last_data = time.monotonic()
 
@@ -109,7 +116,8 @@ class RankOutputFollower:
         if parsed is None:
             return None
         try:
-            fd = os.open(os.path.join(self.folder, relative), os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+            # Read and write: a hole can only be punched through a descriptor open for writing.
+            fd = os.open(os.path.join(self.folder, relative), os.O_RDWR | os.O_NONBLOCK | os.O_NOFOLLOW)
         except OSError:
             return None
         if not stat.S_ISREG(os.fstat(fd).st_mode):
@@ -130,6 +138,9 @@ class RankOutputFollower:
         if state.pending and (final or now - state.last_data >= self.quiet_s):
             lines, state.pending = [state.pending], b""
             self._write(state, lines)
+        if state.offset - state.released >= RELEASE_BYTES:
+            release_read_part(state.fd, state.offset)
+            state.released = state.offset
 
     def _write(self, state: _RankFile, lines: list[bytes]) -> None:
         if not lines:
@@ -142,6 +153,23 @@ class RankOutputFollower:
             pass  # our own stdout is gone: the lines still reach the collector
         for line in tagged:
             self.on_line(line, state.stream)
+
+
+@functools.cache
+def _load_fallocate():
+    try:
+        fallocate = ctypes.CDLL(None, use_errno=True).fallocate64
+    except (OSError, AttributeError):
+        return None
+    fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
+    return fallocate
+
+
+def release_read_part(fd: int, length: int) -> bool:
+    """Punch a hole over the file's first length bytes (its size stays); False where the file
+    system cannot (the file then keeps them until the job's folder is removed)."""
+    fallocate = _load_fallocate()
+    return fallocate is not None and fallocate(fd, _PUNCH_HOLE, 0, length) == 0
 
 
 def _list(folder: str) -> list[str]:

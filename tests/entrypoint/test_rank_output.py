@@ -109,3 +109,21 @@ def test_starting_empties_what_an_earlier_run_left(tmp_path):
     follower = rank_output.start_following(folder, OutputCollector(), 0.2, 0.01)
     follower.stop(30)
     assert not os.path.exists(os.path.join(folder, "1"))
+
+
+def test_what_was_read_is_given_back_to_the_file_system_while_the_daemon_writes_on(tmp_path):
+    """A long job's log does not pile up in the runtime folder: the part read becomes a hole,
+    and a writer at its own offset (the daemon: O_TRUNC, not O_APPEND) goes on after it."""
+    folder, _, sinks, follower = follow(tmp_path)
+    path = os.path.join(folder, "1", "rank.0", "stdout")
+    os.makedirs(os.path.dirname(path))
+    line = b"y" * 1023 + b"\n"
+    with open(path, "wb", buffering=0) as daemon:
+        daemon.write(line * 4096)  # 4 MiB
+        wait_until(lambda: len(sinks["stdout"].data) == 4096 * (len(line) + len(b"[1,0]<stdout>:")))
+        wait_until(lambda: os.stat(path).st_blocks * 512 < 1 << 20)
+        daemon.write(b"after the hole\n")
+    follower.stop(30)
+    assert os.path.getsize(path) == 4096 * len(line) + len(b"after the hole\n")
+    assert sinks["stdout"].data.endswith(b"[1,0]<stdout>:after the hole\n")
+    assert sinks["stdout"].data.count(b"[1,0]<stdout>:" + line) == 4096
