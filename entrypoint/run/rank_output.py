@@ -179,8 +179,13 @@ def _list(folder: str) -> list[str]:
         return []
 
 
-def start_following(folder: str, collector, quiet_s: float, poll_s: float) -> RankOutputFollower:
-    """Empty folder (files an earlier run of mpirun left: a restart's would empty them while
-    they are followed), then follow what this run's ranks write there."""
+def clear(folder: str) -> None:
+    """Before mpirun starts: the files an earlier run left (a restart's mpirun would empty them
+    while they are followed, and a new follower would print them again)."""
     shutil.rmtree(folder, ignore_errors=True)
+
+
+def start_following(folder: str, collector, quiet_s: float, poll_s: float) -> RankOutputFollower:
+    """Follow what this run's ranks write in folder (from each file's start: nothing is missed
+    however late this starts)."""
     return RankOutputFollower(folder, collector.add_line, collector.open_stream, quiet_s, poll_s).start()

@@ -201,9 +201,7 @@ class Supervisor:
         if spec.rank_output:
             from entrypoint.run import rank_output  # only mpirun writes the ranks' files
 
-            settings = self.settings
-            self.followers.append(rank_output.start_following(spec.rank_output, self.collector, settings.quiet_line_s,
-                                                              settings.wait_poll_s))
+            rank_output.clear(spec.rank_output)
         try:
             proc = subprocess.Popen(
                 list(spec.argv),
@@ -220,6 +218,9 @@ class Supervisor:
             argv = list(spec.argv)
             raise LaunchError(describe_launch_error(argv, env, error, shebang=_names_its_interpreter(argv))) from None
         self.children.append((spec, proc))
+        if spec.rank_output:
+            self.followers.append(rank_output.start_following(spec.rank_output, self.collector,
+                                                              self.settings.quiet_line_s, self.settings.wait_poll_s))
         if "RANK" in dict(spec.env):  # a rank we start ourselves: its signal death is ours to report
             self.rank_envs[proc.pid] = env
         for pipe, sink in ((proc.stdout, sys.stdout.buffer), (proc.stderr, sys.stderr.buffer)):

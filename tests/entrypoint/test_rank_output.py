@@ -103,12 +103,12 @@ def test_a_fifo_or_a_link_where_a_rank_file_goes_blocks_nothing_and_is_not_read(
     assert (sinks["stdout"].data, sinks["stderr"].data) == (b"[1,1]<stdout>:read\n", b"")
 
 
-def test_starting_empties_what_an_earlier_run_left(tmp_path):
+def test_clearing_before_a_run_removes_what_an_earlier_run_left(tmp_path):
     folder = str(tmp_path / "rank-output")
     write(folder, "1/rank.0/stdout", b"from the run before\n")
-    follower = rank_output.start_following(folder, OutputCollector(), 0.2, 0.01)
-    follower.stop(30)
-    assert not os.path.exists(os.path.join(folder, "1"))
+    rank_output.clear(folder)
+    rank_output.clear(folder)  # nothing there: no error
+    assert not os.path.exists(folder)
 
 
 def test_what_was_read_is_given_back_to_the_file_system_while_the_daemon_writes_on(tmp_path):
