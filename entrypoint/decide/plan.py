@@ -197,7 +197,8 @@ def build_launcher_env(job: JobConfig, facts: MachineFacts, topo: topology.Topol
 
 # Options that change what Open MPI writes of the ranks' output: a user who sets one keeps
 # --tag-output's forwarding (the files would hold their tags or timestamps).
-_OUTPUT_OPTIONS = frozenset({"output-filename", "tag-output", "timestamp-output", "xml", "merge-stderr-to-stdout"})
+_OUTPUT_OPTIONS = frozenset({"output-filename", "tag-output", "timestamp-output", "xml", "merge-stderr-to-stdout",
+                             "orte_output_filename", "orte_tag_output", "orte_timestamp_output", "orte_xml_output"})
 
 
 def decide_rank_output(topo: topology.Topology, custom_options: tuple[str, ...], runtime: Runtime) -> str:
@@ -208,6 +209,7 @@ def decide_rank_output(topo: topology.Topology, custom_options: tuple[str, ...],
     files are on that worker, and the leader reads their root causes and stacks through mpirun
     (docs/reliability.md, "Not yet")."""
     named = {token.lstrip("-").split("=")[0] for token in custom_options if token.startswith("-")}
+    named |= {value for option, value in zip(custom_options, custom_options[1:]) if option in ("-mca", "--mca")}
     if len(topo.distribution_hosts) > 1 or named & _OUTPUT_OPTIONS:
         return ""
     return runtime.files.rank_output

@@ -180,7 +180,8 @@ def test_mpirun_leader_two_hosts_golden():
     ("", True), ("-x NCCL_DEBUG=INFO", True),
     # A user's own output option keeps --tag-output (its files would hold their tags or times).
     ("--output-filename /opt/ml/output/data/logs", False), ("-tag-output", False), ("--timestamp-output", False),
-    ("--xml", False), ("--merge-stderr-to-stdout", False),
+    ("--xml", False), ("--merge-stderr-to-stdout", False), ("-mca orte_tag_output 1", False),
+    ("--mca orte_output_filename /tmp/logs", False), ("-mca btl_tcp_if_exclude lo", True),
 ])
 def test_mpirun_on_one_host_writes_each_ranks_output_to_a_file_the_entrypoint_follows(custom, files):
     """Issue 33, case 6: one host's daemon writes each rank's streams to files of their own

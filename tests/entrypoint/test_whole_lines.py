@@ -2,8 +2,9 @@
 
 Two causes, both tested here with real processes: print() under PYTHONUNBUFFERED=1 writes its
 text and its newline as two writes (the rank wrapper now writes whole lines), and mpirun's
-daemons tag whatever each read of a rank's pipe returns, cut anywhere (the entrypoint rejoins
-mpirun's tagged pieces: entrypoint/run/tagged_lines.py).
+daemons tag whatever each read of a rank's pipe returns, cut anywhere (across hosts the
+entrypoint rejoins mpirun's tagged pieces: entrypoint/run/tagged_lines.py; on one host it reads
+each rank's own file: entrypoint/run/rank_output.py).
 """
 
 import os
