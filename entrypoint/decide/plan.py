@@ -255,7 +255,7 @@ def build_mpirun_argv(
         # SIGKILL), first on the leader and then on every worker: tying it to the 90 s grace
         # period made a failed rank take 6 minutes to end the job. The grace period is for
         # stop requests, which every host's entrypoint forwards to its own ranks directly
-        # (ProcessSpec.signal_ranks, mpi_hosts.forward_stop_to_ranks). Open MPI's default, 1.
+        # (ProcessSpec.signal_ranks, roles/mpi.forward_stop_to_ranks). Open MPI's default, 1.
         "-mca", "odls_base_sigkill_timeout", str(DEFAULTS.mpi_teardown_signal_gap_s),
     ]
     for name in forwarded:
@@ -549,7 +549,7 @@ def decide_mpi_plan(shared: _Shared, dist: Distribution, facts: MachineFacts, la
         np_ = dist.num_processes
     if len(topo.distribution_hosts) > 1 and runtime.files.key_note:
         shared.notes.append(runtime.files.key_note)
-    # Each host's ranks take that host's own SM_* values (entrypoint/hosts/mpi.py).
+    # Each host's ranks take that host's own SM_* values (entrypoint/roles/mpi.py).
     launcher_env["BYOC_HOST_ENV_FILE"] = runtime.files.host_env
     if not topo.is_leader:
         return build_plan(shared, Role.MPI_WORKER, (), launcher_env)

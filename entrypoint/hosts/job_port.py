@@ -44,7 +44,7 @@ from collections import deque
 from typing import NamedTuple
 
 from entrypoint.decide.settings import DEFAULTS, LaunchSettings
-from entrypoint.hosts.ssh import can_connect
+from entrypoint.hosts.net import can_connect
 
 ROOT_CAUSE = "BYOC-ROOT-CAUSE "
 HOST_DONE = "BYOC-HOST-DONE "

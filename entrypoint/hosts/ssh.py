@@ -151,7 +151,7 @@ def filesystem_of(path: str, mounts: list[tuple[str, str]]) -> str | None:
 
 def decide_host_env_file(ssh_folder: str, key_folder: str) -> str:
     """Where a host keeps its environment for the ranks mpirun starts on it
-    (mpi_hosts.build_host_env). It may hold the job's credentials, so it lives in the same
+    (roles/mpi.build_host_env). It may hold the job's credentials, so it lives in the same
     storage as the private key and goes with it; and its path must be the same on every host
     (the leader's mpirun tells each rank where to read it), so not inside the key's folder,
     whose name is random: beside it."""
@@ -262,23 +262,3 @@ def scan_host_key(host: str, port: int, timeout_s: int = 3) -> str | None:
     except subprocess.TimeoutExpired:
         return None
     return parse_keyscan(done.stdout)
-
-
-def resolve_addresses(host: str) -> list[str]:
-    try:
-        import socket  # multi-host paths only
-
-        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
-    except OSError:
-        return []
-    return sorted({info[4][0] for info in infos})
-
-
-def can_connect(host: str, port: int, timeout_s: float = 2.0) -> bool:
-    try:
-        import socket  # multi-host paths only
-
-        with socket.create_connection((host, port), timeout=timeout_s):
-            return True
-    except OSError:
-        return False

@@ -1,6 +1,6 @@
-"""This host's part of the job report, owned by its role (run/roles.py): started when the
+"""This host's part of the job report, owned by its role (roles/): started when the
 plan is decided, marked at each phase, ended when the host's part ends. The leader (or the one
-host) writes the report; a worker hands its figures to the leader (hosts/roles.py).
+host) writes the report; a worker hands its figures to the leader (roles/).
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ class HostReport:
         return self.build_figures(max_bytes)
 
     def write_figures_file(self, max_bytes: int) -> None:
-        """An MPI worker's figures so far, for the leader to read over SSH (hosts/mpi.py):
+        """An MPI worker's figures so far, for the leader to read over SSH (roles/mpi.py):
         written whole (a rename), in its job folder's report/."""
         _, text = self.build_figures(max_bytes)
         tmp = os.path.join(self.spec.rank_folder, f".{HOST_FIGURES_FILE}.tmp")

@@ -1,5 +1,5 @@
 """This host's side of the job report: a sampler thread at BYOC_REPORT_INTERVAL_S (1 s by
-default) and the launch's phases. A role owns one (run/roles.py) from the moment the plan is
+default) and the launch's phases. A role owns one (roles/) from the moment the plan is
 decided to the end of its part; what it gathered becomes the host's figures (figures.py).
 
 The sampler's own CPU is measured (its thread's CPU time and the streaming tools'), and goes

@@ -10,10 +10,10 @@ to length (SecretLines: together with the lines before it in its stream).
 from __future__ import annotations
 
 import functools
-import json
 import re
-from typing import Iterable, Mapping, NamedTuple
+from typing import Iterable, Mapping
 
+from entrypoint.decide.restarts import build_earlier_failures_note
 from entrypoint.hosts.job_port import ROOT_CAUSE, RootCause
 from entrypoint.rank.record_errors import (build_masked, build_secret_forms, build_secret_pattern,
                                            build_secret_values, describe_signal, find_secret_spans)
@@ -259,3 +259,34 @@ def describe_job_outcome(reason: str, environ: Mapping[str, str]) -> str:
 
 def describe_bad_definition(message: str, environ: Mapping[str, str]) -> str:
     return redact(f"The training job definition is invalid: {message}\n", secret_values(environ))
+
+
+def describe_run_failure(what: str, exit_code: int, collector, current_host: str, environ: dict[str, str],
+                     run=None, lost: str | None = None, peer_failed: str | None = None) -> str:
+    """The failure report of one step (an install, the training run, the start of the workers)
+    from what its processes printed (collector: supervise.OutputCollector) and how it ended
+    (run: supervise.RunResult, None when nothing ran)."""
+    return describe_failure(
+        what=what,
+        exit_code=exit_code,
+        root_cause=first_root_cause(collector.root_causes),
+        tail=list(collector.tail),
+        current_host=current_host,
+        environ=environ,
+        stopped_by=run.stopped_by if run else None,
+        stopped_at=run.stopped_at if run else None,
+        lost=lost,
+        peer_failed=peer_failed,
+        oom_kills=run.oom_kills if run else None,
+        killed_by_us=run.killed_at_deadline if run else False,
+        signaled=run.signaled if run else None,
+    )
+
+
+def describe_job_failure(report: str, hang: str | None, earlier: list[str]) -> str:
+    """The training run's report, led by why it was stopped as hung (hangs.py) and followed by
+    the failures that were restarted before it (restarts.py)."""
+    text = f"{hang}\n\n{report}" if hang else report
+    if earlier:
+        text = f"{text.rstrip()}\n\n{build_earlier_failures_note(earlier)}\n"
+    return text

@@ -7,11 +7,9 @@ from __future__ import annotations
 import os
 from typing import NamedTuple
 
-from entrypoint.outcome.failure import describe_failure, first_root_cause
 from entrypoint.log import log
 from entrypoint.job.paths import MlPaths, open_regular
 from entrypoint.rank.record_errors import build_readable_text
-from entrypoint.decide.restarts import build_earlier_failures_note
 
 
 def clear_previous_outcome(paths: MlPaths) -> None:
@@ -73,34 +71,3 @@ def load_failure_file(paths: MlPaths) -> str | None:
             return f.read()
     except OSError:
         return None
-
-
-def describe_run_failure(what: str, exit_code: int, collector, current_host: str, environ: dict[str, str],
-                     run=None, lost: str | None = None, peer_failed: str | None = None) -> str:
-    """The failure report of one step (an install, the training run, the start of the workers)
-    from what its processes printed (collector: supervise.OutputCollector) and how it ended
-    (run: supervise.RunResult, None when nothing ran)."""
-    return describe_failure(
-        what=what,
-        exit_code=exit_code,
-        root_cause=first_root_cause(collector.root_causes),
-        tail=list(collector.tail),
-        current_host=current_host,
-        environ=environ,
-        stopped_by=run.stopped_by if run else None,
-        stopped_at=run.stopped_at if run else None,
-        lost=lost,
-        peer_failed=peer_failed,
-        oom_kills=run.oom_kills if run else None,
-        killed_by_us=run.killed_at_deadline if run else False,
-        signaled=run.signaled if run else None,
-    )
-
-
-def describe_job_failure(report: str, hang: str | None, earlier: list[str]) -> str:
-    """The training run's report, led by why it was stopped as hung (hangs.py) and followed by
-    the failures that were restarted before it (restarts.py)."""
-    text = f"{hang}\n\n{report}" if hang else report
-    if earlier:
-        text = f"{text.rstrip()}\n\n{build_earlier_failures_note(earlier)}\n"
-    return text

@@ -17,10 +17,12 @@ from entrypoint.decide.restarts import RunEnding, build_restart_line, decide_res
 from entrypoint.decide.settings import decide_capacity_stop_at
 from entrypoint.job.paths import MlPaths
 from entrypoint.log import log
-from entrypoint.outcome.failure import describe_exit_code, describe_root_cause, first_root_cause, secret_values
-from entrypoint.outcome.writer import SUCCESS, Outcome, describe_job_failure, clear_previous_outcome
+from entrypoint.outcome.failure import (describe_exit_code, describe_job_failure, describe_root_cause, first_root_cause,
+                                        secret_values)
+from entrypoint.outcome.writer import SUCCESS, Outcome, clear_previous_outcome
 from entrypoint.run import runtime_dirs
-from entrypoint.run.roles import HostRole, choose_role
+from entrypoint.roles.base import HostRole
+from entrypoint.roles.choose import choose_role
 from entrypoint.run.supervise import OutputCollector, RunResult, StartupStopped, mark_training_started, run_processes
 
 
@@ -38,7 +40,7 @@ class Launch:
         if self.role is None:
             return
         try:
-            self.role.report(outcome)
+            self.role.job_report(outcome)
         except (Exception, StartupStopped) as exc:  # noqa: BLE001 - the report is a bonus; a stop keeps the outcome
             log(f"job report: not written: {type(exc).__name__}: {exc}")
 

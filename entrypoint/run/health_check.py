@@ -44,7 +44,7 @@ def run_check(check: health.HealthCheck, env: dict[str, str], host: str, setting
 def run_health_check(plan: LaunchPlan, env: dict[str, str]) -> Outcome | None:
     check, host = plan.health_check, plan.current_host
     if len(check.hosts) > 1:
-        from entrypoint.hosts.roles import wait_for_hosts  # a multi-host launch: imported by its role anyway
+        from entrypoint.hosts.net import wait_for_hosts  # a multi-host launch: imported by its role anyway
 
         if wait_for_hosts((check.leader,), plan.settings.host_resolution_timeout_s):
             return Outcome(EXIT_BAD_JOB, f"Deep health check (BYOC_HEALTH_CHECK=deep) could not start on {host}: "

@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
-from entrypoint.hosts import ssh
+from entrypoint.hosts import net, ssh
 from entrypoint.job.config import ResourceConfig, parse_json_document, parse_resource_config
 from entrypoint.decide.settings import DEFAULTS
 from entrypoint.errors import JobDefinitionError
@@ -148,7 +148,7 @@ def run_trust_exchange(
     while pending:
         for host in list(pending):
             key = ssh.scan_host_key(host, port, timeout_s=2)
-            addresses = ssh.resolve_addresses(host) if key else []
+            addresses = net.resolve_addresses(host) if key else []
             if key and addresses:
                 trusted[host] = (key, addresses)
                 write_authorized_keys(paths, build_authorized_keys(load_text(paths.authorized_keys), trusted))

@@ -251,7 +251,7 @@ def test_the_key_lives_apart_from_the_configuration_and_is_removed(tmp_path):
 
 
 def test_host_env_is_the_hosts_own_environment_under_the_plans_values():
-    from entrypoint.hosts.mpi import build_host_env
+    from entrypoint.roles.mpi import build_host_env
 
     environ = {"MY_SETTING": "user", "SM_CURRENT_HOST": "stale", "OMPI_COMM_WORLD_RANK": "0",
                "PMIX_RANK": "0", "PWD": "/x", "AWS_REGION": "us-west-2"}
@@ -315,7 +315,7 @@ def test_a_worker_with_its_outcome_waits_for_the_leaders_session_to_close():
 
 
 def test_the_leaders_sessions_to_workers_run_in_parallel_but_at_most_the_cap_at_once(monkeypatch):
-    from entrypoint.hosts import mpi as mpi_hosts
+    from entrypoint.hosts import mpi_wire as mpi_hosts
 
     monkeypatch.setattr(mpi_hosts, "MAX_PARALLEL_SESSIONS", 3)
     lock, running, peak = threading.Lock(), [0], [0]

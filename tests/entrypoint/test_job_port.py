@@ -10,7 +10,7 @@ from pathlib import Path
 from entrypoint.hosts.job_port import parse_root_cause_line
 from entrypoint.hosts.job_port import JobPort
 from entrypoint.decide.plan import RECORD_ERRORS
-from entrypoint.hosts.ssh import can_connect
+from entrypoint.hosts.net import can_connect
 
 
 def free_port() -> int:

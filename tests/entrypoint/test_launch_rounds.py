@@ -1,5 +1,5 @@
 """The leader's launch steps over SSH are one round each, not one session after another:
-probe_workers, tell_workers and ask_workers_for_stacks (entrypoint/hosts/mpi.py) run every
+probe_workers, tell_workers and ask_workers_for_stacks (entrypoint/roles/mpi.py) run every
 worker's session at once, at most MAX_PARALLEL_SESSIONS at a time, and a worker whose SSH
 port does not answer costs a TCP connect, not an ssh process.
 
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint.hosts import mpi as mpi_hosts, ssh
+from entrypoint.hosts import mpi_wire as mpi_hosts, ssh
 from entrypoint.run.runtime_dirs import RuntimeFiles
 from support.jobs import make_job, plan_for
 from support.jobtree import PYTHON

@@ -15,7 +15,7 @@ PROTOCOL_WORDS = ("BYOC-ROOT-CAUSE", "BYOC-HOST-DONE", "BYOC-SIGNED", "BYOC_JOB_
 PROTOCOL_FILES = {"hosts/job_port.py", "rank/record_errors.py"}
 # The modules that decide or choose by role: the plan's decisions and run/roles.py, which
 # chooses this host's role object once.
-ROLE_MODULES = {"decide/plan.py", "decide/topology.py", "decide/distribution.py", "run/roles.py"}
+ROLE_MODULES = {"decide/plan.py", "decide/topology.py", "decide/distribution.py", "roles/choose.py"}
 
 
 def modules() -> dict[str, ast.Module]:

@@ -32,7 +32,7 @@ from entrypoint.rank.record_errors import build_restart_note  # noqa: E402
 ])
 def test_which_endings_are_restarted(role, ending, done, restarted):
     from entrypoint.decide.plan import Role
-    from entrypoint.run.roles import RELAUNCHED_ROLES
+    from entrypoint.roles.choose import RELAUNCHED_ROLES
 
     why_not = decide_restart(Role(role) in RELAUNCHED_ROLES, 2, done, ending)
     assert (why_not is None) == restarted, why_not

@@ -1,4 +1,4 @@
-"""The lifecycle every host role goes through (run/roles.py), tested with a stand-in role and
+"""The lifecycle every host role goes through (roles/), tested with a stand-in role and
 no other host, as torch tests its elastic agent with a stand-in: start, run (with restarts),
 finish, then the one write of output/, then close. The real roles' own rules (an MPI leader
 tells its workers after its outcome is written; a torchrun worker tells its leader, then waits
@@ -20,7 +20,7 @@ from support.jobtree import write_tree  # noqa: E402
 from entrypoint import cli  # noqa: E402
 from entrypoint.outcome.writer import Outcome  # noqa: E402
 from entrypoint.run import execute  # noqa: E402
-from entrypoint.run.roles import HostRole  # noqa: E402
+from entrypoint.roles.base import HostRole  # noqa: E402
 
 
 class StandIn(HostRole):
@@ -56,7 +56,7 @@ class StandIn(HostRole):
         self.events.append(("finish", outcome.exit_code))
         return self.finish_outcome or outcome
 
-    def report(self, outcome):
+    def job_report(self, outcome):
         if self.report_action is not None:
             self.events.append("report")
             self.report_action()

@@ -1,5 +1,9 @@
-"""The hosts' side of mpirun over SSH: sshd on every host, the leader waiting for its workers,
-workers living exactly as long as the leader's job.
+"""The MPI launch family: mpirun on the leader starts every rank over SSH.
+
+- MpiLeader: sshd, then waits until every worker accepts its SSH; runs mpirun; after its
+  outcome is written, writes that outcome on every worker (hosts/mpi_wire.py), then stops sshd.
+- MpiWorker: start() authorizes the leader and starts sshd; run() serves SSH until the leader
+  writes the outcome; close() stops sshd.
 
 How a worker learns the outcome: when mpirun ends, the leader writes its exit code into the
 worker's runtime folder over the same SSH channel mpirun used (`job-exit-code`), and, when
@@ -14,33 +18,23 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import signal
 import subprocess
 import time
 from dataclasses import dataclass
 
-from entrypoint.run import processes
-
-from entrypoint.hosts import ssh
-from entrypoint.outcome.failure import describe_job_outcome
-from entrypoint.log import log as log_line
-from entrypoint.jobreport.spec import HOST_FIGURES_FILE
 from entrypoint.decide.plan import LaunchPlan
-from entrypoint.job.paths import open_regular
-from entrypoint.decide.settings import DEFAULTS, decide_capacity_stop_at
+from entrypoint.decide.settings import decide_capacity_stop_at
+from entrypoint.hosts import mpi_wire, ssh
 from entrypoint.hosts.job_port import PeerWatch
-from entrypoint.rank.record_errors import build_readable_text
+from entrypoint.hosts.net import resolve_addresses
+from entrypoint.job.paths import open_regular
+from entrypoint.log import log
+from entrypoint.outcome.failure import describe_job_outcome
+from entrypoint.outcome.writer import SUCCESS, Outcome, load_failure_file
+from entrypoint.roles.base import HostRole, MultiHostRole
+from entrypoint.run import processes
 from entrypoint.run.supervise import StopRequest, stop_signals_set
-
-# The leader's SSH sessions to its workers (probes, telling the outcome) run this many at a
-# time: each is an ssh process (~5 MB, a key exchange), and a small leader instance with
-# 255 workers should not start 255 at once. Open MPI's own orted launch has its own limit
-# (plm_rsh_num_concurrent, 128 by default).
-MAX_PARALLEL_SESSIONS = 64
-# The leader's output/failure as it is written on each worker (over SSH, not the job port).
-LEADER_REPORT_MAX_BYTES = 256 * 1024
-
 
 @dataclass(frozen=True)
 class WorkerOutcome:
@@ -62,6 +56,8 @@ def start_sshd(files: ssh.SshFiles) -> subprocess.Popen:
 
 # Set by mpirun/orted for each rank, or by the shell: never taken from the host's environment.
 RANK_OWNED_PREFIXES = ("OMPI_", "PMIX_", "OPAL_", "ORTE_", "HYDRA_")
+
+
 RANK_OWNED_NAMES = frozenset({"PWD", "OLDPWD", "SHLVL", "_"})
 
 
@@ -86,13 +82,6 @@ def write_host_env(plan: LaunchPlan) -> None:
     os.replace(path + ".tmp", path)
 
 
-def ssh_argv(files: ssh.SshFiles, host: str, remote_command: str) -> list[str]:
-    return ["ssh", "-F", files.client_config, host, remote_command]
-
-
-# --- leader ------------------------------------------------------------------------------------
-
-
 def start_leader(plan: LaunchPlan, stop: StopRequest, log) -> tuple[subprocess.Popen, str | None]:
     """Start sshd (workers fetch our key from it) and wait until every worker accepts us.
     Returns sshd and, on failure, a one-line reason."""
@@ -106,7 +95,7 @@ def start_leader(plan: LaunchPlan, stop: StopRequest, log) -> tuple[subprocess.P
     pending = list(workers)
     log(f"waiting for SSH on {', '.join(workers)}")
     while pending:
-        accepted = probe_workers(files, pending, plan.settings.ssh_port, plan.settings.ssh_probe_timeout_s)
+        accepted = mpi_wire.probe_workers(files, pending, plan.settings.ssh_port, plan.settings.ssh_probe_timeout_s)
         pending = [h for h in pending if h not in accepted]
         if not pending:
             break
@@ -128,116 +117,26 @@ def stop_leader(plan: LaunchPlan, sshd: subprocess.Popen | None) -> None:
     ssh.remove_private_key(plan.files.ssh)
 
 
-def probe_workers(files: ssh.SshFiles, hosts: list[str], port: int,
-                  timeout_s: float = DEFAULTS.ssh_probe_timeout_s) -> set[str]:
-    """The hosts that accept our SSH login now, probed in parallel (at most
-    MAX_PARALLEL_SESSIONS at a time), so the wait does not grow with the host count the way
-    one-after-another probes did (0.3-0.4 s each). A host whose port does not answer yet
-    costs a TCP connect, not an ssh process."""
-    def accepts(host: str) -> bool:
-        if not ssh.can_connect(host, port, timeout_s=timeout_s):
-            return False
-        done = subprocess.run(ssh_argv(files, host, "true"), capture_output=True, stdin=subprocess.DEVNULL)
-        return done.returncode == 0
-
-    return {host for host, ok in zip(hosts, run_per_host(accepts, hosts)) if ok}
-
-
-def run_per_host(action, hosts: list[str]) -> list:
-    """action(host) for every host, at most MAX_PARALLEL_SESSIONS at a time; the results in
-    the hosts' order."""
-    from concurrent.futures import ThreadPoolExecutor  # imports logging: only where it is used
-
-    if not hosts:
-        return []
-    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL_SESSIONS, len(hosts))) as pool:
-        return list(pool.map(action, hosts))
-
-
-def build_tell_command(plan: LaunchPlan, exit_code: int) -> str:
-    """The remote command that stores the outcome on a worker: the report (stdin, possibly
-    empty) first, then the exit code, whose file's appearance is what the worker waits for.
-    Only our integer and constant paths appear in it."""
-    code_file, report_file = shlex.quote(plan.files.outcome), shlex.quote(plan.files.leader_report)
-    return (
-        f"cat > {report_file}.tmp && mv {report_file}.tmp {report_file} && "
-        f"printf %s {int(exit_code)} > {code_file}.tmp && mv {code_file}.tmp {code_file}"
-    )
-
-
-def tell_workers(plan: LaunchPlan, exit_code: int, report: str | None, log) -> None:
-    """Write the job's outcome on every worker; a dead worker is skipped."""
-    # Readable first (record_errors.build_readable_text): a lone surrogate arrives escaped, not as "?".
-    payload = build_readable_text(report or "").encode("utf-8")[:LEADER_REPORT_MAX_BYTES] if exit_code != 0 else b""
-    run_on_workers(plan, build_tell_command(plan, exit_code), payload, "tell {host} the outcome", log)
-
-
-def ask_workers_for_stacks(plan: LaunchPlan, log) -> None:
-    """SIGUSR1 to every worker's entrypoint (its PID is in its job folder's owner file, the
-    same path on every host), which passes it to its ranks; their stacks reach the leader's
-    log through mpirun. Only our constant path appears in the command."""
-    owner = shlex.quote(plan.files.owner)
-    run_on_workers(plan, f"kill -USR1 \"$(cut -d' ' -f1 {owner})\"", b"", "ask {host} for its ranks' stacks", log)
-
-
-def collect_worker_figures(plan: LaunchPlan, log) -> dict[str, str]:
-    """Each worker's figures for the job report (host -> their JSON): SIGUSR2 to its
-    entrypoint, which writes them in its job folder (jobreport/host.write_figures_file), then
-    read back, over the same SSH the job already trusts. Only our constant paths appear in
-    the command; a worker that has none within 5 s is left out (the report says so)."""
-    owner = shlex.quote(plan.files.owner)
-    figures = shlex.quote(os.path.join(plan.report.rank_folder, HOST_FIGURES_FILE))
-    command = (f"rm -f {figures}; kill -USR2 \"$(cut -d' ' -f1 {owner})\" && for i in $(seq 50); do "
-               f"[ -s {figures} ] && exec cat {figures}; sleep 0.1; done; echo 'no figures within 5 s' >&2; exit 1")
-    got = run_on_workers(plan, command, b"", "read {host}'s figures for the job report", log)
-    return {host: out.decode("utf-8", "replace") for host, out in got.items()}
-
-
-def run_on_workers(plan: LaunchPlan, command: str, payload: bytes, what: str, log) -> dict[str, bytes]:
-    """One SSH session to every worker, running `command` with `payload` on its stdin, in
-    parallel (MAX_PARALLEL_SESSIONS at a time); a worker that fails or times out is logged
-    ("could not " + what) and skipped. Returns each other worker's stdout."""
-    files = plan.files.ssh
-    timeout_s = plan.settings.ssh_session_timeout_s
-
-    def on(host: str) -> bytes | None:
-        try:
-            done = subprocess.run(ssh_argv(files, host, command), input=payload, capture_output=True, timeout=timeout_s)
-            if done.returncode != 0:
-                log(f"could not {what.format(host=host)}: {done.stderr.decode(errors='replace').strip()}")
-                return None
-            return done.stdout
-        except subprocess.TimeoutExpired:
-            log(f"could not {what.format(host=host)}: timed out")
-            return None
-
-    hosts = list(plan.peers)
-    return {host: out for host, out in zip(hosts, run_per_host(on, hosts)) if out is not None}
-
-
-# --- worker ------------------------------------------------------------------------------------
-
-
 def run_worker_host(plan: LaunchPlan, env: dict[str, str]) -> tuple[int, str | None]:
     """This host's whole part in an MPI job led by another host: serve SSH to the leader
     until it reports the outcome. Returns the job's exit code and, when it failed, the text of
     this host's output/failure (the caller writes it)."""
-    log_line(f"{plan.current_host}: MPI worker for the leader {plan.leader}")
+    log(f"{plan.current_host}: MPI worker for the leader {plan.leader}")
     stop = StopRequest()
 
     def on_stack_request(_signum, _frame) -> None:
         # The ranks mpirun started here (under orted, which we adopted as subreaper).
         asked = processes.signal_ranks_below([os.getpid()], signal.SIGUSR1)
-        log_line(f"SIGUSR1: asked {len(asked)} rank process(es) on {plan.current_host} for their Python stacks")
+        log(f"SIGUSR1: asked {len(asked)} rank process(es) on {plan.current_host} for their Python stacks")
 
-    previous = signal.signal(signal.SIGUSR1, on_stack_request)
+    previous = signal.signal(mpi_wire.STACKS_SIGNAL, on_stack_request)
     try:
         with stop_signals_set(stop):
-            outcome = run_worker(plan, stop, log_line)
+            outcome = run_worker(plan, stop, log)
     finally:
-        signal.signal(signal.SIGUSR1, previous)
+        signal.signal(mpi_wire.STACKS_SIGNAL, previous)
     if outcome.exit_code == 0:
-        log_line(f"{plan.current_host}: the leader reports success")
+        log(f"{plan.current_host}: the leader reports success")
         return 0, None
     return outcome.exit_code, describe_job_outcome(build_worker_failure_reason(plan, outcome), env)
 
@@ -281,7 +180,7 @@ def run_worker(plan: LaunchPlan, stop: StopRequest, log) -> WorkerOutcome:
                     f"(BYOC_PEER_WAIT_TIMEOUT_S)"
                 ))
             time.sleep(settings.wait_poll_s)
-        addresses = ssh.resolve_addresses(plan.leader)
+        addresses = resolve_addresses(plan.leader)
         write_host_env(plan)
         ssh.authorize(files, key, addresses)
         processes.become_subreaper()
@@ -362,3 +261,93 @@ def _serve_until_outcome(plan: LaunchPlan, stop: StopRequest, log, sshd: subproc
         sshd.poll()
         processes.reap_orphans(set() if sshd.returncode is not None else {sshd.pid})
         time.sleep(settings.wait_poll_s)
+
+
+class MpiLeader(MultiHostRole):
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        self.sshd = None
+
+    def start_beside(self) -> Outcome | None:
+        stop = StopRequest()
+        with stop_signals_set(stop):
+            self.sshd, problem = start_leader(self.plan, stop, log)
+        return self.start_problem(problem, stop.signal_name) if problem else None
+
+    def start_watches(self) -> list[PeerWatch]:
+        plan, settings = self.plan, self.plan.settings
+        # seen_at_start: start_leader has just reached every worker over SSH.
+        return [PeerWatch(plan.peers, settings.ssh_port, settings.host_lost_timeout_s, settings.peer_wait_timeout_s,
+                          self.on_lost, seen_at_start=True, settings=settings)]
+
+    def ask_other_hosts(self) -> None:
+        """Each worker's entrypoint (SIGUSR1 over SSH) has its ranks print their stacks, which
+        reach this host's log through mpirun."""
+        mpi_wire.ask_workers_for_stacks(self.plan, log)
+
+    def job_report(self, outcome: Outcome) -> None:
+        """The workers' figures are read over SSH (they have no job port here), while they
+        still serve it: before close tells them the outcome."""
+        if self.report_part is None:
+            return
+        others = {}
+        # Not when the workers were never all reached (no sshd here) or one was lost: SSH to a
+        # host that is gone waits for its timeout, and the report is not worth that wait.
+        if self.resolved and self.sshd is not None and self.lost is None and self.plan.peers:
+            from entrypoint.jobreport.figures import parse_host_figures
+
+            for host, text in mpi_wire.collect_worker_figures(self.plan, log).items():
+                figures = parse_host_figures(text, host)
+                if figures is not None:
+                    others[host] = figures
+        self.write_job_report(outcome, others)
+
+    def close(self, outcome: Outcome) -> None:
+        """The outcome is written here first: a worker exits as soon as it has the outcome, and
+        SDK v2 local mode then stops this container. Workers are told what this host reports:
+        the script's own failure file if it wrote one, else ours."""
+        self.close_watches()
+        if not self.resolved:
+            return  # nothing started here; the workers give up on a leader they never reach
+        try:
+            report = (load_failure_file(self.paths) or outcome.reason) if outcome.exit_code else None
+            mpi_wire.tell_workers(self.plan, outcome.exit_code, report, log)
+        finally:
+            stop_leader(self.plan, self.sshd)
+
+
+class MpiWorker(HostRole):
+    def start_live(self) -> None:
+        """None here: an MPI worker's figures reach the leader over SSH, at the end only."""
+
+    def run(self, launch) -> Outcome:
+        """Not the plan's processes: mpirun on the leader starts this host's ranks over SSH."""
+        import signal
+
+        previous = signal.signal(mpi_wire.FIGURES_SIGNAL, self.on_figures_request)
+        try:
+            code, text = run_worker_host(self.plan, self.env)
+        finally:
+            signal.signal(mpi_wire.FIGURES_SIGNAL, previous)
+        return SUCCESS if code == 0 else Outcome(code, text)
+
+    def on_figures_request(self, _signum, _frame) -> None:
+        """The leader asks for this host's figures (hosts/mpi_wire.collect_worker_figures): written
+        by a thread of their own, never in the handler (it may interrupt anything, a write to
+        stderr or the sampler's lock included)."""
+        if self.report_part is not None:
+            import threading
+
+            threading.Thread(target=self.write_figures, daemon=True).start()
+
+    def write_figures(self) -> None:
+        try:
+            self.report_part.write_figures_file(self.plan.settings.report_figures_bytes)
+        except Exception as exc:  # noqa: BLE001 - the leader reports this host's figures missing
+            log(f"job report: could not write this host's figures: {type(exc).__name__}: {exc}")
+
+    def job_report(self, outcome: Outcome) -> None:
+        """Never written here: the leader read this host's figures before it told the outcome."""
+        if self.report_part is not None:
+            self.report_part.sampler.stop()
+            self.report_part.stop_live()

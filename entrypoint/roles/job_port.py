@@ -1,53 +1,26 @@
-"""The multi-host roles: what one host does beside its processes, from the first word with the
-other hosts to the last. Each role owns its ordering rules; run/roles.py chooses one from the
-plan and describes the lifecycle every role shares (start, run, finish, close).
+"""The job-port launch family: torchrun and the parameter server. Every host opens its job port
+(hosts/job_port.py), which also takes root causes from ranks on every host.
 
-- MpiLeader: sshd, then waits until every worker accepts its SSH; runs mpirun; after its
-  outcome is written, writes that outcome on every worker (hosts/mpi.py), then stops sshd.
-- MpiWorker: its whole part is serving SSH until the leader writes the outcome (hosts/mpi.py).
-- JobPortLeader (torchrun, parameter server): opens its job port (hosts/job_port.py); once its
-  own part succeeded, waits for every worker's word before its outcome is written, then
-  closes the port.
-- JobPortWorker: opens its job port; after its outcome is written, tells the leader, then
-  waits for the leader's port to close (SDK v2 local mode stops every container when the
-  first one exits: a worker that ended first would stop a leader still saving the model).
-Imported only by multi-host jobs: a 1-host job never pays for SSH, sockets or threads here.
+- JobPortLeader: once its own part succeeded, waits for every worker's word before its outcome
+  is written, then closes the port.
+- JobPortWorker: after its outcome is written, tells the leader, then waits for the leader's
+  port to close (SDK v2 local mode stops every container when the first one exits: a worker
+  that ended first would stop a leader still saving the model).
 """
 
 from __future__ import annotations
 
 import time
 
-from entrypoint.decide.plan import LaunchPlan
 from entrypoint.hosts import job_port
 from entrypoint.hosts.job_port import REPORT_KEY_ENV, HostOutcomes, JobPort, PeerWatch
 from entrypoint.log import log
 from entrypoint.outcome.failure import describe_worker_host_failure, first_root_cause
-from entrypoint.outcome.writer import SUCCESS, Outcome, load_failure_file
-from entrypoint.run.roles import HostRole
-from entrypoint.run.supervise import RunResult, StopRequest, stop_signals_set
+from entrypoint.outcome.writer import Outcome
+from entrypoint.roles.base import MultiHostRole
+from entrypoint.run.supervise import StopRequest, stop_signals_set
 
 MAX_REFUSED_LOGGED = 5
-
-
-def wait_for_hosts(hosts: tuple[str, ...], timeout_s: float) -> list[str]:
-    """Hosts that still do not resolve after timeout_s (SageMaker's DNS can lag at start)."""
-    import socket
-
-    deadline = time.monotonic() + timeout_s
-    pending = list(hosts)
-    delay = 0.1
-    while True:
-        for host in list(pending):
-            try:
-                socket.getaddrinfo(host, None)
-                pending.remove(host)
-            except OSError:
-                pass
-        if not pending or time.monotonic() >= deadline:
-            return pending
-        time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
-        delay = min(delay * 2, 5.0)
 
 
 def describe_port_problem(port: int, host: str, error: OSError) -> str:
@@ -58,153 +31,6 @@ def describe_port_problem(port: int, host: str, error: OSError) -> str:
         return (f"port {port} on {host} is already in use by another process: the job's peers reach each "
                 f"other there; set BYOC_JOB_PORT to a free port (or BYOC_MASTER_PORT, which it follows)")
     return f"cannot listen on port {port} on {host} (BYOC_JOB_PORT): {error.strerror or error}"
-
-
-class MultiHostRole(HostRole):
-    """What the roles of a multi-host launch share: the other hosts' names resolved first, a
-    watch on the peers from the first run on (it spans the restarts of a job), and a lost
-    host ending the current run."""
-
-    watch_port_name = ""
-
-    def __init__(self, plan: LaunchPlan, collector, env: dict[str, str], paths, what: str, relaunchable: bool):
-        super().__init__(plan, collector, env, paths, what, relaunchable)
-        self.watches: list[PeerWatch] | None = None
-        self.resolved = False  # every host's name resolved: from then on the others may wait on this one
-
-    def start(self) -> Outcome | None:
-        settings = self.plan.settings
-        unresolved = wait_for_hosts(self.plan.hosts, settings.host_resolution_timeout_s)
-        if not unresolved:
-            self.resolved = True
-            self.mark("hosts resolved")
-            outcome = self.start_beside()
-            if outcome is None:
-                self.mark("peers ready")
-            return outcome
-        self.collector.tail.append(f"host(s) {', '.join(unresolved)} did not resolve within "
-                                   f"{settings.host_resolution_timeout_s:g} s (BYOC_HOST_RESOLUTION_TIMEOUT_S)")
-        return Outcome(1, self.describe_failure("waiting for the other hosts' names to resolve", RunResult(1)))
-
-    def start_beside(self) -> Outcome | None:
-        """What runs beside the processes; an Outcome when the launch cannot start."""
-        return None
-
-    def start_problem(self, problem: str, stopped_by: str | None) -> Outcome:
-        self.collector.tail.append(problem)
-        return Outcome(1, self.describe_failure(f"{self.what}: starting the workers", RunResult(1, stopped_by)))
-
-    def on_processes_started(self, supervisor) -> None:
-        self.supervisor = supervisor
-        if self.watches is None:
-            self.watches = self.start_watches()
-
-    def start_watches(self) -> list[PeerWatch]:
-        return []
-
-    def on_lost(self, host: str, reason: str) -> None:
-        self.lost = reason
-        self.supervisor.stop_after_failure(f"{reason}: the job cannot go on")
-
-    def close_watches(self) -> None:
-        for watch in self.watches or ():
-            watch.close()  # this host's part is over: a peer leaving now is not a lost host
-        self.watches = []
-
-
-class MpiLeader(MultiHostRole):
-    def __init__(self, *args) -> None:
-        super().__init__(*args)
-        self.sshd = None
-        from entrypoint.hosts import mpi
-
-        self.mpi = mpi
-
-    def start_beside(self) -> Outcome | None:
-        stop = StopRequest()
-        with stop_signals_set(stop):
-            self.sshd, problem = self.mpi.start_leader(self.plan, stop, log)
-        return self.start_problem(problem, stop.signal_name) if problem else None
-
-    def start_watches(self) -> list[PeerWatch]:
-        plan, settings = self.plan, self.plan.settings
-        # seen_at_start: start_leader has just reached every worker over SSH.
-        return [PeerWatch(plan.peers, settings.ssh_port, settings.host_lost_timeout_s, settings.peer_wait_timeout_s,
-                          self.on_lost, seen_at_start=True, settings=settings)]
-
-    def ask_other_hosts(self) -> None:
-        """Each worker's entrypoint (SIGUSR1 over SSH) has its ranks print their stacks, which
-        reach this host's log through mpirun."""
-        self.mpi.ask_workers_for_stacks(self.plan, log)
-
-    def report(self, outcome: Outcome) -> None:
-        """The workers' figures are read over SSH (they have no job port here), while they
-        still serve it: before close tells them the outcome."""
-        if self.report_part is None:
-            return
-        others = {}
-        # Not when the workers were never all reached (no sshd here) or one was lost: SSH to a
-        # host that is gone waits for its timeout, and the report is not worth that wait.
-        if self.resolved and self.sshd is not None and self.lost is None and self.plan.peers:
-            from entrypoint.jobreport.figures import parse_host_figures
-
-            for host, text in self.mpi.collect_worker_figures(self.plan, log).items():
-                figures = parse_host_figures(text, host)
-                if figures is not None:
-                    others[host] = figures
-        self.write_report(outcome, others)
-
-    def close(self, outcome: Outcome) -> None:
-        """The outcome is written here first: a worker exits as soon as it has the outcome, and
-        SDK v2 local mode then stops this container. Workers are told what this host reports:
-        the script's own failure file if it wrote one, else ours."""
-        self.close_watches()
-        if not self.resolved:
-            return  # nothing started here; the workers give up on a leader they never reach
-        try:
-            report = (load_failure_file(self.paths) or outcome.reason) if outcome.exit_code else None
-            self.mpi.tell_workers(self.plan, outcome.exit_code, report, log)
-        finally:
-            self.mpi.stop_leader(self.plan, self.sshd)
-
-
-class MpiWorker(HostRole):
-    def start_live(self) -> None:
-        """None here: an MPI worker's figures reach the leader over SSH, at the end only."""
-
-    def run(self, launch) -> Outcome:
-        """Not the plan's processes: mpirun on the leader starts this host's ranks over SSH."""
-        import signal
-
-        from entrypoint.hosts import mpi
-
-        previous = signal.signal(signal.SIGUSR2, self.on_figures_request)
-        try:
-            code, text = mpi.run_worker_host(self.plan, self.env)
-        finally:
-            signal.signal(signal.SIGUSR2, previous)
-        return SUCCESS if code == 0 else Outcome(code, text)
-
-    def on_figures_request(self, _signum, _frame) -> None:
-        """The leader asks for this host's figures (hosts/mpi.collect_worker_figures): written
-        by a thread of their own, never in the handler (it may interrupt anything, a write to
-        stderr or the sampler's lock included)."""
-        if self.report_part is not None:
-            import threading
-
-            threading.Thread(target=self.write_figures, daemon=True).start()
-
-    def write_figures(self) -> None:
-        try:
-            self.report_part.write_figures_file(self.plan.settings.report_figures_bytes)
-        except Exception as exc:  # noqa: BLE001 - the leader reports this host's figures missing
-            log(f"job report: could not write this host's figures: {type(exc).__name__}: {exc}")
-
-    def report(self, outcome: Outcome) -> None:
-        """Never written here: the leader read this host's figures before it told the outcome."""
-        if self.report_part is not None:
-            self.report_part.sampler.stop()
-            self.report_part.stop_live()
 
 
 class JobPortRole(MultiHostRole):
@@ -239,7 +65,7 @@ class JobPortRole(MultiHostRole):
         sent from that worker's own address (the job's key is in every rank's environment, so
         a signature alone does not tell a host from a rank elsewhere claiming to be it), keeping
         only what it knows of them (jobreport/figures.parse_host_figures)."""
-        from entrypoint.hosts.ssh import resolve_addresses
+        from entrypoint.hosts.net import resolve_addresses
         from entrypoint.jobreport.figures import parse_host_figures
 
         if not self.plan.is_leader or host not in self.plan.peers or host in self.worker_figures:
@@ -261,7 +87,7 @@ class JobPortRole(MultiHostRole):
     def on_live(self, host: str, figures_json: str, sender: str) -> None:
         """A worker's live figures (jobreport/live.py): only the leader takes them, from that
         worker's own address, as on_figures; the live thread parses them."""
-        from entrypoint.hosts.ssh import resolve_addresses
+        from entrypoint.hosts.net import resolve_addresses
 
         live = self.report_part.live if self.report_part is not None else None
         if not self.plan.is_leader or host not in self.plan.peers or live is None:
@@ -356,7 +182,7 @@ class JobPortLeader(JobPortRole):
             what=self.what, host=host, exit_code=code, root_cause=first_root_cause(self.collector.root_causes),
             current_host=self.plan.current_host, environ=self.env))
 
-    def report(self, outcome: Outcome) -> None:
+    def job_report(self, outcome: Outcome) -> None:
         """Every host's figures that reached this port; the others are reported missing. Each
         worker sends its own just before its outcome, on another connection, read by another
         thread: they may land a moment after the outcome, and when this host's part failed it
@@ -371,7 +197,7 @@ class JobPortLeader(JobPortRole):
             while (any(h not in self.worker_figures for h in self.plan.peers) and time.monotonic() < deadline
                    and stop.signal_name is None and self.resolved):
                 time.sleep(settings.wait_poll_s)
-        self.write_report(outcome, dict(self.worker_figures))
+        self.write_job_report(outcome, dict(self.worker_figures))
 
     def wait_for_workers(self) -> tuple[str, int] | None:
         """The first worker that failed, as (host, exit code), or None."""
@@ -435,7 +261,7 @@ class JobPortWorker(JobPortRole):
         finally:
             super().close(outcome)
 
-    def report(self, outcome: Outcome) -> None:
+    def job_report(self, outcome: Outcome) -> None:
         """This host's figures go to the leader's job port, before its outcome (close), so a
         leader that waits for the outcome has the figures too. Never written here: SDK v2
         local mode merges every host's output/data, and the leader's report covers this host."""

@@ -1,31 +1,29 @@
-"""This host's role in the job, chosen once from the plan: the one place that switches on
-plan.role (besides the plan's own decisions). Every role has the same short lifecycle, which
-run/execute.py drives and cli.main ends:
+"""Every host role's lifecycle, which run/execute.py drives and cli.main ends:
 
     start()          before the processes: what the launch needs beside them (the other hosts'
                      names, sshd, the job port); an Outcome when the launch cannot start
     run(launch)      the job's processes: launch() runs the plan's, with restarts
     finish(outcome)  after them, before anything is written: a leader may wait for its workers
-    report(outcome)  after the outcome is written (cli.main): the job report (jobreport/): the
-                     leader, or the one host, writes it; a worker hands the leader its figures
-    close(outcome)   after that: tell the other hosts, release
+    job_report(outcome)  after the outcome is written (cli.main): the job report (jobreport/):
+                     the leader, or the one host, writes it; a worker hands the leader its figures
+    close(outcome)   after that: tell the other hosts, release what start() started
 
 and the hooks a run calls: on_processes_started(supervisor), on_rank_killed(env, signum),
-ask_other_hosts (None, or a callable). The multi-host roles are in hosts/roles.py, imported
-only by a multi-host job.
+ask_other_hosts (None, or a callable). Each role reads the job's one stop token (run/stop.py)
+in every wait. One module per launch family: single.py, mpi.py, job_port.py; choose.py is the
+one switch on plan.role.
 """
 
 from __future__ import annotations
 
 import time
 
-from entrypoint.decide.plan import LaunchPlan, Role
+from entrypoint.decide.plan import LaunchPlan
 from entrypoint.log import log
-from entrypoint.outcome.writer import Outcome, describe_run_failure
-
-# Roles whose every process is started by this host's entrypoint, so a relaunch here is a
-# relaunch of the whole job (restarts.py); torchrun restarts its own ranks.
-RELAUNCHED_ROLES = (Role.SINGLE, Role.OUTSIDE_DISTRIBUTION, Role.MPI_LEADER)
+from entrypoint.outcome.failure import describe_run_failure
+from entrypoint.outcome.writer import Outcome
+from entrypoint.hosts.net import wait_for_hosts
+from entrypoint.run.supervise import RunResult
 
 
 class HostRole:
@@ -89,12 +87,12 @@ class HostRole:
     def finish(self, outcome: Outcome) -> Outcome:
         return outcome
 
-    def report(self, outcome: Outcome) -> None:
+    def job_report(self, outcome: Outcome) -> None:
         """This host's figures are the whole report."""
         if self.report_part is not None:
-            self.write_report(outcome, {})
+            self.write_job_report(outcome, {})
 
-    def write_report(self, outcome: Outcome, others: dict[str, dict]) -> None:
+    def write_job_report(self, outcome: Outcome, others: dict[str, dict]) -> None:
         """The report of this host's figures and others' (host -> figures; a host of the job
         without any is reported missing)."""
         from entrypoint.jobreport.host import write_job_report
@@ -116,28 +114,53 @@ class HostRole:
                                 run, self.lost, self.peer_failed)
 
 
-def describe(plan: LaunchPlan) -> str:
-    if plan.role == Role.SINGLE:
-        return f"{plan.entry.program}"
-    if plan.role == Role.MPI_LEADER:
-        return f"mpirun on {len(plan.hosts)} host(s)"
-    if plan.role == Role.TORCHRUN:
-        return f"torchrun on {len(plan.hosts)} host(s)"
-    if plan.role == Role.PARAMETER_SERVER:
-        return f"the parameter-server job on {len(plan.hosts)} host(s)"
-    return f"{plan.entry.program} ({plan.role})"
+class MultiHostRole(HostRole):
+    """What the roles of a multi-host launch share: the other hosts' names resolved first, a
+    watch on the peers from the first run on (it spans the restarts of a job), and a lost
+    host ending the current run."""
 
+    watch_port_name = ""
 
-def choose_role(plan: LaunchPlan, collector, env: dict[str, str], paths) -> HostRole:
-    args = (plan, collector, env, paths, describe(plan), plan.role in RELAUNCHED_ROLES)
-    if plan.role != Role.MPI_WORKER and not plan.multi_host:
-        return HostRole(*args)
-    from entrypoint.hosts import roles  # multi-host paths only: a 1-host job never imports it
+    def __init__(self, plan: LaunchPlan, collector, env: dict[str, str], paths, what: str, relaunchable: bool):
+        super().__init__(plan, collector, env, paths, what, relaunchable)
+        self.watches: list | None = None  # hosts/job_port.PeerWatch
+        self.resolved = False  # every host's name resolved: from then on the others may wait on this one
 
-    if plan.role == Role.MPI_WORKER:
-        return roles.MpiWorker(*args)
-    if plan.role == Role.MPI_LEADER:
-        return roles.MpiLeader(*args)
-    if plan.is_leader:
-        return roles.JobPortLeader(*args)
-    return roles.JobPortWorker(*args, watch_rendezvous=plan.role == Role.TORCHRUN)
+    def start(self) -> Outcome | None:
+        settings = self.plan.settings
+        unresolved = wait_for_hosts(self.plan.hosts, settings.host_resolution_timeout_s)
+        if not unresolved:
+            self.resolved = True
+            self.mark("hosts resolved")
+            outcome = self.start_beside()
+            if outcome is None:
+                self.mark("peers ready")
+            return outcome
+        self.collector.tail.append(f"host(s) {', '.join(unresolved)} did not resolve within "
+                                   f"{settings.host_resolution_timeout_s:g} s (BYOC_HOST_RESOLUTION_TIMEOUT_S)")
+        return Outcome(1, self.describe_failure("waiting for the other hosts' names to resolve", RunResult(1)))
+
+    def start_beside(self) -> Outcome | None:
+        """What runs beside the processes; an Outcome when the launch cannot start."""
+        return None
+
+    def start_problem(self, problem: str, stopped_by: str | None) -> Outcome:
+        self.collector.tail.append(problem)
+        return Outcome(1, self.describe_failure(f"{self.what}: starting the workers", RunResult(1, stopped_by)))
+
+    def on_processes_started(self, supervisor) -> None:
+        self.supervisor = supervisor
+        if self.watches is None:
+            self.watches = self.start_watches()
+
+    def start_watches(self) -> list:
+        return []
+
+    def on_lost(self, host: str, reason: str) -> None:
+        self.lost = reason
+        self.supervisor.stop_after_failure(f"{reason}: the job cannot go on")
+
+    def close_watches(self) -> None:
+        for watch in self.watches or ():
+            watch.close()  # this host's part is over: a peer leaving now is not a lost host
+        self.watches = []

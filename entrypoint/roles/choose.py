@@ -1,0 +1,39 @@
+"""The one switch on plan.role: this host's role, chosen once from the plan. A 1-host job
+imports only single.py; the multi-host roles only when the launch has several hosts."""
+
+from __future__ import annotations
+
+from entrypoint.decide.plan import LaunchPlan, Role
+from entrypoint.roles.base import HostRole
+from entrypoint.roles.single import SingleHost
+
+# Roles whose every process is started by this host's entrypoint, so a relaunch here is a
+# relaunch of the whole job (restarts.py); torchrun restarts its own ranks.
+RELAUNCHED_ROLES = (Role.SINGLE, Role.OUTSIDE_DISTRIBUTION, Role.MPI_LEADER)
+
+
+def describe(plan: LaunchPlan) -> str:
+    if plan.role == Role.SINGLE:
+        return f"{plan.entry.program}"
+    if plan.role == Role.MPI_LEADER:
+        return f"mpirun on {len(plan.hosts)} host(s)"
+    if plan.role == Role.TORCHRUN:
+        return f"torchrun on {len(plan.hosts)} host(s)"
+    if plan.role == Role.PARAMETER_SERVER:
+        return f"the parameter-server job on {len(plan.hosts)} host(s)"
+    return f"{plan.entry.program} ({plan.role})"
+
+
+def choose_role(plan: LaunchPlan, collector, env: dict[str, str], paths) -> HostRole:
+    args = (plan, collector, env, paths, describe(plan), plan.role in RELAUNCHED_ROLES)
+    if plan.role != Role.MPI_WORKER and not plan.multi_host:
+        return SingleHost(*args)
+    if plan.role in (Role.MPI_WORKER, Role.MPI_LEADER):
+        from entrypoint.roles import mpi  # multi-host paths only: a 1-host job never imports it
+
+        return mpi.MpiWorker(*args) if plan.role == Role.MPI_WORKER else mpi.MpiLeader(*args)
+    from entrypoint.roles import job_port
+
+    if plan.is_leader:
+        return job_port.JobPortLeader(*args)
+    return job_port.JobPortWorker(*args, watch_rendezvous=plan.role == Role.TORCHRUN)
