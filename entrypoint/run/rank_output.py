@@ -99,7 +99,10 @@ class RankOutputFollower:
         self._open_new()
         for state in self.files.values():
             if state is not None:
-                self._read(state, final)
+                try:
+                    self._read(state, final)
+                except OSError:
+                    pass  # this file, this round only: the others go on, and it is read again next round
 
     def _open_new(self) -> None:
         """Open the rank files that appeared: regular files only, opened without blocking and
