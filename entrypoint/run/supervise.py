@@ -205,6 +205,7 @@ class Supervisor:
         self.children: list[tuple[ProcessSpec, subprocess.Popen]] = []
         self.rank_envs: dict[int, dict[str, str]] = {}  # pid -> environment, of the ranks we start
         self.pumps: list[threading.Thread] = []
+        self.followers: list = []  # rank_output.RankOutputFollower: the ranks' files mpirun has written here
         self.stopped_by: str | None = None
         self.stopped_at: float | None = None  # time.time() of the stop request
         self.lock = threading.Lock()  # kill_at's: the main loop and the role's threads set it
@@ -213,6 +214,10 @@ class Supervisor:
         self.first_failure_signaled: bool | None = None  # RunResult.signaled
 
     def start(self, spec: ProcessSpec, env: dict[str, str], cwd: str) -> None:
+        if spec.rank_output:
+            from entrypoint.run import rank_output  # only mpirun writes the ranks' files
+
+            rank_output.clear(spec.rank_output)
         try:
             proc = subprocess.Popen(
                 list(spec.argv),
@@ -229,6 +234,9 @@ class Supervisor:
             argv = list(spec.argv)
             raise LaunchError(describe_launch_error(argv, env, error, shebang=_names_its_interpreter(argv))) from None
         self.children.append((spec, proc))
+        if spec.rank_output:
+            self.followers.append(rank_output.start_following(spec.rank_output, self.collector,
+                                                              self.settings.quiet_line_s, self.settings.wait_poll_s))
         if "RANK" in dict(spec.env):  # a rank we start ourselves: its signal death is ours to report
             self.rank_envs[proc.pid] = env
         for pipe, sink in ((proc.stdout, sys.stdout.buffer), (proc.stderr, sys.stderr.buffer)):
@@ -383,6 +391,8 @@ class Supervisor:
         processes.reap_orphans(set())
         for t in self.pumps:
             t.join(timeout=self.settings.thread_join_s)
+        for follower in self.followers:  # every line the ranks wrote, before the outcome is decided
+            follower.stop(self.settings.thread_join_s)
         return first_failure or 0
 
 

@@ -177,6 +177,29 @@ def test_mpirun_leader_two_hosts_golden():
     assert not any("do-not-print" in a for a in plan.processes[0].argv)  # names only, never values
 
 
+@pytest.mark.parametrize("custom, files", [
+    ("", True), ("-x NCCL_DEBUG=INFO", True),
+    # A user's own output option keeps --tag-output (its files would hold their tags or times).
+    ("--output-filename /opt/ml/output/data/logs", False), ("-tag-output", False), ("--timestamp-output", False),
+    ("--xml", False), ("--merge-stderr-to-stdout", False), ("-mca orte_tag_output 1", False),
+    ("--mca orte_output_filename /tmp/logs", False), ("-mca btl_tcp_if_exclude lo", True),
+])
+def test_mpirun_on_one_host_writes_each_ranks_output_to_a_file_the_entrypoint_follows(custom, files):
+    """Issue 33, case 6: one host's daemon writes each rank's streams to files of their own
+    (run/rank_output.py), forwarding nothing to mpirun; several hosts keep --tag-output."""
+    hps = {"sagemaker_mpi_enabled": True, "sagemaker_mpi_custom_mpi_options": custom}
+    spec = plan_for(make_job(hps=hps), CPU).processes[0]
+    folder = "/tmp/byoc/rank-output"
+    if files:
+        assert spec.argv[:8] == ("mpirun", "--host", "algo-1:1", "-np", "1", "--allow-run-as-root",
+                                 "--output-filename", f"{folder}:nocopy")
+        assert spec.rank_output == folder and "--tag-output" not in spec.argv
+    else:
+        assert spec.argv[5:7] == ("--allow-run-as-root", "--tag-output") and spec.rank_output == ""
+    two_hosts = plan_for(make_job(hosts=("algo-1", "algo-2"), hps=hps), CPU).processes[0]
+    assert two_hosts.argv[5:7] == ("--allow-run-as-root", "--tag-output") and two_hosts.rank_output == ""
+
+
 def test_mpirun_worker_runs_no_launcher():
     plan = plan_for(make_job(hosts=("algo-1", "algo-2"), current="algo-2", hps={"sagemaker_mpi_enabled": True}), CPU)
     assert plan.role == "mpi-worker" and plan.processes == ()
