@@ -105,7 +105,7 @@ class LaunchSettings(NamedTuple):
     mpi_teardown_signal_gap_s: int = 1
     # One run of a machine tool at start (nvidia-smi, neuron-ls, fi_info).
     tool_probe_timeout_s: float = 20.0
-    # How often SDK v3's SSH helper looks for its peers' keys (sdk_v3/ssh.py).
+    # How often SDK v3's SSH helper looks for its peers' keys (sdk_v3/peer_trust.py).
     v3_ssh_poll_s: float = 0.5
     # Training plans begin terminating a capacity's instances this long before it ends.
     capacity_termination_lead_s: float = 1800.0
