@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from entrypoint.decide import threads, topology
 from entrypoint.job.config import JobConfig, build_json
 from entrypoint.decide.distribution import MPI_BASED, Distribution
-from entrypoint.decide.settings import DEFAULTS, LaunchSettings, decide_capacity_stop_at
+from entrypoint.decide.settings import decide_capacity_stop_at
 from entrypoint.errors import JobDefinitionError
 from entrypoint.decide.gpu_env import build_gpu_env
 from entrypoint.decide.neuron_env import build_neuron_cache_env
@@ -31,6 +31,7 @@ from entrypoint.job.program import (
 from entrypoint.decide.smenv import build_sm_env, build_user_args
 from entrypoint.hosts.job_port import JOB_PORTS_ENV, REPORT_KEY_ENV
 from entrypoint.jobreport.spec import REPORT_DIR_ENV, ReportSpec, decide_report_spec, decide_tensorboard_dir
+from entrypoint.settings import DEFAULTS, LaunchSettings
 
 if TYPE_CHECKING:  # decide/health.py is imported only when the job asks for the check
     from entrypoint.decide.health import HealthCheck

@@ -43,8 +43,8 @@ import time
 from collections import deque
 from typing import NamedTuple
 
-from entrypoint.decide.settings import DEFAULTS, LaunchSettings
 from entrypoint.hosts.net import can_connect
+from entrypoint.settings import DEFAULTS, LaunchSettings
 
 ROOT_CAUSE = "BYOC-ROOT-CAUSE "
 HOST_DONE = "BYOC-HOST-DONE "

@@ -18,11 +18,11 @@ import signal
 import subprocess
 
 from entrypoint.decide.plan import LaunchPlan
-from entrypoint.decide.settings import DEFAULTS
 from entrypoint.hosts import ssh
 from entrypoint.hosts.net import can_connect
 from entrypoint.jobreport.spec import HOST_FIGURES_FILE
 from entrypoint.rank.record_errors import build_readable_text
+from entrypoint.settings import DEFAULTS
 
 # What a signal to a worker's entrypoint means (its handlers: roles/mpi.MpiWorker).
 STACKS_SIGNAL = signal.SIGUSR1  # its ranks print their Python stacks

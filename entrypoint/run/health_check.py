@@ -16,12 +16,12 @@ import time
 
 from entrypoint.decide import health
 from entrypoint.decide.plan import LaunchPlan
-from entrypoint.decide.settings import DEFAULTS, LaunchSettings
 from entrypoint.errors import EXIT_BAD_JOB
 from entrypoint.log import log
 from entrypoint.outcome.failure import secret_values
 from entrypoint.outcome.writer import Outcome
 from entrypoint.run.supervise import OutputCollector, RunResult, run_processes
+from entrypoint.settings import DEFAULTS, LaunchSettings
 
 
 def run_check(check: health.HealthCheck, env: dict[str, str], host: str, settings: LaunchSettings = DEFAULTS,
