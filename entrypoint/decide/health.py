@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from typing import NamedTuple
 
-from entrypoint.decide.plan import ProcessSpec
+from entrypoint.decide.specs import ProcessSpec
 from entrypoint.settings import LaunchSettings
 
 ALLREDUCE_CHECK = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "rank",

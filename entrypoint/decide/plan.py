@@ -11,7 +11,8 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, NamedTuple
 
 from entrypoint.decide import threads, topology
-from entrypoint.job.config import JobConfig, build_json
+from entrypoint.job.config import JobConfig
+from entrypoint.job.json_text import build_json
 from entrypoint.decide.distribution import MPI_BASED, Distribution
 from entrypoint.decide.settings import decide_capacity_stop_at
 from entrypoint.errors import JobDefinitionError
@@ -19,7 +20,6 @@ from entrypoint.decide.gpu_env import build_gpu_env
 from entrypoint.decide.neuron_env import build_neuron_cache_env
 from entrypoint.decide.compile_cache import CompileCache, decide_compile_cache
 from entrypoint.job.probe import MachineFacts
-from entrypoint.run.runtime_dirs import RuntimeFiles, build_sha256_hex
 from entrypoint.job.program import (
     CodeFacts,
     CodeSource,
@@ -29,8 +29,9 @@ from entrypoint.job.program import (
     decide_entry_point,
 )
 from entrypoint.decide.smenv import build_sm_env, build_user_args
-from entrypoint.hosts.job_port import JOB_PORTS_ENV, REPORT_KEY_ENV
-from entrypoint.jobreport.spec import REPORT_DIR_ENV, ReportSpec, decide_report_spec, decide_tensorboard_dir
+from entrypoint.decide.specs import ProcessSpec, RuntimeFiles, build_sha256_hex
+from entrypoint.rank.record_errors import JOB_PORTS_ENV, REPORT_KEY_ENV  # the ranks read them: their copy of the words
+from entrypoint.decide.job_report import REPORT_DIR_ENV, ReportSpec, decide_report_spec, decide_tensorboard_dir
 from entrypoint.settings import DEFAULTS, LaunchSettings
 
 if TYPE_CHECKING:  # decide/health.py is imported only when the job asks for the check
@@ -49,7 +50,7 @@ FORWARDED_PREFIXES = ("NCCL_", "FI_", "TORCH_", "CUDA_", "OMP_", "MKL_", "HF_", 
 
 class Runtime(NamedTuple):
     """Facts about this image and host, not the job's definition: where python is, where the
-    job's runtime files go (runtime_dirs.RuntimeFiles)."""
+    job's runtime files go (specs.RuntimeFiles)."""
 
     python: str
     files: RuntimeFiles
@@ -68,16 +69,6 @@ class Role(StrEnum):
 
 # The roles whose processes take part in a job across hosts (a multi-host wait and watch).
 DISTRIBUTED_ROLES = (Role.MPI_LEADER, Role.TORCHRUN, Role.PARAMETER_SERVER)
-
-
-class ProcessSpec(NamedTuple):
-    name: str
-    argv: tuple[str, ...]
-    env: tuple[tuple[str, str], ...] = ()  # on top of the plan's env
-    cwd: str | None = None  # None: the plan's cwd
-    # A stop request (SIGTERM) goes to the ranks this process started on this host, not to
-    # the process: mpirun, whose own SIGTERM handling gives ranks only Open MPI's kill timeout.
-    signal_ranks: bool = False
 
 
 class LaunchPlan(NamedTuple):

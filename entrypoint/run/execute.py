@@ -19,7 +19,8 @@ from entrypoint.job.paths import MlPaths
 from entrypoint.log import log
 from entrypoint.outcome.failure import (describe_exit_code, describe_job_failure, describe_root_cause, first_root_cause,
                                         secret_values)
-from entrypoint.outcome.writer import SUCCESS, Outcome, clear_previous_outcome
+from entrypoint.outcome.records import SUCCESS, Outcome
+from entrypoint.outcome.writer import clear_previous_outcome
 from entrypoint.run import runtime_dirs
 from entrypoint.roles.base import HostRole
 from entrypoint.roles.choose import choose_role
@@ -30,9 +31,12 @@ class Launch:
     """What cli.main closes once the outcome is written, whatever happened before: this
     host's role, once chosen, and the job's runtime folders, once made."""
 
-    def __init__(self) -> None:
+    def __init__(self, secrets: tuple[str, ...] = ()) -> None:
         self.role: HostRole | None = None
         self.folders: tuple[str, ...] = ()
+        # What writer.render_reason masks in the outcome: the environment's secrets, then
+        # (cli.run, once the plan exists) those of the environment the plan built too.
+        self.secrets = secrets
 
     def report(self, outcome: Outcome) -> None:
         """The job report (jobreport/), after the outcome is written: a report that cannot be
