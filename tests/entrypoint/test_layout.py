@@ -229,3 +229,18 @@ def test_no_import_runs_up_the_layers():
     upward = [f"{name} -> {target}" for name, targets in import_graph().items() for target in sorted(targets)
               if layer_of(target) > layer_of(name)]
     assert not upward, "\n".join(upward)
+
+
+def test_the_ranks_modules_load_on_the_standard_library_alone():
+    """rank/ runs inside every rank, by path, under whatever Python the user's code has: what it
+    imports when it loads is the standard library or a sibling (torch only inside the functions
+    that run under torch: the deep health check's ranks, launch_torchrun's main)."""
+    import sys
+
+    loaded = {(name, alias.name if isinstance(node, ast.Import) else node.module)
+              for name, tree in modules().items() if name.startswith("rank/")
+              for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))
+              for alias in node.names}
+    assert loaded, "no import read"
+    outside = {(name, module) for name, module in loaded if module.split(".")[0] not in sys.stdlib_module_names}
+    assert outside == set(), outside
