@@ -270,3 +270,21 @@ def test_the_one_rendering_masks_then_makes_readable():
     """render_reason: what an MPI leader tells its workers over SSH goes through it too."""
     assert render_reason(f"key {SECRET[:15]}\n  {SECRET[15:]} \udc80 \x1b[0m", [SECRET]) == "key **** \\x80 \\x1b[0m"
     assert render_reason(None, [SECRET]) is None and render_reason("", [SECRET]) == ""
+
+
+def test_an_mpi_leader_tells_its_workers_the_reason_masked(tmp_path, monkeypatch):
+    """The leader's word to its workers over SSH goes through render_reason: never the raw reason."""
+    from entrypoint.roles import mpi
+    from entrypoint.roles.choose import choose_role
+    from support.jobs import make_job, plan_for
+
+    environ = {"MY_API_TOKEN": SECRET}
+    plan = plan_for(make_job(hosts=("algo-1", "algo-2"), hps={"sagemaker_mpi_enabled": True}, environ=environ))
+    env = {**environ, **plan.env_dict}
+    role = choose_role(plan, OutputCollector(secret_values(env)), env, build_paths({"SAGEMAKER_BASE_DIR": str(tmp_path)}))
+    told = []
+    monkeypatch.setattr(mpi.mpi_wire, "tell_workers", lambda _plan, code, report, _log: told.append((code, report)))
+    monkeypatch.setattr(mpi, "stop_leader", lambda _plan, _sshd: None)  # no sshd was started
+    role.resolved = True  # its workers' names resolved: they wait for its word
+    role.close(Outcome(1, f"RuntimeError: {SECRET}\n"))
+    assert told == [(1, "RuntimeError: ****\n")]
