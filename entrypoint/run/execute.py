@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import time
 
-from entrypoint.decide.plan import LaunchPlan, ProcessSpec
+from entrypoint.decide.plan import LaunchPlan
+from entrypoint.decide.specs import ProcessSpec
 from entrypoint.decide.capacity import describe_capacity_over, describe_capacity_stop
 from entrypoint.decide.restarts import RunEnding, build_restart_line, decide_restart
 from entrypoint.decide.settings import decide_capacity_stop_at

@@ -244,3 +244,18 @@ def test_the_ranks_modules_load_on_the_standard_library_alone():
     assert loaded, "no import read"
     outside = {(name, module) for name, module in loaded if module.split(".")[0] not in sys.stdlib_module_names}
     assert outside == set(), outside
+
+
+def count_parameters(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    args = node.args
+    names = [a.arg for a in args.posonlyargs + args.args + args.kwonlyargs + [args.vararg, args.kwarg] if a]
+    return len(names) - (names[:1] in (["self"], ["cls"]))
+
+
+def test_the_failure_words_take_at_most_six_parameters():
+    """How a step ended travels as one record (outcome/records.StepEnding), not as a dozen keywords."""
+    assert count_parameters(ast.parse("def f(self, a, *b, c=1, **d): pass").body[0]) == 4
+    long = [f"{name}:{node.lineno} {node.name} ({count_parameters(node)})" for name, tree in modules().items()
+            if name.startswith("outcome/") for node in ast.walk(tree)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and count_parameters(node) > 6]
+    assert not long, long
