@@ -18,6 +18,9 @@ class ProcessSpec(NamedTuple):
     # A stop request (SIGTERM) goes to the ranks this process started on this host, not to
     # the process: mpirun, whose own SIGTERM handling gives ranks only Open MPI's kill timeout.
     signal_ranks: bool = False
+    # Where mpirun's daemon writes each rank's output on this host (--output-filename), which
+    # the entrypoint follows and prints (run/rank_output.py); "": the process's pipes carry it.
+    rank_output: str = ""
 
 
 # --- the job's runtime files -----------------------------------------------------------------
@@ -95,6 +98,11 @@ class RuntimeFiles(NamedTuple):
     def host_env(self) -> str:
         """The host's environment for the ranks mpirun starts on it: the same path on every host."""
         return self.ssh.host_env
+
+    @property
+    def rank_output(self) -> str:
+        """Where mpirun's daemon writes each rank's output on this host (run/rank_output.py)."""
+        return os.path.join(self.folder, "rank-output")
 
     @property
     def owner(self) -> str:

@@ -138,7 +138,8 @@ def test_any_text_comes_out_readable_and_printable_text_unchanged(text):
 def test_any_text_through_the_real_writers_arrives_readable(tmp_path_factory, text, exit_code):
     """output/failure (outcome.write_outcome), the log (log.log) and train/'s own failure file."""
     from entrypoint.log import log
-    from entrypoint.outcome.writer import Outcome, write_outcome
+    from entrypoint.outcome.records import Outcome
+    from entrypoint.outcome.writer import write_outcome
     from entrypoint.job.paths import build_paths
     from train.script import write_failure as train_write_failure
 
