@@ -276,12 +276,14 @@ def test_an_mpi_leader_tells_its_workers_the_reason_masked(tmp_path, monkeypatch
     """The leader's word to its workers over SSH goes through render_reason: never the raw reason."""
     from entrypoint.roles import mpi
     from entrypoint.roles.choose import choose_role
+    from entrypoint.run.stop import Stop
     from support.jobs import make_job, plan_for
 
     environ = {"MY_API_TOKEN": SECRET}
     plan = plan_for(make_job(hosts=("algo-1", "algo-2"), hps={"sagemaker_mpi_enabled": True}, environ=environ))
     env = {**environ, **plan.env_dict}
-    role = choose_role(plan, OutputCollector(secret_values(env)), env, build_paths({"SAGEMAKER_BASE_DIR": str(tmp_path)}))
+    role = choose_role(plan, OutputCollector(secret_values(env)), env, build_paths({"SAGEMAKER_BASE_DIR": str(tmp_path)}),
+                       Stop())
     told = []
     monkeypatch.setattr(mpi.mpi_wire, "tell_workers", lambda _plan, code, report, _log: told.append((code, report)))
     monkeypatch.setattr(mpi, "stop_leader", lambda _plan, _sshd: None)  # no sshd was started
