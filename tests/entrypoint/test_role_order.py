@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from support.jobtree import write_tree  # noqa: E402
 
 from entrypoint import cli  # noqa: E402
-from entrypoint.outcome.writer import SUCCESS  # noqa: E402
+from entrypoint.outcome.records import SUCCESS  # noqa: E402
 from entrypoint.roles import base, job_port as job_port_role, mpi as mpi_role  # noqa: E402
 from entrypoint.run import execute  # noqa: E402
 from entrypoint.hosts import job_port  # noqa: E402
