@@ -15,7 +15,7 @@ connection carries nothing or lines of UTF-8 text, at most MAX_REPORT_BYTES:
                                                         every live interval: jobreport/live.py)
 
 - `<hmac>`: HMAC-SHA256 (hex) of the record (everything after it) with the job's report key,
-  BYOC_JOB_REPORT_KEY (hex), which the plan gives every process of the job.
+  BYOC_JOB_PORT_KEY (hex), which the plan gives every process of the job.
 - BYOC-ROOT-CAUSE's json: host, rank, type, message, time (epoch s), where. Ranks also print
   the same record, unsigned, on stderr; it reaches the leader with their output.
 - BYOC-HOST-DONE's json: host, exit_code, time.
@@ -32,7 +32,7 @@ Liveness: the leader probes every worker's port, the workers the leader's, every
 peer_probe_every_s; a host silent for BYOC_HOST_LOST_TIMEOUT_S (default 30 s) is lost and the
 job is stopped, naming it (PeerWatch). All the waits on a peer's port (lost, gone, closed) run
 the one probe loop, watch_ports. socket is imported where a port is used: a 1-host job reads
-this module (the words, RootCause) but never opens one.
+this module (the words) but never opens one.
 """
 
 from __future__ import annotations
@@ -41,17 +41,18 @@ import json
 import threading
 import time
 from collections import deque
-from typing import NamedTuple
 
-from entrypoint.decide.settings import DEFAULTS, LaunchSettings
 from entrypoint.hosts.net import can_connect
+from entrypoint.outcome.records import RootCause
+from entrypoint.settings import DEFAULTS, LaunchSettings
 
 ROOT_CAUSE = "BYOC-ROOT-CAUSE "
 HOST_DONE = "BYOC-HOST-DONE "
 HOST_FIGURES = "BYOC-HOST-FIGURES "
 HOST_LIVE = "BYOC-HOST-LIVE "
 SIGNED = "BYOC-SIGNED "
-REPORT_KEY_ENV = "BYOC_JOB_REPORT_KEY"
+JOB_KEY_ENV = "BYOC_JOB_PORT_KEY"
+JOB_KEY_OLD_ENV = "BYOC_JOB_REPORT_KEY"  # its name until 2026-11: still set, for one release
 JOB_PORTS_ENV = "BYOC_JOB_PORTS"
 MAX_REPORT_BYTES = 65536
 # A report made during the run and sent again (a replay) is known by its signature: this many
@@ -60,15 +61,6 @@ SEEN_SIGNATURES_KEPT = 4096
 
 
 # --- the records -------------------------------------------------------------------------------
-
-
-class RootCause(NamedTuple):
-    host: str
-    rank: str
-    type: str
-    message: str
-    time: float
-    where: str = ""
 
 
 def parse_root_cause_line(line: str) -> RootCause | None:
