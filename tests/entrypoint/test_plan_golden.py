@@ -32,6 +32,7 @@ def non_sm_env(plan):
     assert env.pop("BYOC_REPORT_DIR") == plan.report.rank_folder == plan.files.folder + "/report"
     # torch.compile's caches, in the host-local folder by default (test_compile_cache.py).
     assert (env.pop("TORCHINDUCTOR_CACHE_DIR"), env.pop("TRITON_CACHE_DIR")) == (LOCAL_FOLDER, LOCAL_FOLDER + "/triton")
+    assert env.pop("TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS") == "0"
     key = env.pop("BYOC_JOB_PORT_KEY", None)
     assert env.pop("BYOC_JOB_REPORT_KEY", None) == key  # its old name, for one release
     assert (key is not None) == ("BYOC_JOB_PORTS" in env)
@@ -166,7 +167,8 @@ def test_mpirun_leader_two_hosts_golden():
     assert plan.role == "mpi-leader"
     sm_names = sorted(k for k, _ in plan.env if k.startswith("SM_"))
     forwarded = sorted(["AWS_SECRET_ACCESS_KEY", "BYOC_HOST_ENV_FILE", "BYOC_REPORT_DIR", "MASTER_ADDR", "MASTER_PORT", "NCCL_SOCKET_IFNAME",
-                        "OMP_NUM_THREADS", "PATH", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", *sm_names])
+                        "OMP_NUM_THREADS", "PATH", "TORCHINDUCTOR_CACHE_DIR", "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS",
+                        "TRITON_CACHE_DIR", *sm_names])
     expected = (
         "mpirun", "--host", "algo-1:2,algo-2:2", "-np", "4", *MPI_FLAGS,
         *[a for name in forwarded for a in ("-x", name)],
