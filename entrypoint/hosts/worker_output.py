@@ -180,5 +180,6 @@ def start_worker_output(plan, folder: str, python: str, collector, stop, sinks: 
             why = ("its session ended before it was ready" if session.ended.is_set()
                    else f"its session was not ready within {settings.ssh_session_timeout_s:g} s")
             session.end()
-            session.say_lost(why)
+            if not stop.requested():  # stopped: no run starts, nothing of it is lost
+                session.say_lost(why)
     return WorkerOutput([s for s in sessions if s.ready.is_set()], stop)
