@@ -163,7 +163,7 @@ def start_worker_output(plan, folder: str, python: str, collector, stop, sinks: 
     is not ready by then is cut, and said so."""
     settings = plan.settings
     command = mpi_wire.build_follow_command(python, folder, settings.quiet_line_s, settings.wait_poll_s)
-    sessions = []
+    sessions, started = [], time.monotonic()
     for host in plan.peers:
         try:
             sessions.append(WorkerSession(host, mpi_wire.start_follow_session(plan, host, command), collector, sinks, log))
@@ -182,4 +182,7 @@ def start_worker_output(plan, folder: str, python: str, collector, stop, sinks: 
             session.end()
             if not stop.requested():  # stopped: no run starts, nothing of it is lost
                 session.say_lost(why)
-    return WorkerOutput([s for s in sessions if s.ready.is_set()], stop)
+    ready = [s for s in sessions if s.ready.is_set()]
+    if ready:
+        log(f"{len(ready)} worker(s) stream their ranks' output here over SSH (ready in {time.monotonic() - started:.2f} s)")
+    return WorkerOutput(ready, stop)

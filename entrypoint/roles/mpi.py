@@ -270,7 +270,8 @@ class MpiLeader(MultiHostRole):
 
     def ask_other_hosts(self) -> None:
         """Each worker's entrypoint (SIGUSR1 over SSH) has its ranks print their stacks, which
-        reach this host's log through their rank files' sessions (hosts/worker_output.py)."""
+        reach this host's log through their rank files' sessions (hosts/worker_output.py), or
+        mpirun's own forwarding under a user's output option."""
         mpi_wire.ask_workers_for_stacks(self.plan, log)
 
     def job_report(self, outcome: Outcome) -> None:
