@@ -6,7 +6,7 @@ worker in parallel (MAX_PARALLEL_SESSIONS at a time).
   `job-exit-code`, whose appearance is what the worker waits for: roles/mpi.py);
 - ask: STACKS_SIGNAL (SIGUSR1) to the worker's entrypoint, which passes it to its ranks;
 - collect: FIGURES_SIGNAL (SIGUSR2) to the worker's entrypoint, which writes this host's job
-  report figures (jobreport/spec.HOST_FIGURES_FILE), then read back;
+  report figures (decide/job_report.HOST_FIGURES_FILE), then read back;
 - follow: a session for the whole of each run, in which the worker follows its ranks' files
   (run/rank_output.run_for_leader) and streams their lines back (hosts/worker_output.py).
 The files' paths are the plan's (plan.files: runtime_dirs.py), the same on every host.
@@ -19,13 +19,15 @@ import shlex
 import signal
 import subprocess
 
+from entrypoint.decide.job_report import HOST_FIGURES_FILE
 from entrypoint.decide.plan import LaunchPlan
-from entrypoint.decide.settings import DEFAULTS
 from entrypoint.hosts import ssh
 from entrypoint.hosts.net import can_connect
-from entrypoint.jobreport.spec import HOST_FIGURES_FILE
-from entrypoint.rank.record_errors import build_readable_text
-from entrypoint.run import rank_output
+from entrypoint.settings import DEFAULTS
+
+# What follows a worker's rank files for the leader (hosts/worker_output.py), run by path on the
+# worker with the standard library only, as the ranks' wrapper is (decide/plan.RECORD_ERRORS).
+RANK_OUTPUT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "run", "rank_output.py")
 
 # What a signal to a worker's entrypoint means (its handlers: roles/mpi.MpiWorker).
 STACKS_SIGNAL = signal.SIGUSR1  # its ranks print their Python stacks
@@ -88,7 +90,7 @@ def build_follow_command(python: str, folder: str, quiet_s: float, poll_s: float
     python (the ranks' own, the same path on every host) runs run/rank_output.py by path,
     isolated (-I: no PYTHON* variable, no folder of the user's on its path). Only that path,
     the plan's folder and two numbers appear in it, each quoted."""
-    argv = [python, "-I", os.path.abspath(rank_output.__file__), folder, repr(float(quiet_s)), repr(float(poll_s))]
+    argv = [python, "-I", RANK_OUTPUT, folder, repr(float(quiet_s)), repr(float(poll_s))]
     return "exec " + shlex.join(argv)
 
 
@@ -99,9 +101,10 @@ def start_follow_session(plan: LaunchPlan, host: str, command: str) -> subproces
 
 
 def tell_workers(plan: LaunchPlan, exit_code: int, report: str | None, log) -> None:
-    """Write the job's outcome on every worker; a dead worker is skipped."""
-    # Readable first (record_errors.build_readable_text): a lone surrogate arrives escaped, not as "?".
-    payload = build_readable_text(report or "").encode("utf-8")[:LEADER_REPORT_MAX_BYTES] if exit_code != 0 else b""
+    """Write the job's outcome on every worker; a dead worker is skipped. report: as
+    outcome/writer.render_reason made it (secrets masked, readable: a lone surrogate arrives
+    escaped, never as "?" or an encoding error)."""
+    payload = (report or "").encode("utf-8")[:LEADER_REPORT_MAX_BYTES] if exit_code != 0 else b""
     run_on_workers(plan, build_tell_command(plan, exit_code), payload, "tell {host} the outcome", log)
 
 

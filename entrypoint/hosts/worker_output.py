@@ -25,7 +25,12 @@ import threading
 import time
 
 from entrypoint.hosts import mpi_wire
-from entrypoint.run.rank_output import MAX_PENDING_BYTES, READY_LINE
+
+# The follower's first line, once it follows (run/rank_output.py keeps its copy: it runs by path,
+# standard library only); every later line starts with a rank's tag, this one never.
+READY_LINE = b"byoc-rank-output: following\n"
+# The longest line the follower writes: a tag and run/rank_output.MAX_PENDING_BYTES (64 KiB).
+MAX_LINE_BYTES = 2 * 65536
 
 _LEADING_TAG = re.compile(rb"\[\d+,\d+\]<(stdout|stderr|stddiag)>:")
 _ERROR_TAIL_BYTES = 2000  # of a session's stderr, for the one line that says it was lost
@@ -41,9 +46,9 @@ def parse_worker_line(line: bytes) -> str:
 
 def build_worker_lines(pending: bytes, data: bytes) -> tuple[list[bytes], bytes]:
     """The whole lines of pending + data and what waits for its end (the follower writes only
-    whole lines; a wait past twice MAX_PENDING_BYTES is not one of its lines: passed on)."""
+    whole lines; a wait past MAX_LINE_BYTES is not one of its lines: passed on)."""
     *lines, rest = (pending + data).split(b"\n")
-    if len(rest) > 2 * MAX_PENDING_BYTES:
+    if len(rest) > MAX_LINE_BYTES:
         lines.append(rest)
         rest = b""
     return lines, rest

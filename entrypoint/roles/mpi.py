@@ -31,8 +31,9 @@ from entrypoint.hosts.job_port import PeerWatch
 from entrypoint.hosts.net import resolve_addresses
 from entrypoint.job.paths import open_regular
 from entrypoint.log import log
-from entrypoint.outcome.failure import describe_job_outcome
-from entrypoint.outcome.writer import SUCCESS, Outcome, load_failure_file
+from entrypoint.outcome.hosts import describe_job_outcome, describe_worker_failure
+from entrypoint.outcome.records import SUCCESS, Outcome
+from entrypoint.outcome.writer import load_failure_file, render_reason
 from entrypoint.roles.base import HostRole, MultiHostRole
 from entrypoint.run import processes
 from entrypoint.run.stop import Stop
@@ -116,19 +117,6 @@ def stop_leader(plan: LaunchPlan, sshd: subprocess.Popen | None) -> None:
     """The workers know the outcome: stop our sshd, remove the job's key."""
     processes.stop_process(sshd)
     ssh.remove_private_key(plan.files.ssh)
-
-
-def build_worker_failure_reason(plan: LaunchPlan, outcome: WorkerOutcome) -> str:
-    """What a worker's output/failure says when the job failed."""
-    if outcome.reason is not None:
-        return outcome.reason
-    if outcome.leader_report:
-        # The leader's report, whose first lines are the job's root cause: SDK v2 local mode
-        # keeps only the last host's output/failure, and that is a worker's.
-        return (f"{outcome.leader_report.rstrip()}\n\n({plan.current_host} ended with the job; "
-                f"this report is the leader {plan.leader}'s.)")
-    return (f"The MPI job failed: the leader {plan.leader} reported exit code {outcome.exit_code}. "
-            f"The leader's output/failure names the first failing host, rank and exception.")
 
 
 def start_worker(plan: LaunchPlan, stop: Stop) -> tuple[subprocess.Popen | None, WorkerOutcome | None]:
@@ -299,8 +287,8 @@ class MpiLeader(MultiHostRole):
         if not self.resolved:
             return  # nothing started here; the workers give up on a leader they never reach
         try:
-            report = (load_failure_file(self.paths) or outcome.reason) if outcome.exit_code else None
-            mpi_wire.tell_workers(self.plan, outcome.exit_code, report, log)
+            reason = (load_failure_file(self.paths) or outcome.reason) if outcome.exit_code else None
+            mpi_wire.tell_workers(self.plan, outcome.exit_code, render_reason(reason, self.collector.secrets), log)
         finally:
             stop_leader(self.plan, self.sshd)
 
@@ -335,7 +323,8 @@ class MpiWorker(HostRole):
         if ended.exit_code == 0:
             log(f"{self.plan.current_host}: the leader reports success")
             return SUCCESS
-        return Outcome(ended.exit_code, describe_job_outcome(build_worker_failure_reason(self.plan, ended), self.env))
+        return Outcome(ended.exit_code, describe_job_outcome(describe_worker_failure(
+            self.plan.current_host, self.plan.leader, ended.exit_code, ended.reason, ended.leader_report)))
 
     def on_stack_request(self, _signum, _frame) -> None:
         """The ranks mpirun started here (under orted, which we adopted as subreaper)."""

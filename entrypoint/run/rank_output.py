@@ -36,7 +36,8 @@ MAX_PENDING_BYTES = 65536  # as run/tagged_lines.py: a line with no end (a progr
 READ_BYTES = 1 << 20  # per file and round: one busy rank cannot hold back the others for long
 RELEASE_BYTES = 1 << 20  # read this much more, then give it back to the file system
 _RANK_FILE = re.compile(r"(\d+)/rank\.(\d+)/(stdout|stderr|stddiag)")
-# The worker's first line to the leader: every later line starts with a rank's tag, this one never.
+# The worker's first line to the leader: every later line starts with a rank's tag, this one never
+# (hosts/worker_output.READY_LINE: this file runs by path on the worker, so it keeps a copy).
 READY_LINE = b"byoc-rank-output: following\n"
 _PUNCH_HOLE = 0x01 | 0x02  # FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE (linux/falloc.h)
 

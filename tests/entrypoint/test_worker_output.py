@@ -17,9 +17,9 @@ import time
 import pytest
 
 from entrypoint.hosts import mpi_wire
-from entrypoint.hosts.worker_output import WorkerSession, build_worker_lines, parse_worker_line, start_worker_output
+from entrypoint.hosts import worker_output
+from entrypoint.hosts.worker_output import MAX_LINE_BYTES, build_worker_lines, parse_worker_line, start_worker_output
 from entrypoint.run import rank_output
-from entrypoint.run.rank_output import MAX_PENDING_BYTES
 from entrypoint.run.stop import Stop
 from entrypoint.run.supervise import OutputCollector
 from support.jobs import make_job, plan_for
@@ -69,6 +69,12 @@ def test_the_remote_command_names_only_our_python_our_file_the_folder_and_two_nu
                                     "0.5", "0.05"]
 
 
+def test_the_follower_and_the_leader_say_the_same_ready_line_and_line_limit():
+    """run/rank_output.py runs by path on the worker: it keeps its own copy of the words."""
+    assert rank_output.READY_LINE == worker_output.READY_LINE
+    assert len(b"[1,4294967295]<stddiag>:") + rank_output.MAX_PENDING_BYTES <= MAX_LINE_BYTES
+
+
 @pytest.mark.parametrize("line, stream", [
     (b"[1,1]<stdout>:[1,0]<stderr>: the rank's own text", "stdout"),
     (b"[1,1]<stderr>:[1,0]<stdout>: x", "stderr"),
@@ -80,8 +86,7 @@ def test_only_the_first_tag_of_a_followers_line_says_its_stream(line, stream):
     assert parse_worker_line(line) == stream
 
 
-@pytest.mark.parametrize("size, waits", [(2 * MAX_PENDING_BYTES - 1, True), (2 * MAX_PENDING_BYTES, True),
-                                         (2 * MAX_PENDING_BYTES + 1, False)])
+@pytest.mark.parametrize("size, waits", [(MAX_LINE_BYTES - 1, True), (MAX_LINE_BYTES, True), (MAX_LINE_BYTES + 1, False)])
 def test_a_piece_waits_for_its_line_end_up_to_the_limit(size, waits):
     lines, rest = build_worker_lines(b"[1,0]<stdout>:a", b"b\n" + b"x" * size)
     assert lines == [b"[1,0]<stdout>:ab"] + ([] if waits else [b"x" * size])
