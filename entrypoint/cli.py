@@ -9,7 +9,7 @@ import sys
 from typing import NamedTuple
 
 from entrypoint.run import execute, finishing, runtime_dirs, supervise
-from entrypoint.run.stop import StartupStopped, Stop, raise_startup_stopped
+from entrypoint.run.stop import StartupStopped, Stop
 from entrypoint.job.config import JobConfig, find_missing_channel_dirs, load_job
 from entrypoint.job.json_text import build_json
 from entrypoint.decide.distribution import parse_distribution
@@ -143,13 +143,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         return print_plan(environ, paths)
     stop = Stop()  # the job's one stop token: every wait and every role reads it (run/stop.py)
-    stop.install()
-    stop.reaction = raise_startup_stopped  # until the role starts (run/execute.py)
-    signal.signal(signal.SIGUSR1, supervise.on_stack_request_without_ranks)
-    clear_previous_outcome(paths)
     launch = execute.Launch(stop, tuple(secret_values(environ)))
     try:
+        # Installed inside the try: a stop from the first moment it is ours ends in an outcome.
+        stop.reaction = stop.raise_startup_stopped  # until the role starts (run/execute.py)
+        stop.install()
+        signal.signal(signal.SIGUSR1, supervise.on_stack_request_without_ranks)
+        clear_previous_outcome(paths)
         outcome = run(environ, paths, launch)
+        stop.reaction = None  # decided: a stop from here is noted, and finishing counts it
     except StartupStopped as stopped:
         outcome = build_startup_stopped(stopped)
     except BaseException:

@@ -33,13 +33,6 @@ class StartupStopped(BaseException):  # not caught by the `except Exception` of 
         self.signum = signum
 
 
-def raise_startup_stopped(signum: int) -> None:
-    """The start-up reaction: as PID 1 a process gets no default action for SIGTERM, so without
-    it a stop while reading /opt/ml, waiting for DNS, fetching code or installing requirements
-    was dropped and the container ran on until SIGKILL. cli.main reports it."""
-    raise StartupStopped(signum)
-
-
 class Stop:
     """The stop requests this process received, in order, and what the current phase does with one."""
 
@@ -64,6 +57,14 @@ class Stop:
             log(f"received {name}")
             return
         self.reaction(signum)
+
+    def raise_startup_stopped(self, signum: int) -> None:
+        """The start-up reaction: as PID 1 a process gets no default action for SIGTERM, so
+        without it a stop while reading /opt/ml, waiting for DNS, fetching code or installing
+        requirements was dropped and the container ran on until SIGKILL. cli.main reports it.
+        Once: a second stop while the first unwinds is only noted."""
+        self.reaction = None
+        raise StartupStopped(signum)
 
     def requested(self) -> bool:
         """A stop came in this phase (since begin_finishing, once finishing began)."""
