@@ -69,7 +69,7 @@ def test_worker_waits_until_the_leaders_job_port_closes():
         stop = DeadlineStop(timeout_s=1.0)
         start = time.monotonic()
         assert wait_until_port_closes("127.0.0.1", port, timeout_s=1.0, stopped=stop) == "timeout"
-        assert time.monotonic() - start >= 1.0 and len(stop.late_looks()) <= 1  # at its deadline: not before, not on
+        assert time.monotonic() - start >= 1.0  # not before its deadline (nor on past it: that would be "stopped")
         assert wait_until_port_closes("127.0.0.1", port, timeout_s=30, stopped=lambda: True) == "stopped"
     finally:
         still_running.close()
@@ -239,7 +239,7 @@ def test_the_leader_waits_for_every_worker_host_or_its_silence():
         stop = DeadlineStop(timeout_s=1.0)
         started = time.monotonic()
         assert later.wait_for(["127.0.0.1"], port, timeout_s=1.0, stopped=stop) == ({}, [], "timeout")
-        assert time.monotonic() - started >= 1.0 and len(stop.late_looks()) <= 1  # at its deadline: not before, not on
+        assert time.monotonic() - started >= 1.0  # not before its deadline (nor on past it: that would be "stopped")
         assert later.wait_for(["127.0.0.1"], port, timeout_s=30, stopped=lambda: True) == ({}, [], "stopped")
         later.add("127.0.0.1", 2)
         later.add("127.0.0.1", 0)  # the first word stands

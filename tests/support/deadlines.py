@@ -20,7 +20,5 @@ class DeadlineStop:
 
     def __call__(self) -> bool:
         self.looks.append(time.monotonic())
-        return len(self.late_looks()) > 1
-
-    def late_looks(self) -> list[float]:
-        return [t for t in self.looks if t >= self.looks[0] + self.timeout_s]
+        late = [t for t in self.looks if t >= self.looks[0] + self.timeout_s]
+        return len(late) > 1
