@@ -1,6 +1,8 @@
-"""What Open MPI's two framed output modes deliver of a rank's lines: `--tag-output` (ours)
-and `--xml` (every read of a rank's output as `<stdout rank="N">…</stdout>`, its text
-escaped), on one host, 2 ranks, the machine's own mpirun.
+"""What Open MPI's output modes deliver of a rank's lines: `--tag-output` (ours), `--xml`
+(every read of a rank's output as `<stdout rank="N">…</stdout>`, its text escaped) and
+`--output-filename DIR:nocopy` (each host's daemon writes each of its ranks' streams to a
+file of its own, DIR/1/rank.N/stdout, and forwards nothing to mpirun), on one host, 2 ranks,
+the machine's own mpirun.
 
     .venv/bin/python benchmarks/mpirun_output_modes.py [--runs 5]
 
@@ -12,16 +14,22 @@ Three probes, each a rank program:
 Reported per mode and probe, for each run: mpirun's exit code (-11: mpirun died of SIGSEGV),
 and how many of the lines the ranks wrote come back whole: under --tag-output through the
 entrypoint's rejoiner (run/tagged_lines.py), under --xml decoded by position (each element's
-rank and stream, its `&#NNN;` as bytes; a piece with no end tag ends at the next element).
+rank and stream, its `&#NNN;` as bytes; a piece with no end tag ends at the next element),
+under --output-filename read from each rank's file after the run. Then, for the files: how
+long a line takes to reach its file while the rank runs (the delay a host following its
+ranks' files would add), the largest of 20 lines written 0.1 s apart.
 Not part of the test suite: it measures Open MPI, and quotes go to docs/reliability.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -36,7 +44,9 @@ PROBES = {
     "accented": ("import os\nif os.environ['OMPI_COMM_WORLD_RANK'] == '0':\n"
                  "    os.write(1, 'é'.encode() * 700 + b'\\n')\n    os.write(1, b'after\\n')\n"),
 }
-MODES = ("--tag-output", "--xml")
+MODES = ("--tag-output", "--xml", "--output-filename")
+LATENCY_PROBE = ("import os, time\nif os.environ['OMPI_COMM_WORLD_RANK'] == '0':\n"
+                 "    for i in range(20):\n        os.write(1, b'%.6f\\n' % time.time())\n        time.sleep(0.1)\n")
 _ELEMENT = re.compile(rb'<(stdout|stderr)(?: rank="(\d+)")?>(.*?)(?=</\1>|<stdout|<stderr|</mpirun>|\Z)', re.S)
 
 
@@ -69,10 +79,51 @@ def parse_xml(out: bytes) -> list[tuple[int, bytes]]:
     return [(rank, line) for rank, text in per_rank.items() for line in text.split(b"\n")]
 
 
-def run_probe(mode: str, probe: str) -> tuple[int, bytes]:
-    argv = ["mpirun", "--allow-run-as-root", "--oversubscribe", mode, "-np", "2", sys.executable, "-c", PROBES[probe]]
-    done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, timeout=120)
-    return done.returncode, done.stdout
+def parse_files(folder: str) -> list[tuple[int, bytes]]:
+    """Each rank's stdout file, as its daemon wrote it (nothing framed: one file per rank)."""
+    found = []
+    for rank in (0, 1):
+        try:
+            with open(os.path.join(folder, "1", f"rank.{rank}", "stdout"), "rb") as f:
+                found += [(rank, line) for line in f.read().split(b"\n")]
+        except FileNotFoundError:
+            pass  # a rank that printed nothing has no file
+    return found
+
+
+def build_argv(mode: str, program: str, folder: str) -> list[str]:
+    framing = ["--output-filename", f"{folder}:nocopy"] if mode == "--output-filename" else [mode]
+    return ["mpirun", "--allow-run-as-root", "--oversubscribe", *framing, "-np", "2", sys.executable, "-c", program]
+
+
+def run_probe(mode: str, probe: str) -> tuple[int, list[tuple[int, bytes]]]:
+    with tempfile.TemporaryDirectory() as folder:
+        done = subprocess.run(build_argv(mode, PROBES[probe], folder), stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, timeout=120)
+        if mode == "--output-filename":
+            return done.returncode, parse_files(folder)
+        return done.returncode, (parse_tagged if mode == "--tag-output" else parse_xml)(done.stdout)
+
+
+def measure_file_delay() -> float:
+    """The largest delay (s) between a rank's write and its line in the rank's file."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "1", "rank.0", "stdout")
+        proc = subprocess.Popen(build_argv("--output-filename", LATENCY_PROBE, folder),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        seen, worst, data = 0, 0.0, b""
+        while True:
+            ended = proc.poll() is not None  # before the read: that read then sees every line
+            if os.path.exists(path):
+                with open(path, "rb") as f:
+                    data = f.read()
+            lines = data.split(b"\n")[:-1]
+            now = time.time()
+            worst = max([worst] + [now - float(line) for line in lines[seen:]])
+            seen = len(lines)
+            if seen >= 20 or ended:
+                return worst
+            time.sleep(0.001)
 
 
 def main() -> None:
@@ -85,10 +136,13 @@ def main() -> None:
         for mode in MODES:
             results = []
             for _ in range(runs):
-                rc, out = run_probe(mode, probe)
-                got = set((parse_tagged if mode == "--tag-output" else parse_xml)(out))
+                rc, found = run_probe(mode, probe)
+                got = set(found)
                 results.append(f"{rc}:{sum(1 for line in expected if line in got)}")
-            print(f"{probe:12} {mode:13} of {len(expected)} lines, exit:whole per run  {' '.join(results)}")
+            print(f"{probe:12} {mode:17} of {len(expected)} lines, exit:whole per run  {' '.join(results)}")
+    delays = [measure_file_delay() for _ in range(runs)]
+    print(f"--output-filename: a line's largest delay to its file, per run (ms)  "
+          f"{' '.join(f'{d * 1000:.1f}' for d in delays)}")
 
 
 if __name__ == "__main__":

@@ -8,12 +8,13 @@ import signal
 import sys
 from typing import NamedTuple
 
-from entrypoint.run import execute, runtime_dirs, supervise
+from entrypoint.run import execute, finishing, runtime_dirs, supervise
+from entrypoint.run.stop import StartupStopped, Stop, raise_startup_stopped
 from entrypoint.job.config import JobConfig, build_json, find_missing_channel_dirs, load_job
 from entrypoint.decide.distribution import parse_distribution
 from entrypoint.decide.settings import parse_launch_settings
 from entrypoint.errors import EXIT_BAD_JOB, JobDefinitionError
-from entrypoint.outcome.failure import describe_bad_definition, redact, secret_values
+from entrypoint.outcome.failure import describe_bad_definition, describe_startup_stop, redact, secret_values
 from entrypoint.log import log
 from entrypoint.outcome.writer import Outcome, clear_previous_outcome, write_outcome
 from entrypoint.job.paths import MlPaths, build_paths
@@ -123,11 +124,9 @@ def build_bad_job(message: str, environ: dict[str, str]) -> Outcome:
     return Outcome(EXIT_BAD_JOB, report, logged=True)
 
 
-def build_startup_stopped(stop: supervise.StartupStopped) -> Outcome:
+def build_startup_stopped(stop: StartupStopped) -> Outcome:
     code = 128 + stop.signum
-    log(f"stopped by {stop} during start-up")
-    return Outcome(code, f"Stopped by {stop} during start-up, before the training processes started; "
-                         f"nothing was trained. Exit code {code}.\n", logged=True)
+    return Outcome(code, describe_startup_stop(str(stop), code))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -140,21 +139,20 @@ def main(argv: list[str] | None = None) -> int:
             return start_v3_drivers(environ, why, args.dry_run)
     if args.dry_run:
         return print_plan(environ, paths)
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, supervise.on_startup_signal)
+    stop = Stop()  # the job's one stop token: every wait and every role reads it (run/stop.py)
+    stop.install()
+    stop.reaction = raise_startup_stopped  # until the role starts (run/execute.py)
     signal.signal(signal.SIGUSR1, supervise.on_stack_request_without_ranks)
     clear_previous_outcome(paths)
-    launch = execute.Launch()
+    launch = execute.Launch(stop)
     try:
         outcome = run(environ, paths, launch)
-    except supervise.StartupStopped as stop:
-        outcome = build_startup_stopped(stop)
+    except StartupStopped as stopped:
+        outcome = build_startup_stopped(stopped)
     except BaseException:
         launch.close(Outcome(1))  # an error of ours (its traceback follows): no other host waits on
         raise
-    from entrypoint.run import finishing
-
-    finish = finishing.start_finish()  # from here a stop keeps this outcome and ends the rest
+    finish = finishing.start_finish(stop)  # from here a stop keeps this outcome and ends the rest
     try:
         write_outcome(paths, outcome)  # the one place output/ is written
     finally:

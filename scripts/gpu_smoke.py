@@ -152,13 +152,15 @@ def run_deep_check(gpus: int, args) -> tuple[dict, list[str]]:
     from entrypoint.decide import health
     from entrypoint.decide.settings import DEFAULTS
     from entrypoint.run.health_check import run_check
+    from entrypoint.run.stop import Stop
+    from entrypoint.run.supervise import RunHooks
 
     settings = DEFAULTS._replace(health_check="deep", health_check_port=_free_port(), health_check_mib=args.mib,
                                  health_check_timeout_s=args.timeout)
     with tempfile.TemporaryDirectory() as folder:
         check = health.build_health_check(settings, sys.executable, args.instance_type, ("this-host",), "this-host",
                                           "127.0.0.1", gpus, True, folder)
-        run, timings = run_check(check, dict(os.environ), "this host", settings)
+        run, timings = run_check(check, dict(os.environ), Stop(), RunHooks(settings))
     if run.exit_code != 0 or timings is None:
         return {"exit_code": run.exit_code}, [f"the deep health check's {gpus} nccl rank(s) ended with exit code "
                                               f"{run.exit_code} and no figures (their output is above)"]

@@ -29,7 +29,7 @@ from entrypoint.job.program import (
     decide_entry_point,
 )
 from entrypoint.decide.smenv import build_sm_env, build_user_args
-from entrypoint.hosts.job_port import JOB_PORTS_ENV, REPORT_KEY_ENV
+from entrypoint.hosts.job_port import JOB_KEY_ENV, JOB_KEY_OLD_ENV, JOB_PORTS_ENV
 from entrypoint.jobreport.spec import REPORT_DIR_ENV, ReportSpec, decide_report_spec, decide_tensorboard_dir
 
 if TYPE_CHECKING:  # decide/health.py is imported only when the job asks for the check
@@ -77,6 +77,9 @@ class ProcessSpec(NamedTuple):
     # A stop request (SIGTERM) goes to the ranks this process started on this host, not to
     # the process: mpirun, whose own SIGTERM handling gives ranks only Open MPI's kill timeout.
     signal_ranks: bool = False
+    # Where mpirun's daemon writes each rank's output on this host (--output-filename), which
+    # the entrypoint follows and prints (run/rank_output.py); "": the process's pipes carry it.
+    rank_output: str = ""
 
 
 class LaunchPlan(NamedTuple):
@@ -128,7 +131,7 @@ class LaunchPlan(NamedTuple):
 
 
 
-def build_report_key(job: JobConfig, hosts: tuple[str, ...]) -> str:
+def build_job_key(job: JobConfig, hosts: tuple[str, ...]) -> str:
     """The key the ranks sign their root-cause reports with, the same on every host with no
     message between them: derived from what every host of this job is given and nothing
     outside the job has — its name, hosts and hyperparameters — and BYOC_JOB_SECRET when the
@@ -192,6 +195,32 @@ def build_launcher_env(job: JobConfig, facts: MachineFacts, topo: topology.Topol
     return {k: v for k, v in env.items() if k not in job.environ}
 
 
+# Options that change what Open MPI writes of the ranks' output: a user who sets one keeps
+# --tag-output's forwarding (the files would hold their tags or timestamps).
+_OUTPUT_OPTIONS = frozenset({"output-filename", "tag-output", "timestamp-output", "xml", "merge-stderr-to-stdout",
+                             "orte_output_filename", "orte_tag_output", "orte_timestamp_output", "orte_xml_output"})
+
+
+def decide_rank_output(topo: topology.Topology, custom_options: tuple[str, ...], runtime: Runtime) -> str:
+    """Where mpirun's daemon writes each rank's output, or "" for --tag-output. A job of one
+    host: its daemon's files (run/rank_output.py) hold each rank's text as written, where
+    --tag-output's tags cannot be told from the same text inside a rank's line
+    (run/tagged_lines.py). A job of several hosts keeps --tag-output for now: each worker's
+    files are on that worker, and the leader reads their root causes and stacks through mpirun
+    (docs/reliability.md, "Not yet")."""
+    named = {token.lstrip("-").split("=")[0] for token in custom_options if token.startswith("-")}
+    named |= {value for option, value in zip(custom_options, custom_options[1:]) if option in ("-mca", "--mca")}
+    if len(topo.distribution_hosts) > 1 or named & _OUTPUT_OPTIONS:
+        return ""
+    return runtime.files.rank_output
+
+
+def build_output_options(topo: topology.Topology, custom_options: tuple[str, ...], runtime: Runtime) -> list[str]:
+    folder = decide_rank_output(topo, custom_options, runtime)
+    # nocopy: the daemon forwards nothing to mpirun, whose own messages alone remain on its pipes.
+    return ["--output-filename", f"{folder}:nocopy"] if folder else ["--tag-output"]
+
+
 def build_mpirun_argv(
     topo: topology.Topology,
     num_processes: int,
@@ -208,7 +237,7 @@ def build_mpirun_argv(
         "--host", ",".join(f"{h}:{topo.processes_per_host}" for h in topo.distribution_hosts),
         "-np", str(num_processes),
         "--allow-run-as-root",
-        "--tag-output",
+        *build_output_options(topo, custom_options, runtime),
         "-mca", "plm_rsh_agent", f"ssh -F {runtime.files.ssh_config}",
         "-mca", "btl_tcp_if_include", interface,
         "-mca", "oob_tcp_if_include", interface,
@@ -532,7 +561,9 @@ def decide_mpi_plan(shared: _Shared, dist: Distribution, facts: MachineFacts, la
         program_argv = ("smddprun", *program_argv)
     forwarded = forwarded_names({**shared.env, **launcher_env}, dict(shared.job.environ))
     argv = build_mpirun_argv(topo, np_, forwarded, dist.custom_mpi_options, program_argv, runtime, efa=facts.efa)
-    return build_plan(shared, Role.MPI_LEADER, (ProcessSpec("mpirun", argv, signal_ranks=True),), launcher_env)
+    spec = ProcessSpec("mpirun", argv, signal_ranks=True,
+                       rank_output=decide_rank_output(topo, dist.custom_mpi_options, runtime))
+    return build_plan(shared, Role.MPI_LEADER, (spec,), launcher_env)
 
 
 def build_job_port_env(job: JobConfig, topo: topology.Topology, settings: LaunchSettings) -> dict[str, str]:
@@ -543,5 +574,5 @@ def build_job_port_env(job: JobConfig, topo: topology.Topology, settings: Launch
     if len(hosts) > 1 and JOB_PORTS_ENV not in job.environ:
         env[JOB_PORTS_ENV] = ",".join(f"{h}:{settings.job_port}" for h in hosts)
     if JOB_PORTS_ENV in env or JOB_PORTS_ENV in job.environ:
-        env[REPORT_KEY_ENV] = build_report_key(job, hosts)
+        env[JOB_KEY_ENV] = env[JOB_KEY_OLD_ENV] = build_job_key(job, hosts)  # the old name for one release
     return env

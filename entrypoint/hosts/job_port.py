@@ -15,7 +15,7 @@ connection carries nothing or lines of UTF-8 text, at most MAX_REPORT_BYTES:
                                                         every live interval: jobreport/live.py)
 
 - `<hmac>`: HMAC-SHA256 (hex) of the record (everything after it) with the job's report key,
-  BYOC_JOB_REPORT_KEY (hex), which the plan gives every process of the job.
+  BYOC_JOB_PORT_KEY (hex), which the plan gives every process of the job.
 - BYOC-ROOT-CAUSE's json: host, rank, type, message, time (epoch s), where. Ranks also print
   the same record, unsigned, on stderr; it reaches the leader with their output.
 - BYOC-HOST-DONE's json: host, exit_code, time.
@@ -51,7 +51,8 @@ HOST_DONE = "BYOC-HOST-DONE "
 HOST_FIGURES = "BYOC-HOST-FIGURES "
 HOST_LIVE = "BYOC-HOST-LIVE "
 SIGNED = "BYOC-SIGNED "
-REPORT_KEY_ENV = "BYOC_JOB_REPORT_KEY"
+JOB_KEY_ENV = "BYOC_JOB_PORT_KEY"
+JOB_KEY_OLD_ENV = "BYOC_JOB_REPORT_KEY"  # its name until 2026-11: still set, for one release
 JOB_PORTS_ENV = "BYOC_JOB_PORTS"
 MAX_REPORT_BYTES = 65536
 # A report made during the run and sent again (a replay) is known by its signature: this many

@@ -26,8 +26,9 @@ def can_connect(host: str, port: int, timeout_s: float = 2.0) -> bool:
         return False
 
 
-def wait_for_hosts(hosts: tuple[str, ...], timeout_s: float) -> list[str]:
-    """Hosts that still do not resolve after timeout_s (SageMaker's DNS can lag at start)."""
+def wait_for_hosts(hosts: tuple[str, ...], timeout_s: float, stopped=lambda: False) -> list[str]:
+    """Hosts that still do not resolve after timeout_s (SageMaker's DNS can lag at start), or
+    when stopped() (the job's stop token) turns true."""
     import socket
 
     deadline = time.monotonic() + timeout_s
@@ -40,7 +41,9 @@ def wait_for_hosts(hosts: tuple[str, ...], timeout_s: float) -> list[str]:
                 pending.remove(host)
             except OSError:
                 pass
-        if not pending or time.monotonic() >= deadline:
+        if not pending or time.monotonic() >= deadline or stopped():
             return pending
-        time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+        until = time.monotonic() + min(delay, max(0.0, deadline - time.monotonic()))
+        while time.monotonic() < until and not stopped():  # a stop ends the wait within 0.1 s
+            time.sleep(min(0.1, max(0.0, until - time.monotonic())))
         delay = min(delay * 2, 5.0)

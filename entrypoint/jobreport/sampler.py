@@ -60,8 +60,10 @@ class HostSampler:
         return self
 
     def mark(self, phase: str, when: float | None = None) -> None:
-        """A phase of the launch, the first time it is reached (a restart does not move it)."""
-        self.phases.setdefault(phase, time.time() if when is None else when)
+        """A phase of the launch, the first time it is reached (a restart does not move it).
+        The main thread marks, the sampler's thread reads (snapshot): under the lock."""
+        with self._lock:
+            self.phases.setdefault(phase, time.time() if when is None else when)
 
     def _run(self) -> None:
         started = time.thread_time()

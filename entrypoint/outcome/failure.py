@@ -290,3 +290,10 @@ def describe_job_failure(report: str, hang: str | None, earlier: list[str]) -> s
     if earlier:
         text = f"{text.rstrip()}\n\n{build_earlier_failures_note(earlier)}\n"
     return text
+
+
+def describe_startup_stop(signal_name: str, code: int) -> str:
+    """A stop before the training processes started (reading, fetching, installing, or the
+    role's start: waiting for the other hosts)."""
+    return (f"Stopped by {signal_name} during start-up, before the training processes started; nothing was "
+            f"trained. Exit code {code}.\n")

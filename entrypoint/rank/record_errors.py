@@ -27,12 +27,13 @@ import time
 
 MARKER = "BYOC-ROOT-CAUSE "
 # A report sent to a job port is `BYOC-SIGNED <hmac> BYOC-ROOT-CAUSE {json}`: the HMAC-SHA256
-# of the record line with the job's report key (BYOC_JOB_REPORT_KEY, hex; made by the
+# of the record line with the job's key (BYOC_JOB_PORT_KEY, hex; made by the
 # entrypoint), so a host's port takes root causes only from this job's ranks. These words are a
 # standard-library copy of entrypoint/hosts/job_port.py's, the protocol's own module (a test
 # holds the two to the same words).
 SIGNED = "BYOC-SIGNED "
-REPORT_KEY_ENV = "BYOC_JOB_REPORT_KEY"
+JOB_KEY_ENV = "BYOC_JOB_PORT_KEY"
+JOB_KEY_OLD_ENV = "BYOC_JOB_REPORT_KEY"  # its name until 2026-11: still read, for one release
 JOB_PORTS_ENV = "BYOC_JOB_PORTS"  # where every host's job port is: host:port,host:port
 MESSAGE_LIMIT = 2000
 # Environment variables whose names hold one of these words carry secrets: their values are
@@ -231,7 +232,7 @@ def _report_to_hosts(line: str, environ=None) -> None:
     hold up a failing rank."""
     environ = os.environ if environ is None else environ
     addresses = [a for a in environ.get(JOB_PORTS_ENV, "").split(",") if a]
-    key = environ.get(REPORT_KEY_ENV, "")
+    key = environ.get(JOB_KEY_ENV) or environ.get(JOB_KEY_OLD_ENV, "")
     if not addresses or not key:
         return  # a port takes only signed reports: without the key, the stderr record must do
     socket, threading = _stdlib("socket"), _stdlib("threading")

@@ -32,8 +32,9 @@ class HostRole:
 
     ask_other_hosts = None  # a callable that asks the other hosts' ranks for their stacks
 
-    def __init__(self, plan: LaunchPlan, collector, env: dict[str, str], paths, what: str, relaunchable: bool):
+    def __init__(self, plan: LaunchPlan, collector, env: dict[str, str], paths, stop, what: str, relaunchable: bool):
         self.plan = plan
+        self.stop = stop  # the job's one stop token (run/stop.py): every wait here polls it
         self.collector = collector  # supervise.OutputCollector: the tail and root causes, for reports
         self.env = env  # the processes' environment (the container's and the plan's)
         self.paths = paths
@@ -121,14 +122,16 @@ class MultiHostRole(HostRole):
 
     watch_port_name = ""
 
-    def __init__(self, plan: LaunchPlan, collector, env: dict[str, str], paths, what: str, relaunchable: bool):
-        super().__init__(plan, collector, env, paths, what, relaunchable)
+    def __init__(self, *args):
+        super().__init__(*args)
         self.watches: list | None = None  # hosts/job_port.PeerWatch
         self.resolved = False  # every host's name resolved: from then on the others may wait on this one
 
     def start(self) -> Outcome | None:
         settings = self.plan.settings
-        unresolved = wait_for_hosts(self.plan.hosts, settings.host_resolution_timeout_s)
+        unresolved = wait_for_hosts(self.plan.hosts, settings.host_resolution_timeout_s, self.stop.requested)
+        if self.stop.requested():
+            return None  # run/execute.py reports a stop during start-up
         if not unresolved:
             self.resolved = True
             self.mark("hosts resolved")

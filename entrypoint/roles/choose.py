@@ -24,8 +24,8 @@ def describe(plan: LaunchPlan) -> str:
     return f"{plan.entry.program} ({plan.role})"
 
 
-def choose_role(plan: LaunchPlan, collector, env: dict[str, str], paths) -> HostRole:
-    args = (plan, collector, env, paths, describe(plan), plan.role in RELAUNCHED_ROLES)
+def choose_role(plan: LaunchPlan, collector, env: dict[str, str], paths, stop) -> HostRole:
+    args = (plan, collector, env, paths, stop, describe(plan), plan.role in RELAUNCHED_ROLES)
     if plan.role != Role.MPI_WORKER and not plan.multi_host:
         return SingleHost(*args)
     if plan.role in (Role.MPI_WORKER, Role.MPI_LEADER):

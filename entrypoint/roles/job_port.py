@@ -10,15 +10,15 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 from entrypoint.hosts import job_port
-from entrypoint.hosts.job_port import REPORT_KEY_ENV, HostOutcomes, JobPort, PeerWatch
+from entrypoint.hosts.job_port import JOB_KEY_ENV, HostOutcomes, JobPort, PeerWatch
 from entrypoint.log import log
 from entrypoint.outcome.failure import describe_worker_host_failure, first_root_cause
 from entrypoint.outcome.writer import Outcome
 from entrypoint.roles.base import MultiHostRole
-from entrypoint.run.supervise import StopRequest, stop_signals_set
 
 MAX_REFUSED_LOGGED = 5
 
@@ -41,8 +41,11 @@ class JobPortRole(MultiHostRole):
     def __init__(self, *args, watch_rendezvous: bool = False) -> None:
         super().__init__(*args)
         self.port: JobPort | None = None
-        self.refused_reports = 0
         self.watch_rendezvous = watch_rendezvous
+        # Written by the job port's reader threads (one per connection), read by the main
+        # thread: each under `lock`.
+        self.lock = threading.Lock()
+        self.refused_messages = 0
         self.worker_figures: dict[str, dict] = {}  # the leader's: each worker's figures, as they arrive
         self.addresses: dict[str, list] = {}  # the leader's: each worker's addresses, resolved once (live figures)
 
@@ -50,7 +53,7 @@ class JobPortRole(MultiHostRole):
         plan = self.plan
         try:
             self.port = JobPort(plan.settings.job_port, self.collector.add_line_text,
-                                report_key=plan.env_dict.get(REPORT_KEY_ENV, ""), on_refused=self.on_refused_report,
+                                report_key=plan.env_dict.get(JOB_KEY_ENV, ""), on_refused=self.on_refused_message,
                                 on_host_done=self.on_host_done, on_figures=self.on_figures, settings=plan.settings,
                                 on_live=self.on_live)
         except OSError as exc:
@@ -68,11 +71,11 @@ class JobPortRole(MultiHostRole):
         from entrypoint.hosts.net import resolve_addresses
         from entrypoint.jobreport.figures import parse_host_figures
 
-        if not self.plan.is_leader or host not in self.plan.peers or host in self.worker_figures:
-            self.on_refused_report(sender, f"figures for {host!r}: not one of this leader's workers, or again")
+        if not self.plan.is_leader or host not in self.plan.peers or self.has_figures(host):
+            self.on_refused_message(sender, f"figures for {host!r}: not one of this leader's workers, or again")
             return
         if sender not in resolve_addresses(host):
-            self.on_refused_report(sender, f"figures for {host!r} sent from another address")
+            self.on_refused_message(sender, f"figures for {host!r} sent from another address")
             return
         try:
             figures = parse_host_figures(figures_json, host)
@@ -80,9 +83,14 @@ class JobPortRole(MultiHostRole):
             figures = None
             log(f"job report: {host}'s figures: {type(exc).__name__}: {exc}")
         if figures is None:
-            self.on_refused_report(sender, f"figures for {host!r} that are not figures")
-        else:
-            self.worker_figures[host] = figures
+            self.on_refused_message(sender, f"figures for {host!r} that are not figures")
+            return
+        with self.lock:
+            self.worker_figures.setdefault(host, figures)  # the first that arrived
+
+    def has_figures(self, host: str) -> bool:
+        with self.lock:
+            return host in self.worker_figures
 
     def on_live(self, host: str, figures_json: str, sender: str) -> None:
         """A worker's live figures (jobreport/live.py): only the leader takes them, from that
@@ -91,25 +99,30 @@ class JobPortRole(MultiHostRole):
 
         live = self.report_part.live if self.report_part is not None else None
         if not self.plan.is_leader or host not in self.plan.peers or live is None:
-            self.on_refused_report(sender, f"live figures for {host!r}: not one of this leader's workers")
+            self.on_refused_message(sender, f"live figures for {host!r}: not one of this leader's workers")
             return
-        addresses = self.addresses.get(host) or resolve_addresses(host)
-        if addresses:
-            self.addresses[host] = addresses  # job port threads: a dict item set is atomic
+        with self.lock:
+            addresses = self.addresses.get(host)
+        if not addresses:
+            addresses = resolve_addresses(host)
+            with self.lock:
+                self.addresses[host] = addresses
         if sender not in addresses:
-            self.on_refused_report(sender, f"live figures for {host!r} sent from another address")
+            self.on_refused_message(sender, f"live figures for {host!r} sent from another address")
             return
         live.take_remote(host, figures_json)
 
-    def on_refused_report(self, address: str, why: str) -> None:
+    def on_refused_message(self, address: str, why: str) -> None:
         """A report on the job port that is not this job's: logged (the first few), dropped."""
         if why.startswith("a host's outcome"):  # always logged: the leader waits for these
             log(f"ignored a report on the job port from {address}: {why}")
             return
-        self.refused_reports += 1
-        if self.refused_reports <= MAX_REFUSED_LOGGED:
+        with self.lock:
+            self.refused_messages += 1
+            count = self.refused_messages
+        if count <= MAX_REFUSED_LOGGED:
             log(f"ignored a report on the job port from {address}: {why}"
-                + (" (further ones are not logged)" if self.refused_reports == MAX_REFUSED_LOGGED else ""))
+                + (" (further ones are not logged)" if count == MAX_REFUSED_LOGGED else ""))
 
     def on_rank_killed(self, env: dict[str, str], signum: int):
         """A rank this host started itself (the parameter server's processes) was killed by a
@@ -151,7 +164,7 @@ class JobPortLeader(JobPortRole):
         """A worker host's part ended. One that failed while this host still runs ends the
         job now, not when its port is missed."""
         if host not in self.plan.peers:
-            self.on_refused_report(host, "an outcome from a host that is not one of this leader's workers")
+            self.on_refused_message(host, "an outcome from a host that is not one of this leader's workers")
             return
         self.worker_outcomes.add(host, exit_code)
         supervisor = self.supervisor
@@ -192,12 +205,12 @@ class JobPortLeader(JobPortRole):
             return
         settings = self.plan.settings
         deadline = time.monotonic() + settings.report_wait_s
-        stop = StopRequest()
-        with stop_signals_set(stop):
-            while (any(h not in self.worker_figures for h in self.plan.peers) and time.monotonic() < deadline
-                   and stop.signal_name is None and self.resolved):
-                time.sleep(settings.wait_poll_s)
-        self.write_job_report(outcome, dict(self.worker_figures))
+        while (not all(self.has_figures(h) for h in self.plan.peers) and time.monotonic() < deadline
+               and not self.stop.requested() and self.resolved):
+            time.sleep(settings.wait_poll_s)
+        with self.lock:
+            figures = dict(self.worker_figures)
+        self.write_job_report(outcome, figures)
 
     def wait_for_workers(self) -> tuple[str, int] | None:
         """The first worker that failed, as (host, exit code), or None."""
@@ -205,11 +218,8 @@ class JobPortLeader(JobPortRole):
         pending = [h for h in plan.peers if h not in self.worker_outcomes.codes()]
         if pending:
             log(f"{plan.current_host}: waiting for {len(pending)} worker host(s) to finish: {', '.join(pending)}")
-        stop = StopRequest()
-        with stop_signals_set(stop):
-            codes, gone, how = self.worker_outcomes.wait_for(
-                plan.peers, settings.job_port, settings.peer_wait_timeout_s,
-                stopped=lambda: stop.signal_name is not None, settings=settings)
+        codes, gone, how = self.worker_outcomes.wait_for(plan.peers, settings.job_port, settings.peer_wait_timeout_s,
+                                                         stopped=self.stop.requested, settings=settings)
         for host in gone:
             log(f"{plan.current_host}: worker host {host} stopped answering without reporting its outcome "
                 f"(its own output/failure has it)")
@@ -225,7 +235,7 @@ class JobPortWorker(JobPortRole):
     def start_live(self) -> None:
         """This host's live figures go to the leader's job port every interval."""
         plan, settings = self.plan, self.plan.settings
-        key = plan.env_dict.get(REPORT_KEY_ENV, "")
+        key = plan.env_dict.get(JOB_KEY_ENV, "")
 
         def send(text: str) -> int:
             return job_port.send_live_figures(plan.leader, settings.job_port, key, plan.current_host, text, settings)
@@ -254,10 +264,8 @@ class JobPortWorker(JobPortRole):
         if not self.resolved:
             return  # the leader's name never resolved: there is nobody to tell
         try:
-            stop = StopRequest()
-            with stop_signals_set(stop):  # from the first word to the leader on: it may exit at once
-                if self.tell_leader(outcome.exit_code, stop) and outcome.exit_code == 0:
-                    self.wait_for_leader(stop)
+            if self.tell_leader(outcome.exit_code) and outcome.exit_code == 0:
+                self.wait_for_leader()
         finally:
             super().close(outcome)
 
@@ -271,30 +279,28 @@ class JobPortWorker(JobPortRole):
         plan, settings = self.plan, self.plan.settings
         if not self.resolved:
             return
-        stop = StopRequest()
-        with stop_signals_set(stop):
-            sent = job_port.send_host_figures(plan.leader, settings.job_port, plan.env_dict.get(REPORT_KEY_ENV, ""),
-                                              plan.current_host, text, within_s=settings.host_done_failed_send_s,
-                                              stopped=lambda: stop.signal_name is not None, settings=settings)
+        sent = job_port.send_host_figures(plan.leader, settings.job_port, plan.env_dict.get(JOB_KEY_ENV, ""),
+                                          plan.current_host, text, within_s=settings.host_done_failed_send_s,
+                                          stopped=self.stop.requested, settings=settings)
         if not sent:
             log(f"{plan.current_host}: could not send this host's figures to the leader {plan.leader}: "
                 f"its job report will say they are missing")
 
-    def tell_leader(self, exit_code: int, stop: StopRequest) -> bool:
+    def tell_leader(self, exit_code: int) -> bool:
         plan, settings = self.plan, self.plan.settings
         delivered = job_port.send_host_done(
-            plan.leader, settings.job_port, plan.env_dict.get(REPORT_KEY_ENV, ""), plan.current_host, exit_code,
+            plan.leader, settings.job_port, plan.env_dict.get(JOB_KEY_ENV, ""), plan.current_host, exit_code,
             within_s=settings.host_done_send_s if exit_code == 0 else settings.host_done_failed_send_s,
-            stopped=lambda: stop.signal_name is not None, settings=settings)
+            stopped=self.stop.requested, settings=settings)
         if not delivered:
             log(f"{plan.current_host}: could not tell the leader {plan.leader} (port {settings.job_port}) "
                 f"that this host's part ended (it has ended, or is unreachable); it will notice this host go")
         return delivered
 
-    def wait_for_leader(self, stop: StopRequest) -> None:
+    def wait_for_leader(self) -> None:
         plan, settings = self.plan, self.plan.settings
         how = job_port.wait_until_port_closes(plan.leader, settings.job_port, settings.peer_wait_timeout_s,
-                                              stopped=lambda: stop.signal_name is not None, settings=settings)
+                                              stopped=self.stop.requested, settings=settings)
         if how == "timeout":
             log(f"{plan.current_host}: the leader {plan.leader} was still running after "
                 f"{settings.peer_wait_timeout_s:g} s (BYOC_PEER_WAIT_TIMEOUT_S); exiting")

@@ -34,7 +34,7 @@ from entrypoint.outcome.failure import describe_job_outcome
 from entrypoint.outcome.writer import SUCCESS, Outcome, load_failure_file
 from entrypoint.roles.base import HostRole, MultiHostRole
 from entrypoint.run import processes
-from entrypoint.run.supervise import StopRequest, stop_signals_set
+from entrypoint.run.stop import Stop
 
 @dataclass(frozen=True)
 class WorkerOutcome:
@@ -82,7 +82,7 @@ def write_host_env(plan: LaunchPlan) -> None:
     os.replace(path + ".tmp", path)
 
 
-def start_leader(plan: LaunchPlan, stop: StopRequest, log) -> tuple[subprocess.Popen, str | None]:
+def start_leader(plan: LaunchPlan, stop: Stop) -> tuple[subprocess.Popen, str | None]:
     """Start sshd (workers fetch our key from it) and wait until every worker accepts us.
     Returns sshd and, on failure, a one-line reason."""
     files = plan.files.ssh
@@ -99,7 +99,7 @@ def start_leader(plan: LaunchPlan, stop: StopRequest, log) -> tuple[subprocess.P
         pending = [h for h in pending if h not in accepted]
         if not pending:
             break
-        if stop.signal_name:
+        if stop.requested():
             return sshd, f"stopped by {stop.signal_name} while waiting for the workers' SSH"
         if time.monotonic() >= deadline:
             return sshd, (
@@ -117,30 +117,6 @@ def stop_leader(plan: LaunchPlan, sshd: subprocess.Popen | None) -> None:
     ssh.remove_private_key(plan.files.ssh)
 
 
-def run_worker_host(plan: LaunchPlan, env: dict[str, str]) -> tuple[int, str | None]:
-    """This host's whole part in an MPI job led by another host: serve SSH to the leader
-    until it reports the outcome. Returns the job's exit code and, when it failed, the text of
-    this host's output/failure (the caller writes it)."""
-    log(f"{plan.current_host}: MPI worker for the leader {plan.leader}")
-    stop = StopRequest()
-
-    def on_stack_request(_signum, _frame) -> None:
-        # The ranks mpirun started here (under orted, which we adopted as subreaper).
-        asked = processes.signal_ranks_below([os.getpid()], signal.SIGUSR1)
-        log(f"SIGUSR1: asked {len(asked)} rank process(es) on {plan.current_host} for their Python stacks")
-
-    previous = signal.signal(mpi_wire.STACKS_SIGNAL, on_stack_request)
-    try:
-        with stop_signals_set(stop):
-            outcome = run_worker(plan, stop, log)
-    finally:
-        signal.signal(mpi_wire.STACKS_SIGNAL, previous)
-    if outcome.exit_code == 0:
-        log(f"{plan.current_host}: the leader reports success")
-        return 0, None
-    return outcome.exit_code, describe_job_outcome(build_worker_failure_reason(plan, outcome), env)
-
-
 def build_worker_failure_reason(plan: LaunchPlan, outcome: WorkerOutcome) -> str:
     """What a worker's output/failure says when the job failed."""
     if outcome.reason is not None:
@@ -154,48 +130,40 @@ def build_worker_failure_reason(plan: LaunchPlan, outcome: WorkerOutcome) -> str
             f"The leader's output/failure names the first failing host, rank and exception.")
 
 
-def run_worker(plan: LaunchPlan, stop: StopRequest, log) -> WorkerOutcome:
-    """Authorize the leader, serve SSH until the leader reports the outcome."""
-    files = plan.files.ssh
-    settings = plan.settings
+def start_worker(plan: LaunchPlan, stop: Stop) -> tuple[subprocess.Popen | None, WorkerOutcome | None]:
+    """Learn the leader's key from its sshd, authorize it, start ours: (sshd, None), or (None,
+    why this host's part ended before it began)."""
+    files, settings = plan.files.ssh, plan.settings
     for path in (plan.files.outcome, plan.files.leader_report):
         try:
             os.remove(path)
         except FileNotFoundError:
             pass
-    sshd = None
+    ssh.write_host_key_and_configs(files, settings.ssh_port)
+    deadline = time.monotonic() + settings.peer_wait_timeout_s
+    while (key := ssh.scan_host_key(plan.leader, settings.ssh_port)) is None:
+        if stop.requested():
+            return None, WorkerOutcome(128 + stop.signum,
+                                       f"stopped by {stop.signal_name} before the leader {plan.leader} started")
+        if time.monotonic() >= deadline:
+            return None, WorkerOutcome(1, f"the leader {plan.leader} did not serve SSH within "
+                                          f"{settings.peer_wait_timeout_s:g} s (BYOC_PEER_WAIT_TIMEOUT_S)")
+        time.sleep(settings.wait_poll_s)
+    addresses = resolve_addresses(plan.leader)
+    write_host_env(plan)
+    ssh.authorize(files, key, addresses)
+    processes.become_subreaper()
+    sshd = start_sshd(files)
+    log(f"serving SSH to the leader {plan.leader} ({', '.join(addresses)})")
+    return sshd, None
+
+
+def stop_worker(plan: LaunchPlan, sshd: subprocess.Popen | None) -> None:
+    """The outcome is known: stop sshd (and what the leader's sessions left), remove our key."""
     try:
-        ssh.write_host_key_and_configs(files, settings.ssh_port)
-        deadline = time.monotonic() + settings.peer_wait_timeout_s
-        key = None
-        while key is None:
-            key = ssh.scan_host_key(plan.leader, settings.ssh_port)
-            if key is not None:
-                break
-            if stop.signal_name:
-                return WorkerOutcome(143, f"stopped by {stop.signal_name} before the leader {plan.leader} started")
-            if time.monotonic() >= deadline:
-                return WorkerOutcome(1, (
-                    f"the leader {plan.leader} did not serve SSH within {settings.peer_wait_timeout_s:g} s "
-                    f"(BYOC_PEER_WAIT_TIMEOUT_S)"
-                ))
-            time.sleep(settings.wait_poll_s)
-        addresses = resolve_addresses(plan.leader)
-        write_host_env(plan)
-        ssh.authorize(files, key, addresses)
-        processes.become_subreaper()
-        sshd = start_sshd(files)
-        log(f"serving SSH to the leader {plan.leader} ({', '.join(addresses)})")
-        outcome = _wait_for_outcome(plan, stop, log, sshd)
-        if outcome.reason is None:
-            # The outcome file appears while the leader's session that wrote it is still
-            # closing; stopping sshd then cuts that session and the leader logs a false
-            # "could not tell algo-N the outcome: Connection ... closed by remote host".
-            processes.wait_for_descendants_to_end(sshd.pid, settings.ssh_session_close_wait_s, settings.wait_poll_s)
-        return outcome
-    finally:
         processes.stop_process_and_descendants(sshd, min(plan.settings.grace_period_s, plan.settings.failure_stop_s))
-        ssh.remove_private_key(files)
+    finally:
+        ssh.remove_private_key(plan.files.ssh)
 
 
 def forward_stop_to_ranks(signal_name: str, log) -> None:
@@ -216,20 +184,27 @@ def load_leader_report(plan: LaunchPlan) -> str | None:
         return None
 
 
-def _wait_for_outcome(plan: LaunchPlan, stop: StopRequest, log, sshd: subprocess.Popen) -> WorkerOutcome:
+def wait_for_outcome(plan: LaunchPlan, stop: Stop, sshd: subprocess.Popen) -> WorkerOutcome:
+    """Serve SSH until the leader writes the outcome here; a stop goes to this host's ranks."""
     settings = plan.settings
-    lost: list[str] = []
+    lost: list[str] = []  # the watch's thread appends, this one reads: a list append is atomic
     watch = PeerWatch([plan.leader], settings.ssh_port, settings.host_lost_timeout_s, settings.host_lost_timeout_s,
                       lambda host, reason: lost.append(host), seen_at_start=True, settings=settings)
     try:
-        return _serve_until_outcome(plan, stop, log, sshd, lost)
+        outcome = _serve_until_outcome(plan, stop, sshd, lost)
     finally:
         watch.close()
+    if outcome.reason is None:
+        # The outcome file appears while the leader's session that wrote it is still
+        # closing; stopping sshd then cuts that session and the leader logs a false
+        # "could not tell algo-N the outcome: Connection ... closed by remote host".
+        processes.wait_for_descendants_to_end(sshd.pid, settings.ssh_session_close_wait_s, settings.wait_poll_s)
+    return outcome
 
 
-def _serve_until_outcome(plan: LaunchPlan, stop: StopRequest, log, sshd: subprocess.Popen, lost: list[str]) -> WorkerOutcome:
+def _serve_until_outcome(plan: LaunchPlan, stop: Stop, sshd: subprocess.Popen, lost: list[str]) -> WorkerOutcome:
     settings = plan.settings
-    stop_deadline = None
+    stopping, stop_deadline = None, None
     capacity_stop = decide_capacity_stop_at(settings)  # every host stops its own ranks then (capacity.py)
     while True:
         if os.path.exists(plan.files.outcome):
@@ -241,15 +216,17 @@ def _serve_until_outcome(plan: LaunchPlan, stop: StopRequest, log, sshd: subproc
             code = int(text) if text.lstrip("-").isdigit() else 1
             return WorkerOutcome(code, None, load_leader_report(plan) if code != 0 else None)
         now = time.monotonic()
-        if capacity_stop is not None and stop.signal_name is None and time.time() >= capacity_stop:
-            log(f"{plan.current_host}: stopping this host's ranks before the training plan's capacity ends")
-            stop.signal_name = "SIGTERM"  # as if the platform had stopped the job: its ranks checkpoint
-        if stop.signal_name and stop_deadline is None:
-            forward_stop_to_ranks(stop.signal_name, log)
-            # The ranks have the grace period; then the leader reports how the job ended.
-            stop_deadline = now + settings.grace_period_s
+        if stopping is None:
+            stopping = stop.signal_name
+            if stopping is None and capacity_stop is not None and time.time() >= capacity_stop:
+                log(f"{plan.current_host}: stopping this host's ranks before the training plan's capacity ends")
+                stopping = "SIGTERM"  # as if the platform had stopped the job: its ranks checkpoint
+            if stopping is not None:
+                forward_stop_to_ranks(stopping, log)
+                # The ranks have the grace period; then the leader reports how the job ended.
+                stop_deadline = now + settings.grace_period_s
         if stop_deadline is not None and now >= stop_deadline:
-            return WorkerOutcome(143, f"stopped by {stop.signal_name}; the leader did not report an outcome within the grace period")
+            return WorkerOutcome(143, f"stopped by {stopping}; the leader did not report an outcome within the grace period")
         if lost:
             return WorkerOutcome(1, (
                 f"lost the leader {plan.leader}: no answer on its SSH port for "
@@ -269,10 +246,8 @@ class MpiLeader(MultiHostRole):
         self.sshd = None
 
     def start_beside(self) -> Outcome | None:
-        stop = StopRequest()
-        with stop_signals_set(stop):
-            self.sshd, problem = start_leader(self.plan, stop, log)
-        return self.start_problem(problem, stop.signal_name) if problem else None
+        self.sshd, problem = start_leader(self.plan, self.stop)
+        return self.start_problem(problem, self.stop.signal_name) if problem else None
 
     def start_watches(self) -> list[PeerWatch]:
         plan, settings = self.plan, self.plan.settings
@@ -317,19 +292,41 @@ class MpiLeader(MultiHostRole):
 
 
 class MpiWorker(HostRole):
+    """start: authorize the leader, start sshd; run: serve SSH until the leader writes the
+    outcome here (mpirun on the leader starts this host's ranks over it); close: stop sshd."""
+
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        self.sshd: subprocess.Popen | None = None
+
     def start_live(self) -> None:
         """None here: an MPI worker's figures reach the leader over SSH, at the end only."""
 
-    def run(self, launch) -> Outcome:
-        """Not the plan's processes: mpirun on the leader starts this host's ranks over SSH."""
-        import signal
+    def start(self) -> Outcome | None:
+        log(f"{self.plan.current_host}: MPI worker for the leader {self.plan.leader}")
+        self.sshd, ended = start_worker(self.plan, self.stop)
+        return None if ended is None else self.build_outcome(ended)
 
-        previous = signal.signal(mpi_wire.FIGURES_SIGNAL, self.on_figures_request)
+    def run(self, launch) -> Outcome:
+        """Not the plan's processes: the leader's words (hosts/mpi_wire.py) arrive as signals."""
+        handlers = {mpi_wire.STACKS_SIGNAL: self.on_stack_request, mpi_wire.FIGURES_SIGNAL: self.on_figures_request}
+        previous = {sig: signal.signal(sig, handler) for sig, handler in handlers.items()}
         try:
-            code, text = run_worker_host(self.plan, self.env)
+            return self.build_outcome(wait_for_outcome(self.plan, self.stop, self.sshd))
         finally:
-            signal.signal(mpi_wire.FIGURES_SIGNAL, previous)
-        return SUCCESS if code == 0 else Outcome(code, text)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def build_outcome(self, ended: WorkerOutcome) -> Outcome:
+        if ended.exit_code == 0:
+            log(f"{self.plan.current_host}: the leader reports success")
+            return SUCCESS
+        return Outcome(ended.exit_code, describe_job_outcome(build_worker_failure_reason(self.plan, ended), self.env))
+
+    def on_stack_request(self, _signum, _frame) -> None:
+        """The ranks mpirun started here (under orted, which we adopted as subreaper)."""
+        asked = processes.signal_ranks_below([os.getpid()], mpi_wire.STACKS_SIGNAL)
+        log(f"SIGUSR1: asked {len(asked)} rank process(es) on {self.plan.current_host} for their Python stacks")
 
     def on_figures_request(self, _signum, _frame) -> None:
         """The leader asks for this host's figures (hosts/mpi_wire.collect_worker_figures): written
@@ -351,3 +348,6 @@ class MpiWorker(HostRole):
         if self.report_part is not None:
             self.report_part.sampler.stop()
             self.report_part.stop_live()
+
+    def close(self, outcome: Outcome) -> None:
+        stop_worker(self.plan, self.sshd)

@@ -17,20 +17,23 @@ from entrypoint.decide.restarts import RunEnding, build_restart_line, decide_res
 from entrypoint.decide.settings import decide_capacity_stop_at
 from entrypoint.job.paths import MlPaths
 from entrypoint.log import log
-from entrypoint.outcome.failure import (describe_exit_code, describe_job_failure, describe_root_cause, first_root_cause,
+from entrypoint.outcome.failure import (describe_exit_code, describe_job_failure, describe_root_cause, describe_startup_stop,
+                                        first_root_cause,
                                         secret_values)
 from entrypoint.outcome.writer import SUCCESS, Outcome, clear_previous_outcome
 from entrypoint.run import runtime_dirs
 from entrypoint.roles.base import HostRole
 from entrypoint.roles.choose import choose_role
-from entrypoint.run.supervise import OutputCollector, RunResult, StartupStopped, mark_training_started, run_processes
+from entrypoint.run.stop import StartupStopped, Stop
+from entrypoint.run.supervise import OutputCollector, RunHooks, RunResult, run_processes
 
 
 class Launch:
     """What cli.main closes once the outcome is written, whatever happened before: this
     host's role, once chosen, and the job's runtime folders, once made."""
 
-    def __init__(self) -> None:
+    def __init__(self, stop: Stop) -> None:
+        self.stop = stop  # the job's one stop token (run/stop.py)
         self.role: HostRole | None = None
         self.folders: tuple[str, ...] = ()
 
@@ -63,16 +66,20 @@ def run_plan(plan: LaunchPlan, paths: MlPaths, environ: dict[str, str], launch: 
     """This host's part of the job; returns its outcome, written by the caller."""
     env = {**environ, **plan.env_dict}
     collector = OutputCollector(secret_values(env))
-    role = launch.role = choose_role(plan, collector, env, paths)
+    stop = launch.stop
+    role = launch.role = choose_role(plan, collector, env, paths, stop)
     role.start_report()
-    outcome = build_capacity_over(plan) or run_install_steps(plan, env, role) or check_health(plan, env)
+    outcome = build_capacity_over(plan) or run_install_steps(plan, env, role) or check_health(plan, env, stop)
     keeper = start_compile_cache(plan, role) if outcome is None else None
-    outcome = outcome or role.start()
+    if outcome is None:
+        # From the role's start to the end, a stop is only noted: every wait of the role's polls
+        # the token, a run forwards it to its processes, finishing cuts its steps (run/stop.py).
+        stop.reaction = None
+        outcome = role.start() or build_stopped_at_start(stop)
     if outcome is not None:
         if keeper is not None:
             keeper.done.set()  # no rank ran: nothing new to keep
         return outcome
-    mark_training_started()
     try:
         outcome = role.finish(role.run(lambda: run_with_restarts(plan, env, role, paths)))
     finally:
@@ -100,7 +107,14 @@ def start_compile_cache(plan: LaunchPlan, role: HostRole):
     return keeper
 
 
-def check_health(plan: LaunchPlan, env: dict[str, str]) -> Outcome | None:
+def build_stopped_at_start(stop: Stop) -> Outcome | None:
+    """A stop the role's start took while it waited for the other hosts, and did not report."""
+    if not stop.requested():
+        return None
+    return Outcome(128 + stop.signum, describe_startup_stop(stop.signal_name, 128 + stop.signum))
+
+
+def check_health(plan: LaunchPlan, env: dict[str, str], stop: Stop) -> Outcome | None:
     """BYOC_HEALTH_CHECK=deep: the all-reduce check on every host before its role starts (before
     the SSH and job-port waits, which a host stopped by the check would leave to time out); the
     verdict is the same on every host, so all of them stop together."""
@@ -108,7 +122,7 @@ def check_health(plan: LaunchPlan, env: dict[str, str]) -> Outcome | None:
         return None
     from entrypoint.run.health_check import run_health_check  # only when the job asks for the check
 
-    return run_health_check(plan, env)
+    return run_health_check(plan, env, stop)
 
 
 def run_install_steps(plan: LaunchPlan, env: dict[str, str], role: HostRole) -> Outcome | None:
@@ -117,8 +131,8 @@ def run_install_steps(plan: LaunchPlan, env: dict[str, str], role: HostRole) -> 
     for step in plan.install:
         what = "installing requirements.txt" if "-r" in step else "installing the source directory as a package"
         log(what)
-        run = run_processes((ProcessSpec("pip", step),), env, plan.cwd, plan.settings.grace_period_s, role.collector,
-                            settings=plan.settings)
+        run = run_processes((ProcessSpec("pip", step),), env, plan.cwd, role.collector, role.stop,
+                            RunHooks(plan.settings, plan.current_host))
         if run.launch_error:
             return Outcome(run.exit_code, f"{what}: {run.launch_error}")
         if run.exit_code != 0:
@@ -132,10 +146,9 @@ def run_with_restarts(plan: LaunchPlan, env: dict[str, str], role: HostRole, pat
     earlier: list[str] = []
     collector = role.collector
     while True:
-        run = run_processes(plan.processes, env, plan.cwd, plan.settings.grace_period_s, collector,
-                            on_started=role.on_processes_started, hang_timeout_s=plan.settings.hang_timeout_s,
-                            host=plan.current_host, ask_other_hosts=role.ask_other_hosts,
-                            on_rank_killed=role.on_rank_killed, settings=plan.settings, stop_at=build_stop_at(plan))
+        hooks = RunHooks(plan.settings, plan.current_host, plan.settings.hang_timeout_s, role.on_processes_started,
+                         role.ask_other_hosts, role.on_rank_killed, build_stop_at(plan))
+        run = run_processes(plan.processes, env, plan.cwd, collector, role.stop, hooks)
         ending = RunEnding(run.exit_code, run.stopped_by, run.launch_error, role.lost or role.peer_failed)
         if decide_restart(role.relaunchable, plan.settings.max_restarts, len(earlier), ending) is not None:
             return build_run_outcome(role, run, earlier)

@@ -12,8 +12,9 @@ job's runtime folders are removed, whatever happened.
 - A stop (SIGTERM: StopTrainingJob, `docker stop`; SIGINT) cuts the current step; after it the
   report is skipped and closing gets settings.finish_after_stop_s (what it releases here, sshd
   and the job port, is released in its `finally` blocks even when cut). Before the steps
-  (while the outcome is written) a stop is only noted, so the outcome is written whole. A stop
-  the role's own waits took (run/supervise.stop_signals_set) counts the same.
+  (while the outcome is written) a stop is only noted, so the outcome is written whole. The
+  job's one stop token (run/stop.py) carries it: a stop before the outcome was the run's to
+  answer; from start_finish on, one counts here.
 Either way the outcome already decided stands: output/ as written, the exit code its own.
 """
 
@@ -22,7 +23,7 @@ from __future__ import annotations
 import signal
 
 from entrypoint.log import log
-from entrypoint.run import supervise
+from entrypoint.run.stop import Stop
 
 
 class FinishCut(BaseException):  # not caught by a step's `except Exception`
@@ -33,16 +34,16 @@ class Finish:
     """This host's finishing steps, one after the other (main thread only: the signal
     handlers and the steps run there, so its fields have one writer)."""
 
-    def __init__(self) -> None:
-        self.stopped_by: str | None = None  # the stop signal's name, once one came
+    def __init__(self, stop: Stop) -> None:
+        self.stop = stop  # the job's one token: its stops since begin_finishing are this end's
         self.cutting = False  # True while a step runs: a stop or the deadline then raises FinishCut
         self.limit_s = 0.0
-        self.stops_before = len(supervise.STOPS_SEEN)
 
-    def on_stop(self, signum, _frame) -> None:
-        self.stopped_by = signal.Signals(signum).name
-        log(f"received {self.stopped_by} while finishing: the outcome already decided stands; ending now")
-        self.cut(f"stopped by {self.stopped_by}")
+    def on_stop(self, signum: int) -> None:
+        """The token's reaction while finishing."""
+        name = signal.Signals(signum).name
+        log(f"received {name} while finishing: the outcome already decided stands; ending now")
+        self.cut(f"stopped by {name}")
 
     def on_deadline(self, _signum, _frame) -> None:
         self.cut(f"it took longer than {self.limit_s:g} s")
@@ -53,7 +54,7 @@ class Finish:
             raise FinishCut(why)
 
     def stopped(self) -> bool:
-        return self.stopped_by is not None or len(supervise.STOPS_SEEN) > self.stops_before
+        return self.stop.requested()
 
     def step(self, what: str, limit_s: float, action, *args, after_stop_s: float | None = None) -> None:
         """action(*args), cut at limit_s or by a stop; after a stop, skipped, or given
@@ -75,11 +76,11 @@ class Finish:
             signal.setitimer(signal.ITIMER_REAL, 0)
 
 
-def start_finish() -> Finish:
-    """Stops are noted from now on (cli.main calls this before it writes the outcome)."""
-    finish = Finish()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, finish.on_stop)
+def start_finish(stop: Stop) -> Finish:
+    """Stops count from now on (cli.main calls this before it writes the outcome)."""
+    finish = Finish(stop)
+    stop.begin_finishing()  # first: a stop from here on counts, and is cut by on_stop
+    stop.reaction = finish.on_stop
     signal.signal(signal.SIGALRM, finish.on_deadline)
     return finish
 

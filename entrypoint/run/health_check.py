@@ -16,15 +16,15 @@ import time
 
 from entrypoint.decide import health
 from entrypoint.decide.plan import LaunchPlan
-from entrypoint.decide.settings import DEFAULTS, LaunchSettings
 from entrypoint.errors import EXIT_BAD_JOB
 from entrypoint.log import log
 from entrypoint.outcome.failure import secret_values
 from entrypoint.outcome.writer import Outcome
-from entrypoint.run.supervise import OutputCollector, RunResult, run_processes
+from entrypoint.run.stop import Stop
+from entrypoint.run.supervise import OutputCollector, RunHooks, RunResult, run_processes
 
 
-def run_check(check: health.HealthCheck, env: dict[str, str], host: str, settings: LaunchSettings = DEFAULTS,
+def run_check(check: health.HealthCheck, env: dict[str, str], stop: Stop, hooks: RunHooks,
               collector: OutputCollector | None = None) -> tuple[RunResult, dict | None]:
     """Run this host's ranks of the check; how they ended and the timings local rank 0 wrote
     (None when it wrote none)."""
@@ -33,7 +33,7 @@ def run_check(check: health.HealthCheck, env: dict[str, str], host: str, setting
     except FileNotFoundError:
         pass
     collector = collector or OutputCollector(secret_values(env))
-    run = run_processes(check.processes, env, "/", settings.grace_period_s, collector, host=host, settings=settings)
+    run = run_processes(check.processes, env, "/", collector, stop, hooks)
     try:
         with open(check.result_file, encoding="utf-8") as f:
             return run, json.load(f)
@@ -41,7 +41,7 @@ def run_check(check: health.HealthCheck, env: dict[str, str], host: str, setting
         return run, None
 
 
-def run_health_check(plan: LaunchPlan, env: dict[str, str]) -> Outcome | None:
+def run_health_check(plan: LaunchPlan, env: dict[str, str], stop: Stop) -> Outcome | None:
     check, host = plan.health_check, plan.current_host
     if len(check.hosts) > 1:
         from entrypoint.hosts.net import wait_for_hosts  # a multi-host launch: imported by its role anyway
@@ -55,7 +55,7 @@ def run_health_check(plan: LaunchPlan, env: dict[str, str]) -> Outcome | None:
         f"{check.ranks_per_host} rank(s) on each of {len(check.hosts)} host(s)")
     started = time.monotonic()
     collector = OutputCollector(secret_values(env))
-    run, result = run_check(check, env, host, plan.settings, collector)
+    run, result = run_check(check, env, stop, RunHooks(plan.settings, host), collector)
     if run.stopped_by:
         code = 128 + signal.Signals[run.stopped_by].value
         return Outcome(code, f"Stopped by {run.stopped_by} during the deep health check (BYOC_HEALTH_CHECK=deep), "

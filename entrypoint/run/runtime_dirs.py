@@ -59,6 +59,11 @@ class RuntimeFiles(NamedTuple):
         return self.ssh.host_env
 
     @property
+    def rank_output(self) -> str:
+        """Where mpirun's daemon writes each rank's output on this host (run/rank_output.py)."""
+        return os.path.join(self.folder, "rank-output")
+
+    @property
     def owner(self) -> str:
         return os.path.join(self.folder, OWNER_FILE)
 

@@ -5,13 +5,13 @@
   groups get SIGKILL. When one of several processes fails, the others get the same treatment.
 - Output is streamed live, byte for byte; a bounded tail is kept for the failure report, and
   the root-cause lines that ranks print (see rank/record_errors.py) are collected.
-- Signals while nothing runs (start-up, waits for other hosts) have their own handlers here.
+- A stop reaches a run through the job's one token (run/stop.py): while processes run, its
+  reaction is Supervisor.on_signal; a token already stopped starts nothing.
 """
 
 from __future__ import annotations
 
 import collections
-import contextlib
 import os
 import signal
 import subprocess
@@ -28,6 +28,7 @@ from entrypoint.log import log
 from entrypoint.decide.plan import ProcessSpec
 from entrypoint.decide.settings import DEFAULTS, LaunchSettings
 from entrypoint.job.probe import load_oom_kill_count
+from entrypoint.run.stop import Stop
 from entrypoint.run.tagged_lines import TaggedLines
 
 TAIL_LINES = 100
@@ -169,34 +170,54 @@ def _pump(pipe, sink, collector: OutputCollector, lines=None, quiet_s: float = D
         pipe.close()
 
 
+class RunHooks(NamedTuple):
+    """What a run needs beside its processes: the settings, and the role's hooks."""
+
+    settings: LaunchSettings = DEFAULTS
+    host: str = "this host"
+    hang_timeout_s: float = 0.0  # 0: off (hangs.py)
+    on_started: object = None  # called with the Supervisor once every process started
+    ask_other_hosts: object = None  # asks the other hosts' ranks for their stacks, or None
+    on_rank_killed: object = None  # the role's: a rank we started died of a signal
+    # (epoch s, why): this host stops its processes then, as on SIGTERM (a training plan's
+    # capacity ending, decide/capacity.py); stop_reason says why once it did.
+    stop_at: tuple[float, str] | None = None
+
+
 class Supervisor:
-    def __init__(self, grace_period_s: float, collector: OutputCollector, hang_timeout_s: float = 0.0,
-                 host: str = "this host", ask_other_hosts=None, on_rank_killed=None,
-                 settings: LaunchSettings = DEFAULTS, stop_at: tuple[float, str] | None = None):
-        self.settings = settings
-        # (epoch s, why): this host stops its processes then, as on SIGTERM (a training plan's
-        # capacity ending, decide/capacity.py); stop_reason says why once it did.
-        self.stop_at = stop_at
+    """One run's processes. Written by the main thread only, except kill_at: a role's threads
+    (the job port's, the peer watches') end a run through stop_after_failure, so kill_at is
+    set under `lock`."""
+
+    def __init__(self, collector: OutputCollector, hooks: RunHooks = RunHooks()):
+        self.settings = hooks.settings
+        self.stop_at = hooks.stop_at
         self.stop_reason: str | None = None
-        self.on_rank_killed = on_rank_killed  # the role's: a rank we started died of a signal
-        self.grace_period_s = grace_period_s
+        self.on_rank_killed = hooks.on_rank_killed
+        self.grace_period_s = hooks.settings.grace_period_s
         self.collector = collector
-        self.hang_timeout_s = hang_timeout_s  # 0: off (hangs.py)
-        self.host = host
-        self.ask_other_hosts = ask_other_hosts  # asks the other hosts' ranks for their stacks, or None
+        self.hang_timeout_s = hooks.hang_timeout_s
+        self.host = hooks.host
+        self.ask_other_hosts = hooks.ask_other_hosts
         self.hang_asked_at: float | None = None
         self.hang_rank_order: list[str] = []
         self.hang_reason: str | None = None
         self.children: list[tuple[ProcessSpec, subprocess.Popen]] = []
         self.rank_envs: dict[int, dict[str, str]] = {}  # pid -> environment, of the ranks we start
         self.pumps: list[threading.Thread] = []
+        self.followers: list = []  # rank_output.RankOutputFollower: the ranks' files mpirun has written here
         self.stopped_by: str | None = None
         self.stopped_at: float | None = None  # time.time() of the stop request
+        self.lock = threading.Lock()  # kill_at's: the main loop and the role's threads set it
         self.kill_at: float | None = None
         self.killed_at_deadline = False  # we sent SIGKILL when the grace period ran out
         self.first_failure_signaled: bool | None = None  # RunResult.signaled
 
     def start(self, spec: ProcessSpec, env: dict[str, str], cwd: str) -> None:
+        if spec.rank_output:
+            from entrypoint.run import rank_output  # only mpirun writes the ranks' files
+
+            rank_output.clear(spec.rank_output)
         try:
             proc = subprocess.Popen(
                 list(spec.argv),
@@ -213,6 +234,9 @@ class Supervisor:
             argv = list(spec.argv)
             raise LaunchError(describe_launch_error(argv, env, error, shebang=_names_its_interpreter(argv))) from None
         self.children.append((spec, proc))
+        if spec.rank_output:
+            self.followers.append(rank_output.start_following(spec.rank_output, self.collector,
+                                                              self.settings.quiet_line_s, self.settings.wait_poll_s))
         if "RANK" in dict(spec.env):  # a rank we start ourselves: its signal death is ours to report
             self.rank_envs[proc.pid] = env
         for pipe, sink in ((proc.stdout, sys.stdout.buffer), (proc.stderr, sys.stderr.buffer)):
@@ -240,9 +264,13 @@ class Supervisor:
     def signal_all(self, sig: int, stop_request: bool = False) -> None:
         processes.signal_groups(self._groups(stop_request), sig)
 
-    def _kill_within(self, delay_s: float) -> None:
+    def _kill_within(self, delay_s: float) -> bool:
+        """Whether this is the first deadline (the run was not being stopped yet)."""
         kill_at = time.monotonic() + delay_s
-        self.kill_at = kill_at if self.kill_at is None else min(self.kill_at, kill_at)
+        with self.lock:
+            first = self.kill_at is None
+            self.kill_at = kill_at if first else min(self.kill_at, kill_at)
+        return first
 
     def is_running(self) -> bool:
         return any(proc.poll() is None for _, proc in self.children)
@@ -251,9 +279,8 @@ class Supervisor:
         """One process failed or a host was lost: end the others within settings.failure_stop_s
         (not the grace period: that one is for a stop the platform asked for, where scripts
         checkpoint; a failed job only needs its processes gone, within a minute)."""
-        if self.kill_at is None:
+        if self._kill_within(min(self.grace_period_s, self.settings.failure_stop_s)):  # first: a rank that dies of this is ours
             log(f"{why}; stopping the other processes")
-        self._kill_within(min(self.grace_period_s, self.settings.failure_stop_s))  # first: a rank that dies of this is ours
         self.signal_all(signal.SIGTERM)
 
     def ask_ranks_for_stacks(self, gap_s: float = 0.0) -> list[str]:
@@ -294,7 +321,8 @@ class Supervisor:
             self.hang_reason = hangs.build_hang_reason(self.hang_timeout_s, self.host, places)
             self.stop_after_failure(self.hang_reason.rstrip("."))
 
-    def on_signal(self, signum, _frame) -> None:
+    def on_signal(self, signum: int) -> None:
+        """The stop token's reaction while the processes run: forward the stop to them."""
         name = signal.Signals(signum).name
         if self.stopped_by is None:
             self.stopped_by = name
@@ -351,7 +379,8 @@ class Supervisor:
                 log("time is up: sending SIGKILL")
                 self.signal_all(signal.SIGKILL)
                 self.killed_at_deadline = True
-                self.kill_at = float("inf")
+                with self.lock:
+                    self.kill_at = float("inf")
             if running:
                 # As PID 1 of a container we inherit orphans (a rank whose launcher died):
                 # reap them so none stays a zombie.
@@ -362,6 +391,8 @@ class Supervisor:
         processes.reap_orphans(set())
         for t in self.pumps:
             t.join(timeout=self.settings.thread_join_s)
+        for follower in self.followers:  # every line the ranks wrote, before the outcome is decided
+            follower.stop(self.settings.thread_join_s)
         return first_failure or 0
 
 
@@ -379,45 +410,9 @@ class RunResult(NamedTuple):
     signaled: bool | None = None
 
 
-class StartupStopped(BaseException):  # not caught by the `except Exception` of a start-up step
-    """SIGTERM or SIGINT before the training processes started (see on_startup_signal)."""
-
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-# Set once the training processes (or, on an MPI worker, the wait for the leader) begin: from
-# then on the run's own handlers decide what a stop means.
-_training_started = False
-# Every stop signal taken outside a run's own handlers (a wait's, or between steps), in order:
-# run/finishing.py skips what is left of the job's end after one. Main thread only.
-STOPS_SEEN: list[str] = []
-
-
-def on_startup_signal(signum, _frame) -> None:
-    """The handler for the whole start-up (installed first thing by cli.main): as PID 1 a
-    process gets no default action for SIGTERM, so without a handler a stop during start-up
-    (reading /opt/ml, waiting for DNS, fetching code, installing requirements) was dropped
-    and the container ran on until SIGKILL. Raises StartupStopped, which cli.main reports.
-    Once training has begun, a stop that reaches this handler (between the run's own
-    handlers) is noted: the job's outcome is being decided, and its end is then cut short
-    (run/finishing.py)."""
-    if _training_started:
-        STOPS_SEEN.append(signal.Signals(signum).name)
-        log(f"received {STOPS_SEEN[-1]} while finishing: the outcome stands; what is left of the end is cut short")
-        return
-    raise StartupStopped(signum)
-
-
 def on_stack_request_without_ranks(_signum, _frame) -> None:
     """SIGUSR1 outside a run (start-up, waits): no rank to ask; it must not end the process."""
     log("SIGUSR1: no training process is running on this host yet (or any more)")
-
-
-def mark_training_started() -> None:
-    global _training_started
-    _training_started = True
 
 
 class LaunchError(Exception):
@@ -436,40 +431,22 @@ def _names_its_interpreter(argv: list[str]) -> bool:
     return first_line.startswith(b"#!") and os.fsencode(argv[0]) in first_line
 
 
-def run_processes(
-    processes_: tuple[ProcessSpec, ...],
-    env: dict[str, str],
-    cwd: str,
-    grace_period_s: float,
-    collector: OutputCollector,
-    on_started=None,
-    hang_timeout_s: float = 0.0,
-    host: str = "this host",
-    ask_other_hosts=None,
-    on_rank_killed=None,
-    settings: LaunchSettings = DEFAULTS,
-    stop_at: tuple[float, str] | None = None,
-) -> RunResult:
-    supervisor = Supervisor(grace_period_s, collector, hang_timeout_s, host, ask_other_hosts, on_rank_killed, settings,
-                            stop_at)
+def run_processes(processes_: tuple[ProcessSpec, ...], env: dict[str, str], cwd: str, collector: OutputCollector,
+                  stop: Stop, hooks: RunHooks = RunHooks()) -> RunResult:
+    """Start the processes, forward a stop to them (the token's reaction meanwhile), wait for
+    every one. A token already stopped starts nothing: the stop came between two runs."""
+    if stop.requested():
+        return RunResult(128 + stop.signum, stop.signal_name, stop.at)
+    supervisor = Supervisor(collector, hooks)
     oom_before = load_oom_kill_count()
-    previous = {s: signal.signal(s, supervisor.on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-    previous[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, supervisor.on_stack_request)
+    previous = signal.signal(signal.SIGUSR1, supervisor.on_stack_request)
     try:
-        try:
-            for spec in processes_:
-                supervisor.start(spec, {**env, **dict(spec.env)}, cwd)
-        except LaunchError as error:
-            supervisor.signal_all(signal.SIGKILL)  # what did start cannot run without the rest
-            for _, proc in supervisor.children:
-                proc.wait()
-            return RunResult(EXIT_BAD_JOB, launch_error=str(error))
-        if on_started is not None:
-            on_started(supervisor)
-        code = supervisor.wait()
+        with stop.reacting(supervisor.on_signal):
+            code = start_and_wait(supervisor, processes_, env, cwd, hooks.on_started)
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+        signal.signal(signal.SIGUSR1, previous)
+    if isinstance(code, RunResult):
+        return code
     oom_after = load_oom_kill_count() if code else None  # only a failure needs telling apart
     oom_kills = oom_after - oom_before if oom_after is not None and oom_before is not None else None
     if supervisor.hang_reason is not None:
@@ -481,27 +458,17 @@ def run_processes(
                      stop_reason=supervisor.stop_reason, signaled=supervisor.first_failure_signaled)
 
 
-class StopRequest:
-    """Set by the signal handler; waits check it so SIGTERM never waits out a timeout."""
-
-    __slots__ = ("signal_name",)
-
-    def __init__(self) -> None:
-        self.signal_name: str | None = None
-
-
-@contextlib.contextmanager
-def stop_signals_set(stop: StopRequest):
-    """While waiting (not running children), SIGTERM/SIGINT only mark the wait as stopped."""
-
-    def on_signal(signum, _frame):
-        stop.signal_name = signal.Signals(signum).name
-        STOPS_SEEN.append(stop.signal_name)
-        log(f"received {stop.signal_name}")
-
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+def start_and_wait(supervisor: Supervisor, processes_: tuple[ProcessSpec, ...], env: dict[str, str], cwd: str,
+                   on_started) -> int | RunResult:
+    """The run's exit code; a RunResult when a process could not be started."""
     try:
-        yield stop
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+        for spec in processes_:
+            supervisor.start(spec, {**env, **dict(spec.env)}, cwd)
+    except LaunchError as error:
+        supervisor.signal_all(signal.SIGKILL)  # what did start cannot run without the rest
+        for _, proc in supervisor.children:
+            proc.wait()
+        return RunResult(EXIT_BAD_JOB, launch_error=str(error))
+    if on_started is not None:
+        on_started(supervisor)
+    return supervisor.wait()

@@ -89,10 +89,13 @@ SUPERVISE = textwrap.dedent(
     """
     import json, sys, time
     sys.path.insert(0, sys.argv[1])
-    from entrypoint.run.supervise import OutputCollector, run_processes
+    from entrypoint.run.supervise import OutputCollector, RunHooks, run_processes
+    from entrypoint.run.stop import Stop
     from entrypoint.decide.plan import ProcessSpec
+    from entrypoint.decide.settings import DEFAULTS
     specs = [ProcessSpec(s["name"], tuple(s["argv"]), signal_ranks=s.get("signal_ranks", False)) for s in json.loads(sys.argv[2])]
-    run = run_processes(tuple(specs), {"PATH": "/usr/bin:/bin"}, sys.argv[3], float(sys.argv[4]), OutputCollector())
+    hooks = RunHooks(DEFAULTS._replace(grace_period_s=float(sys.argv[4])))
+    run = run_processes(tuple(specs), {"PATH": "/usr/bin:/bin"}, sys.argv[3], OutputCollector(), Stop(), hooks)
     print(json.dumps({"code": run.exit_code, "stopped_by": run.stopped_by, "killed_at_deadline": run.killed_at_deadline}))
     """
 )

@@ -7,6 +7,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from entrypoint.hosts.job_port import parse_root_cause_line
 from entrypoint.hosts.job_port import JobPort
 from entrypoint.decide.plan import RECORD_ERRORS
@@ -23,7 +25,8 @@ def free_port() -> int:
 KEY = "ab" * 32
 
 
-def test_failing_rank_reports_to_the_leaders_job_port(tmp_path):
+@pytest.mark.parametrize("key_name", ["BYOC_JOB_PORT_KEY", "BYOC_JOB_REPORT_KEY"])  # the old name, for one release
+def test_failing_rank_reports_to_the_leaders_job_port(tmp_path, key_name):
     port = free_port()
     lines = []
     job_port = JobPort(port, on_root_cause=lines.append, report_key=KEY)
@@ -32,7 +35,7 @@ def test_failing_rank_reports_to_the_leaders_job_port(tmp_path):
         script = tmp_path / "rank.py"
         script.write_text("raise KeyError('missing shard 7')\n")
         env = {"PATH": "/usr/bin:/bin", "BYOC_JOB_PORTS": f"127.0.0.1:{port}", "SM_CURRENT_HOST": "algo-2", "RANK": "3",
-               "BYOC_JOB_REPORT_KEY": KEY}
+               key_name: KEY}
         done = subprocess.run([sys.executable, RECORD_ERRORS, str(script)], env=env, capture_output=True, text=True, timeout=60)
         assert done.returncode == 1
         deadline = time.monotonic() + 10
@@ -131,8 +134,10 @@ def test_the_report_key_is_the_same_on_every_host_and_differs_between_jobs(tmp_p
         environ = {"SAGEMAKER_BASE_DIR": str(root), "TRAINING_JOB_NAME": "job-a", **env}
         plan = load_plan(load_job(build_paths(environ), environ), probe_machine(), load_runtime(environ, "0" * 16))
         dry = run_entrypoint(root, "--dry-run", **{"TRAINING_JOB_NAME": "job-a", **env})
-        assert plan.env_dict["BYOC_JOB_REPORT_KEY"] not in dry.stdout and "BYOC_JOB_REPORT_KEY" in dry.stdout
-        return plan.env_dict["BYOC_JOB_REPORT_KEY"]
+        key = plan.env_dict["BYOC_JOB_PORT_KEY"]
+        assert key not in dry.stdout and "BYOC_JOB_PORT_KEY" in dry.stdout and "BYOC_JOB_REPORT_KEY" in dry.stdout
+        assert plan.env_dict["BYOC_JOB_REPORT_KEY"] == key  # the old name, for one release
+        return key
 
     assert key("algo-1") == key("algo-2")
     assert key("algo-1", BYOC_JOB_SECRET="s3cr3t") == key("algo-2", BYOC_JOB_SECRET="s3cr3t") != key("algo-1")

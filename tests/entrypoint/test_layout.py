@@ -11,7 +11,7 @@ REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "entrypoint"
 MAX_FLAT_MODULES = 8
 MAX_FUNCTION_LINES = 60
-PROTOCOL_WORDS = ("BYOC-ROOT-CAUSE", "BYOC-HOST-DONE", "BYOC-SIGNED", "BYOC_JOB_REPORT_KEY", "BYOC_JOB_PORTS")
+PROTOCOL_WORDS = ("BYOC-ROOT-CAUSE", "BYOC-HOST-DONE", "BYOC-SIGNED", "BYOC_JOB_REPORT_KEY", "BYOC_JOB_PORT_KEY", "BYOC_JOB_PORTS")
 PROTOCOL_FILES = {"hosts/job_port.py", "rank/record_errors.py"}
 # The modules that decide or choose by role: the plan's decisions and run/roles.py, which
 # chooses this host's role object once.
@@ -77,7 +77,8 @@ def test_the_ranks_copy_of_the_protocol_says_the_same_words_and_signs_the_same_w
 
     assert record_errors.MARKER == job_port.ROOT_CAUSE
     assert record_errors.SIGNED == job_port.SIGNED
-    assert record_errors.REPORT_KEY_ENV == job_port.REPORT_KEY_ENV
+    assert record_errors.JOB_KEY_ENV == job_port.JOB_KEY_ENV
+    assert record_errors.JOB_KEY_OLD_ENV == job_port.JOB_KEY_OLD_ENV
     assert record_errors.JOB_PORTS_ENV == job_port.JOB_PORTS_ENV
     key, record = "ab" * 32, job_port.ROOT_CAUSE + '{"time": 1.0}'
     assert record_errors.sign_report(key, record) == job_port.sign_record(key, record)

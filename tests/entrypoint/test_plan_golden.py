@@ -32,7 +32,8 @@ def non_sm_env(plan):
     assert env.pop("BYOC_REPORT_DIR") == plan.report.rank_folder == plan.files.folder + "/report"
     # torch.compile's caches, in the host-local folder by default (test_compile_cache.py).
     assert (env.pop("TORCHINDUCTOR_CACHE_DIR"), env.pop("TRITON_CACHE_DIR")) == (LOCAL_FOLDER, LOCAL_FOLDER + "/triton")
-    key = env.pop("BYOC_JOB_REPORT_KEY", None)
+    key = env.pop("BYOC_JOB_PORT_KEY", None)
+    assert env.pop("BYOC_JOB_REPORT_KEY", None) == key  # its old name, for one release
     assert (key is not None) == ("BYOC_JOB_PORTS" in env)
     assert key is None or (len(key) == 64 and int(key, 16) >= 0)
     return env
@@ -174,6 +175,29 @@ def test_mpirun_leader_two_hosts_golden():
     )
     assert plan.processes[0].argv == expected
     assert not any("do-not-print" in a for a in plan.processes[0].argv)  # names only, never values
+
+
+@pytest.mark.parametrize("custom, files", [
+    ("", True), ("-x NCCL_DEBUG=INFO", True),
+    # A user's own output option keeps --tag-output (its files would hold their tags or times).
+    ("--output-filename /opt/ml/output/data/logs", False), ("-tag-output", False), ("--timestamp-output", False),
+    ("--xml", False), ("--merge-stderr-to-stdout", False), ("-mca orte_tag_output 1", False),
+    ("--mca orte_output_filename /tmp/logs", False), ("-mca btl_tcp_if_exclude lo", True),
+])
+def test_mpirun_on_one_host_writes_each_ranks_output_to_a_file_the_entrypoint_follows(custom, files):
+    """Issue 33, case 6: one host's daemon writes each rank's streams to files of their own
+    (run/rank_output.py), forwarding nothing to mpirun; several hosts keep --tag-output."""
+    hps = {"sagemaker_mpi_enabled": True, "sagemaker_mpi_custom_mpi_options": custom}
+    spec = plan_for(make_job(hps=hps), CPU).processes[0]
+    folder = "/tmp/byoc/rank-output"
+    if files:
+        assert spec.argv[:8] == ("mpirun", "--host", "algo-1:1", "-np", "1", "--allow-run-as-root",
+                                 "--output-filename", f"{folder}:nocopy")
+        assert spec.rank_output == folder and "--tag-output" not in spec.argv
+    else:
+        assert spec.argv[5:7] == ("--allow-run-as-root", "--tag-output") and spec.rank_output == ""
+    two_hosts = plan_for(make_job(hosts=("algo-1", "algo-2"), hps=hps), CPU).processes[0]
+    assert two_hosts.argv[5:7] == ("--allow-run-as-root", "--tag-output") and two_hosts.rank_output == ""
 
 
 def test_mpirun_worker_runs_no_launcher():

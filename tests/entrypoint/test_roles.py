@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -90,8 +91,8 @@ def job(tmp_path, monkeypatch):
             monkeypatch.setenv(name, value)
         options.update(role_options, root=root)
         monkeypatch.setattr(execute, "choose_role",
-                            lambda plan, collector, env, paths: StandIn(plan, collector, env, paths, "the script", False,
-                                                                        events=events, **options))
+                            lambda plan, collector, env, paths, stop: StandIn(plan, collector, env, paths, stop, "the script",
+                                                                              False, events=events, **options))
         return cli.main(["train"])
 
     yield start, events, tmp_path / "ml"
@@ -217,3 +218,130 @@ def test_a_stop_while_closing_ends_it_keeping_a_failure(job, tmp_path, capfd):
     assert "exit code 5" in (root / "output/failure").read_text()
     assert events[-1] == ("close", 5, ["failure"])
     assert "closing: cut short: stopped by SIGTERM" in capfd.readouterr().err
+
+
+# --- one stop token: a SIGTERM at every step of the lifecycle (run/stop.py) ---------------------
+
+class StoppedAt(StandIn):
+    """A stand-in that gets SIGTERM at one step, then waits there the way the real roles' waits
+    do: polling the job's one stop token (a peer that never answers; bounded by a poll count,
+    not a clock). Records whether its wait saw the stop, and whether a later step saw it too."""
+
+    POLLS = 2000
+
+    def __init__(self, *args, stop_at_step: str, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.stop_at_step = stop_at_step
+
+    def wait_for_a_peer(self, step: str) -> None:
+        if step == self.stop_at_step:
+            os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(self.POLLS):
+            if self.stop.requested():
+                self.events.append(("saw the stop", step))
+                return
+            time.sleep(0.005)
+        if step == self.stop_at_step:
+            self.events.append(("missed the stop", step))
+
+    def start(self):
+        self.events.append("start")
+        if self.stop_at_step == "start":
+            self.wait_for_a_peer("start")
+        return None
+
+    def run(self, launch):
+        self.events.append("run")
+        if self.stop_at_step == "run":
+            self.wait_for_a_peer("run")  # before the processes: none may start
+        outcome = launch()
+        self.events.append(("ran", outcome.exit_code))
+        return outcome
+
+    def finish(self, outcome):
+        self.events.append(("finish", outcome.exit_code))
+        if self.stop_at_step == "finish":
+            self.wait_for_a_peer("finish")
+        return outcome
+
+    def job_report(self, outcome):
+        self.events.append("report")
+        if self.stop_at_step == "report":
+            self.wait_for_a_peer("report")
+        self.events.append("reported")
+
+    def close(self, outcome):
+        written = [name for name in ("success", "failure") if (self.root / "output" / name).exists()]
+        self.events.append(("close", outcome.exit_code, written))
+        if self.stop_at_step in ("report", "close"):
+            self.wait_for_a_peer("close")  # a stop taken by the report is still the close's
+        self.events.append("closed")
+
+
+@pytest.fixture
+def stopped_job(job, tmp_path, monkeypatch):
+    _, events, _ = job
+    root = tmp_path / "ml"
+
+    def run(step: str, script: str) -> int:
+        write_tree(root, script=script)
+        monkeypatch.setenv("SAGEMAKER_BASE_DIR", str(root))
+        monkeypatch.setattr(execute, "choose_role",
+                            lambda plan, collector, env, paths, stop: StoppedAt(
+                                plan, collector, env, paths, stop, "the script", False, events=events, root=root,
+                                stop_at_step=step))
+        return cli.main(["train"])
+
+    return run, events, root
+
+
+def test_a_sigterm_while_the_role_starts_is_seen_by_its_wait_and_nothing_runs(stopped_job):
+    run, events, root = stopped_job
+    assert run("start", "open('ran', 'w')\n") == 143
+    # The stop came before the outcome: the job report (of the start-up) is still written.
+    assert events == ["start", ("saw the stop", "start"), "report", "reported", ("close", 143, ["failure"]), "closed"]
+    assert "Stopped by SIGTERM during start-up, before the training processes started" in (root / "output/failure").read_text()
+    assert not (root / "code/ran").exists()
+
+
+def test_a_sigterm_before_the_processes_start_starts_none_of_them(stopped_job):
+    run, events, root = stopped_job
+    assert run("run", "open('ran', 'w')\n") == 143
+    assert events[:3] == ["start", "run", ("saw the stop", "run")]
+    assert "processes started" not in events and ("ran", 143) in events
+    assert "stopped by SIGTERM" in (root / "output/failure").read_text()
+    assert not (root / "code/ran").exists()
+
+
+def test_a_sigterm_while_a_leader_waits_for_its_workers_ends_the_wait_and_the_job_report_still_runs(stopped_job):
+    """The run's outcome was decided before the stop: the stop ends the wait; finishing (the
+    report, the close) is not cut by a stop that came before it."""
+    run, events, root = stopped_job
+    assert run("finish", "print('trained')\n") == 0
+    assert events[-6:] == [("finish", 0), ("saw the stop", "finish"), "report", "reported",
+                           ("close", 0, ["success"]), "closed"]
+
+
+@pytest.mark.parametrize("step", ["report", "close"])
+def test_a_sigterm_while_finishing_cuts_the_step_and_the_close_still_sees_it(stopped_job, capfd, step):
+    """Before one token, a SIGTERM taken by a worker's report (sending its figures) was lost to
+    its close, which then waited BYOC_PEER_WAIT_TIMEOUT_S for the leader."""
+    run, events, root = stopped_job
+    assert run(step, "print('trained')\n") == 0
+    assert (root / "output/success").exists()
+    close_at = events.index(("close", 0, ["success"]))
+    assert ("saw the stop", "close") in events[close_at:] or "closed" not in events[close_at:]
+    assert ("missed the stop", "close") not in events
+    assert f"{'job report' if step == 'report' else 'closing'}: cut short: stopped by SIGTERM" in capfd.readouterr().err
+
+
+def test_the_entrypoint_constructs_one_stop_token():
+    """Every wait reads the token cli.main made; none makes its own (run/stop.py)."""
+    import ast
+
+    made = []
+    for path in (Path(execute.__file__).parents[1]).rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) == "Stop":
+                made.append(path.name)
+    assert made == ["cli.py"]

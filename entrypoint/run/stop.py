@@ -1,0 +1,93 @@
+"""The job's one stop token: made once by cli.main, and the process's SIGTERM/SIGINT handler from
+then to the end. Every wait and every role reads it; none makes its own, so a stop taken during
+one wait is never lost to the next (the torchrun/PS worker that took a SIGTERM while sending
+its figures used to wait out BYOC_PEER_WAIT_TIMEOUT_S in close).
+
+What a stop does depends on the phase, and the phase's owner says it with `reacting`:
+- start-up (cli.main): StartupStopped is raised, ending whatever step runs;
+- from a role's start on (run/execute.py): the stop is only noted; every wait polls
+  `requested()` and ends, and run_processes forwards it to the processes (its reaction
+  meanwhile: run/supervise.Supervisor.on_signal);
+- finishing (run/finishing.py): `begin_finishing`, then its steps are cut.
+A stop before finishing is the run's to answer (forwarded, then its outcome written); only a
+stop after the outcome counts for finishing, so `requested()` counts from `begin_finishing`.
+Main thread only: the handler and every writer of its fields run there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import time
+
+from entrypoint.log import log
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class StartupStopped(BaseException):  # not caught by the `except Exception` of a start-up step
+    """SIGTERM or SIGINT before the training processes started (the start-up reaction)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def raise_startup_stopped(signum: int) -> None:
+    """The start-up reaction: as PID 1 a process gets no default action for SIGTERM, so without
+    it a stop while reading /opt/ml, waiting for DNS, fetching code or installing requirements
+    was dropped and the container ran on until SIGKILL. cli.main reports it."""
+    raise StartupStopped(signum)
+
+
+class Stop:
+    """The stop requests this process received, in order, and what the current phase does with one."""
+
+    def __init__(self) -> None:
+        self.signals: list[str] = []  # every stop signal's name, in order
+        self.at: float | None = None  # time.time() of the first
+        self.floor = 0  # requested() counts the signals after this many (begin_finishing)
+        self.reaction = None  # the current phase's: called with the signal number; may raise
+
+    def install(self) -> None:
+        """This token becomes the SIGTERM/SIGINT handler (main thread; idempotent)."""
+        for sig in STOP_SIGNALS:
+            if signal.getsignal(sig) != self.on_signal:
+                signal.signal(sig, self.on_signal)
+
+    def on_signal(self, signum, _frame) -> None:
+        name = signal.Signals(signum).name
+        self.signals.append(name)
+        if self.at is None:
+            self.at = time.time()
+        if self.reaction is None:
+            log(f"received {name}")
+            return
+        self.reaction(signum)
+
+    def requested(self) -> bool:
+        """A stop came in this phase (since begin_finishing, once finishing began)."""
+        return len(self.signals) > self.floor
+
+    @property
+    def signal_name(self) -> str | None:
+        """The first stop signal of this phase, or None."""
+        return self.signals[self.floor] if self.requested() else None
+
+    @property
+    def signum(self) -> int:
+        return int(signal.Signals[self.signal_name or "SIGTERM"])
+
+    def begin_finishing(self) -> None:
+        """The outcome is decided: from here a stop cuts the job's end (run/finishing.py)."""
+        self.floor = len(self.signals)
+
+    @contextlib.contextmanager
+    def reacting(self, reaction):
+        """reaction(signum) for each stop while inside; None: only noted (the waits poll)."""
+        self.install()
+        previous, self.reaction = self.reaction, reaction
+        try:
+            yield self
+        finally:
+            self.reaction = previous
