@@ -10,13 +10,15 @@ from typing import NamedTuple
 
 from entrypoint.run import execute, finishing, runtime_dirs, supervise
 from entrypoint.run.stop import StartupStopped, Stop, raise_startup_stopped
-from entrypoint.job.config import JobConfig, build_json, find_missing_channel_dirs, load_job
+from entrypoint.job.config import JobConfig, find_missing_channel_dirs, load_job
+from entrypoint.job.json_text import build_json
 from entrypoint.decide.distribution import parse_distribution
 from entrypoint.decide.settings import parse_launch_settings
 from entrypoint.errors import EXIT_BAD_JOB, JobDefinitionError
 from entrypoint.outcome.failure import describe_bad_definition, describe_startup_stop, redact, secret_values
 from entrypoint.log import log
-from entrypoint.outcome.writer import Outcome, clear_previous_outcome, write_outcome
+from entrypoint.outcome.records import Outcome
+from entrypoint.outcome.writer import clear_previous_outcome, render_reason, write_outcome
 from entrypoint.job.paths import MlPaths, build_paths
 from entrypoint.decide.plan import LaunchPlan, Runtime, decide
 from entrypoint.job.probe import MachineFacts, probe_machine
@@ -119,8 +121,8 @@ def render_plan(plan: LaunchPlan, environ: dict[str, str]) -> str:
 
 def build_bad_job(message: str, environ: dict[str, str]) -> Outcome:
     """A bad job definition: its whole paragraph goes to the log now and to output/failure."""
-    report = describe_bad_definition(message, environ)
-    log(report.strip())
+    report = describe_bad_definition(message)
+    log(render_reason(report, secret_values(environ)).strip())
     return Outcome(EXIT_BAD_JOB, report, logged=True)
 
 
@@ -144,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     stop.reaction = raise_startup_stopped  # until the role starts (run/execute.py)
     signal.signal(signal.SIGUSR1, supervise.on_stack_request_without_ranks)
     clear_previous_outcome(paths)
-    launch = execute.Launch(stop)
+    launch = execute.Launch(stop, tuple(secret_values(environ)))
     try:
         outcome = run(environ, paths, launch)
     except StartupStopped as stopped:
@@ -154,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         raise
     finish = finishing.start_finish(stop)  # from here a stop keeps this outcome and ends the rest
     try:
-        write_outcome(paths, outcome)  # the one place output/ is written
+        write_outcome(paths, outcome, launch.secrets)  # the one place output/ is written
     finally:
         # output/data/report (the leader's; a worker sends its figures), then closing (an MPI
         # leader tells its workers what it wrote), each bounded: run/finishing.py.
@@ -171,7 +173,7 @@ def decide_v3_fallback(environ: dict[str, str], paths: MlPaths) -> str | None:
     try:
         job = v3.load_handed_v3_job(paths, environ)
         if job is not None:
-            from entrypoint.decide.v3_launch import decide_v3_distribution
+            from entrypoint.decide.distribution import decide_v3_distribution
 
             decide_v3_distribution(job)  # mpirun options we refuse: v3's own mpirun takes them
     except (v3.V3NotUnderstood, JobDefinitionError) as exc:
@@ -201,7 +203,7 @@ def print_plan(environ: dict[str, str], paths: MlPaths) -> int:
     try:
         job, _facts, _runtime, plan = load_job_and_plan(environ, paths)
     except JobDefinitionError as exc:
-        log(describe_bad_definition(str(exc), environ).strip())
+        log(render_reason(describe_bad_definition(str(exc)), secret_values(environ)).strip())
         return EXIT_BAD_JOB
     for note in plan.notes:
         log(f"note: {note}")
@@ -229,6 +231,7 @@ def run(environ: dict[str, str], paths: MlPaths, launch: execute.Launch) -> Outc
         plan = fetch_code_and_decide_again(job, facts, runtime, plan, paths, environ)
         if isinstance(plan, Outcome):
             return plan
+    launch.secrets = tuple(secret_values({**environ, **plan.env_dict}))  # what the outcome's words mask
     outcome = run_preflight(job, facts, plan, paths)
     if outcome is None:
         launch.folders = tuple(runtime.files.folders)

@@ -19,7 +19,8 @@ import time
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from entrypoint.decide.plan import ProcessSpec, build_parameter_server_processes
+from entrypoint.decide.plan import build_parameter_server_processes
+from entrypoint.decide.specs import ProcessSpec
 from entrypoint.decide.topology import Topology
 
 

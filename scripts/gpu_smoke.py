@@ -150,7 +150,7 @@ def run_deep_check(gpus: int, args) -> tuple[dict, list[str]]:
 
     sys.path.insert(0, str(REPO))
     from entrypoint.decide import health
-    from entrypoint.decide.settings import DEFAULTS
+    from entrypoint.settings import DEFAULTS
     from entrypoint.run.health_check import run_check
     from entrypoint.run.stop import Stop
     from entrypoint.run.supervise import RunHooks

@@ -6,10 +6,14 @@ from __future__ import annotations
 import json
 import re
 import shlex
-from typing import Any, Mapping, NamedTuple
+from typing import TYPE_CHECKING, Any, Mapping, NamedTuple
 
-from entrypoint.job.config import GROUP_NAME, HYPERPARAMETERS, JobConfig, canonical_json
+from entrypoint.job.config import GROUP_NAME, HYPERPARAMETERS, JobConfig
+from entrypoint.job.json_text import canonical_json
 from entrypoint.errors import JobDefinitionError
+
+if TYPE_CHECKING:
+    from entrypoint.job.v3_definition import V3Job
 
 # launcher name -> the key that enables it
 ENABLE_KEYS = {
@@ -243,10 +247,32 @@ def parse_mpi_options(key: str, value: Any) -> tuple[str, ...]:
     return parse_mpi_option_tokens(key, build_toolkit_nccl_debug(tokens))
 
 
+# An SDK v3 ModelTrainer job's distribution (job/v3_definition.py reads it; decide/v3_launch.py
+# maps the rest of the job onto the plan): its driver's launcher, its mpirun options checked
+# as sagemaker_mpi_custom_mpi_options are.
+V3_LAUNCHERS = {"script": "process", "command": "process", "torchrun": "torch_distributed", "mpi": "mpi"}
+V3_MPI_OPTIONS_KEY = "MPI.mpi_additional_options"
+
+
+def decide_v3_distribution(v3: V3Job) -> Distribution:
+    """Our Distribution for a v3 job; a JobDefinitionError for mpirun options we refuse."""
+    try:
+        options = parse_mpi_option_tokens(V3_MPI_OPTIONS_KEY, v3.mpi_options)
+    except JobDefinitionError as exc:  # its words name a hyperparameter: say what v3 calls it
+        raise JobDefinitionError(str(exc).replace(f"The hyperparameter {V3_MPI_OPTIONS_KEY} in hyperparameters.json",
+                                                  f"SDK v3's {V3_MPI_OPTIONS_KEY}")) from None
+    return Distribution(launcher=V3_LAUNCHERS[v3.driver], processes_per_host=v3.process_count_per_node,
+                        num_processes=None, custom_mpi_options=options, instance_groups=None,
+                        notes=(f"SDK v3 ModelTrainer job ({describe_v3_job(v3)}): launched by this image",))
+
+
+def describe_v3_job(v3: V3Job) -> str:
+    what = {"script": "no distributed", "command": "command=", "torchrun": "Torchrun()", "mpi": "MPI()"}[v3.driver]
+    return what if v3.driver == "command" else f"{what}, {v3.entry_script}"
+
+
 def parse_distribution(job: JobConfig) -> Distribution:
     if job.sdk_v3 is not None:  # an SDK v3 ModelTrainer job: its Torchrun()/MPI() (decide/v3_launch.py)
-        from entrypoint.decide.v3_launch import decide_v3_distribution
-
         return decide_v3_distribution(job.sdk_v3)
     framework: Mapping[str, Any] = job.hyperparameters.framework
     notes = check_framework_keys(framework)

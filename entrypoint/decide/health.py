@@ -17,8 +17,8 @@ from __future__ import annotations
 import os
 from typing import NamedTuple
 
-from entrypoint.decide.plan import ProcessSpec
-from entrypoint.decide.settings import LaunchSettings
+from entrypoint.decide.specs import ProcessSpec
+from entrypoint.settings import LaunchSettings
 
 ALLREDUCE_CHECK = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "rank",
                                "allreduce_check.py")

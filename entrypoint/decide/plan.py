@@ -11,15 +11,15 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, NamedTuple
 
 from entrypoint.decide import threads, topology
-from entrypoint.job.config import JobConfig, build_json
+from entrypoint.job.config import JobConfig
+from entrypoint.job.json_text import build_json
 from entrypoint.decide.distribution import MPI_BASED, Distribution
-from entrypoint.decide.settings import DEFAULTS, LaunchSettings, decide_capacity_stop_at
+from entrypoint.decide.settings import decide_capacity_stop_at
 from entrypoint.errors import JobDefinitionError
 from entrypoint.decide.gpu_env import build_gpu_env
 from entrypoint.decide.neuron_env import build_neuron_cache_env
 from entrypoint.decide.compile_cache import CompileCache, decide_compile_cache
 from entrypoint.job.probe import MachineFacts
-from entrypoint.run.runtime_dirs import RuntimeFiles, build_sha256_hex
 from entrypoint.job.program import (
     CodeFacts,
     CodeSource,
@@ -29,8 +29,11 @@ from entrypoint.job.program import (
     decide_entry_point,
 )
 from entrypoint.decide.smenv import build_sm_env, build_user_args
-from entrypoint.hosts.job_port import JOB_KEY_ENV, JOB_KEY_OLD_ENV, JOB_PORTS_ENV
-from entrypoint.jobreport.spec import REPORT_DIR_ENV, ReportSpec, decide_report_spec, decide_tensorboard_dir
+from entrypoint.decide.specs import ProcessSpec, RuntimeFiles, build_sha256_hex
+# The ranks read them: the plan sets them in the rank's own copy of the job port's words.
+from entrypoint.rank.record_errors import JOB_KEY_ENV, JOB_KEY_OLD_ENV, JOB_PORTS_ENV
+from entrypoint.decide.job_report import REPORT_DIR_ENV, ReportSpec, decide_report_spec, decide_tensorboard_dir
+from entrypoint.settings import DEFAULTS, LaunchSettings
 
 if TYPE_CHECKING:  # decide/health.py is imported only when the job asks for the check
     from entrypoint.decide.health import HealthCheck
@@ -48,7 +51,7 @@ FORWARDED_PREFIXES = ("NCCL_", "FI_", "TORCH_", "CUDA_", "OMP_", "MKL_", "HF_", 
 
 class Runtime(NamedTuple):
     """Facts about this image and host, not the job's definition: where python is, where the
-    job's runtime files go (runtime_dirs.RuntimeFiles)."""
+    job's runtime files go (specs.RuntimeFiles)."""
 
     python: str
     files: RuntimeFiles
@@ -67,19 +70,6 @@ class Role(StrEnum):
 
 # The roles whose processes take part in a job across hosts (a multi-host wait and watch).
 DISTRIBUTED_ROLES = (Role.MPI_LEADER, Role.TORCHRUN, Role.PARAMETER_SERVER)
-
-
-class ProcessSpec(NamedTuple):
-    name: str
-    argv: tuple[str, ...]
-    env: tuple[tuple[str, str], ...] = ()  # on top of the plan's env
-    cwd: str | None = None  # None: the plan's cwd
-    # A stop request (SIGTERM) goes to the ranks this process started on this host, not to
-    # the process: mpirun, whose own SIGTERM handling gives ranks only Open MPI's kill timeout.
-    signal_ranks: bool = False
-    # Where mpirun's daemon writes each rank's output on this host (--output-filename), which
-    # the entrypoint follows and prints (run/rank_output.py); "": the process's pipes carry it.
-    rank_output: str = ""
 
 
 class LaunchPlan(NamedTuple):

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from entrypoint.job.config import JobConfig, build_json, canonical_json
+from entrypoint.job.config import JobConfig
+from entrypoint.job.json_text import build_json, canonical_json
 from entrypoint.job.probe import MachineFacts
 from entrypoint.decide.topology import Topology
 

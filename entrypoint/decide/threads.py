@@ -50,26 +50,6 @@ class ThreadBudget(NamedTuple):
     note: str
 
 
-def parse_cpu_max(text: str) -> float | None:
-    """cgroup v2's cpu.max ("150000 100000": 1.5 cores; "max 100000": no limit) in cores."""
-    parts = text.split()
-    if len(parts) != 2 or parts[0] == "max":
-        return None
-    return parse_cfs_quota(parts[0], parts[1])
-
-
-def parse_cfs_quota(quota_us: str, period_us: str) -> float | None:
-    """cgroup v1's cpu.cfs_quota_us / cpu.cfs_period_us in cores; -1 (or anything unreadable):
-    no limit."""
-    try:
-        quota, period = int(quota_us), int(period_us)
-    except ValueError:
-        return None
-    if quota <= 0 or period <= 0:
-        return None
-    return quota / period
-
-
 def decide_cores(cpu: CpuFacts) -> int:
     """The cores the job may really use: a quota of 1.5 cores runs 1 thread without throttling."""
     cores = max(1, cpu.count)

@@ -2,9 +2,10 @@
 
 What a v3 user's script sees stays what v3's own drivers give it (sagemaker-train 1.27,
 container_drivers/):
-- the distribution: Torchrun() is our torchrun launch, MPI() our mpirun launch (its
-  mpi_additional_options after ours, checked as sagemaker_mpi_custom_mpi_options are), no
-  `distributed` and `command=` one process on each host, as v3 runs them;
+- the distribution (distribution.decide_v3_distribution, beside the keys it stands for):
+  Torchrun() is our torchrun launch, MPI() our mpirun launch (its mpi_additional_options after
+  ours, checked as sagemaker_mpi_custom_mpi_options are), no `distributed` and `command=` one
+  process on each host, as v3 runs them;
 - the arguments: every hyperparameter as `--key value`, in hyperparameters.json's order,
   strings as they are and other values as json.dumps writes them (common/utils.py,
   hyperparameters_to_cli_args); none for `command=` (v3 passes SourceCode.args in the command);
@@ -25,33 +26,10 @@ import json
 import os
 from typing import Any, Mapping
 
-from entrypoint.decide.distribution import Distribution, parse_mpi_option_tokens
 from entrypoint.decide.topology import Topology
-from entrypoint.errors import JobDefinitionError
 from entrypoint.job.config import JobConfig
 from entrypoint.job.program import CodeFacts, EntryPoint, build_program_argv, decide_entry_point
 from entrypoint.job.v3_definition import LAUNCHED, RUN_ENV, V3Job
-
-LAUNCHERS = {"script": "process", "command": "process", "torchrun": "torch_distributed", "mpi": "mpi"}
-MPI_OPTIONS_KEY = "MPI.mpi_additional_options"
-
-
-def decide_v3_distribution(v3: V3Job) -> Distribution:
-    """Our Distribution for a v3 job; a JobDefinitionError for mpirun options we refuse."""
-    try:
-        options = parse_mpi_option_tokens(MPI_OPTIONS_KEY, v3.mpi_options)
-    except JobDefinitionError as exc:  # its words name a hyperparameter: say what v3 calls it
-        raise JobDefinitionError(str(exc).replace(f"The hyperparameter {MPI_OPTIONS_KEY} in hyperparameters.json",
-                                                  f"SDK v3's {MPI_OPTIONS_KEY}")) from None
-    return Distribution(launcher=LAUNCHERS[v3.driver], processes_per_host=v3.process_count_per_node,
-                        num_processes=None, custom_mpi_options=options, instance_groups=None,
-                        notes=(f"SDK v3 ModelTrainer job ({describe_v3_job(v3)}): launched by this image",))
-
-
-def describe_v3_job(v3: V3Job) -> str:
-    what = {"script": "no distributed", "command": "command=", "torchrun": "Torchrun()", "mpi": "MPI()"}[v3.driver]
-    return what if v3.driver == "command" else f"{what}, {v3.entry_script}"
-
 
 def render_v3_value(value: Any) -> str:
     """common/utils.safe_serialize: a string as it is, anything else json.dumps' default text."""

@@ -32,7 +32,7 @@ Liveness: the leader probes every worker's port, the workers the leader's, every
 peer_probe_every_s; a host silent for BYOC_HOST_LOST_TIMEOUT_S (default 30 s) is lost and the
 job is stopped, naming it (PeerWatch). All the waits on a peer's port (lost, gone, closed) run
 the one probe loop, watch_ports. socket is imported where a port is used: a 1-host job reads
-this module (the words, RootCause) but never opens one.
+this module (the words) but never opens one.
 """
 
 from __future__ import annotations
@@ -41,10 +41,10 @@ import json
 import threading
 import time
 from collections import deque
-from typing import NamedTuple
 
-from entrypoint.decide.settings import DEFAULTS, LaunchSettings
 from entrypoint.hosts.net import can_connect
+from entrypoint.outcome.records import RootCause
+from entrypoint.settings import DEFAULTS, LaunchSettings
 
 ROOT_CAUSE = "BYOC-ROOT-CAUSE "
 HOST_DONE = "BYOC-HOST-DONE "
@@ -61,15 +61,6 @@ SEEN_SIGNATURES_KEPT = 4096
 
 
 # --- the records -------------------------------------------------------------------------------
-
-
-class RootCause(NamedTuple):
-    host: str
-    rank: str
-    type: str
-    message: str
-    time: float
-    where: str = ""
 
 
 def parse_root_cause_line(line: str) -> RootCause | None:

@@ -6,7 +6,7 @@ worker in parallel (MAX_PARALLEL_SESSIONS at a time).
   `job-exit-code`, whose appearance is what the worker waits for: roles/mpi.py);
 - ask: STACKS_SIGNAL (SIGUSR1) to the worker's entrypoint, which passes it to its ranks;
 - collect: FIGURES_SIGNAL (SIGUSR2) to the worker's entrypoint, which writes this host's job
-  report figures (jobreport/spec.HOST_FIGURES_FILE), then read back.
+  report figures (decide/job_report.HOST_FIGURES_FILE), then read back.
 The files' paths are the plan's (plan.files: runtime_dirs.py), the same on every host.
 """
 
@@ -17,12 +17,11 @@ import shlex
 import signal
 import subprocess
 
+from entrypoint.decide.job_report import HOST_FIGURES_FILE
 from entrypoint.decide.plan import LaunchPlan
-from entrypoint.decide.settings import DEFAULTS
 from entrypoint.hosts import ssh
 from entrypoint.hosts.net import can_connect
-from entrypoint.jobreport.spec import HOST_FIGURES_FILE
-from entrypoint.rank.record_errors import build_readable_text
+from entrypoint.settings import DEFAULTS
 
 # What a signal to a worker's entrypoint means (its handlers: roles/mpi.MpiWorker).
 STACKS_SIGNAL = signal.SIGUSR1  # its ranks print their Python stacks
@@ -81,9 +80,10 @@ def build_tell_command(plan: LaunchPlan, exit_code: int) -> str:
 
 
 def tell_workers(plan: LaunchPlan, exit_code: int, report: str | None, log) -> None:
-    """Write the job's outcome on every worker; a dead worker is skipped."""
-    # Readable first (record_errors.build_readable_text): a lone surrogate arrives escaped, not as "?".
-    payload = build_readable_text(report or "").encode("utf-8")[:LEADER_REPORT_MAX_BYTES] if exit_code != 0 else b""
+    """Write the job's outcome on every worker; a dead worker is skipped. report: as
+    outcome/writer.render_reason made it (secrets masked, readable: a lone surrogate arrives
+    escaped, never as "?" or an encoding error)."""
+    payload = (report or "").encode("utf-8")[:LEADER_REPORT_MAX_BYTES] if exit_code != 0 else b""
     run_on_workers(plan, build_tell_command(plan, exit_code), payload, "tell {host} the outcome", log)
 
 

@@ -19,44 +19,13 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-from typing import NamedTuple
+
+from entrypoint.decide.specs import SshFiles
 
 SSHD = "/usr/sbin/sshd"
 
 
 MEMORY_FILESYSTEMS = ("tmpfs", "ramfs")
-
-
-class SshFiles(NamedTuple):
-    """Per-job SSH files: configuration under the runtime folder, the private key in
-    key_folder (memory-backed storage when there is one: see decide_key_folder)."""
-
-    folder: str
-    key_folder: str = ""  # "": the same as folder
-
-    @property
-    def host_key(self) -> str:
-        return os.path.join(self.key_folder or self.folder, "host_ed25519_key")
-
-    @property
-    def host_env(self) -> str:
-        return decide_host_env_file(self.folder, self.key_folder)
-
-    @property
-    def sshd_config(self) -> str:
-        return os.path.join(self.folder, "sshd_config")
-
-    @property
-    def authorized_keys(self) -> str:
-        return os.path.join(self.folder, "authorized_keys")
-
-    @property
-    def client_config(self) -> str:
-        return os.path.join(self.folder, "config")
-
-    @property
-    def known_hosts(self) -> str:
-        return os.path.join(self.folder, "known_hosts")
 
 
 def build_sshd_config(files: SshFiles, port: int) -> str:
@@ -147,17 +116,6 @@ def filesystem_of(path: str, mounts: list[tuple[str, str]]) -> str | None:
         if inside and len(point) >= best_len:
             best, best_len = fstype, len(point)
     return best
-
-
-def decide_host_env_file(ssh_folder: str, key_folder: str) -> str:
-    """Where a host keeps its environment for the ranks mpirun starts on it
-    (roles/mpi.build_host_env). It may hold the job's credentials, so it lives in the same
-    storage as the private key and goes with it; and its path must be the same on every host
-    (the leader's mpirun tells each rank where to read it), so not inside the key's folder,
-    whose name is random: beside it."""
-    if not key_folder or key_folder == ssh_folder:
-        return os.path.join(ssh_folder, "byoc-host-env.json")
-    return os.path.join(os.path.dirname(key_folder), "byoc-host-env.json")
 
 
 def decide_key_folder(ssh_folder: str, mounts: list[tuple[str, str]], private_folder: str) -> tuple[str, str | None]:

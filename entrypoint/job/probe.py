@@ -15,8 +15,7 @@ import subprocess
 import sys
 from typing import NamedTuple
 
-from entrypoint.decide.settings import DEFAULTS
-from entrypoint.decide.threads import parse_cfs_quota, parse_cpu_max
+from entrypoint.settings import DEFAULTS
 
 # Where the cuda-compat package puts its libcuda (the GPU image installs it).
 CUDA_COMPAT_DIR = "/usr/local/cuda/compat"
@@ -100,6 +99,26 @@ def probe_cpu_affinity() -> int | None:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return None
+
+
+def parse_cpu_max(text: str) -> float | None:
+    """cgroup v2's cpu.max ("150000 100000": 1.5 cores; "max 100000": no limit) in cores."""
+    parts = text.split()
+    if len(parts) != 2 or parts[0] == "max":
+        return None
+    return parse_cfs_quota(parts[0], parts[1])
+
+
+def parse_cfs_quota(quota_us: str, period_us: str) -> float | None:
+    """cgroup v1's cpu.cfs_quota_us / cpu.cfs_period_us in cores; -1 (or anything unreadable):
+    no limit."""
+    try:
+        quota, period = int(quota_us), int(period_us)
+    except ValueError:
+        return None
+    if quota <= 0 or period <= 0:
+        return None
+    return quota / period
 
 
 def probe_cpu_quota(root: str = "/") -> float | None:

@@ -23,7 +23,7 @@ import os
 import shlex
 from typing import Any, Mapping, NamedTuple
 
-from entrypoint.job.config import decode_json
+from entrypoint.job.json_text import decode_json
 from entrypoint.job.paths import MlPaths
 
 DRIVERS_CHANNEL = "sm_drivers"

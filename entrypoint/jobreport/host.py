@@ -11,7 +11,7 @@ import time
 from entrypoint.jobreport.figures import fit_figures, load_rank_files
 from entrypoint.jobreport.metric_lines import ReportedThroughput
 from entrypoint.jobreport.sampler import HostSampler
-from entrypoint.jobreport.spec import HOST_FIGURES_FILE, ReportSpec
+from entrypoint.decide.job_report import HOST_FIGURES_FILE, ReportSpec
 
 def probe_process_start() -> float:
     """When this process started (epoch s): the entrypoint's first phase, measured by the

@@ -1,10 +1,11 @@
 """The text of output/failure (pure): the root cause first, then the output's tail.
 
 SageMaker shows the first 1,024 characters as FailureReason, so the first paragraph must
-stand alone: what failed, where (host, rank), the exception and the exit code. Values of
-environment variables whose names look like secrets are masked everywhere in the report, in
-every form they take in text, also broken over lines, and in each output line before it is cut
-to length (SecretLines: together with the lines before it in its stream).
+stand alone: what failed, where (host, rank), the exception and the exit code. The describe_*
+words compose raw text; values of environment variables whose names look like secrets are
+masked in it once, when it leaves the process (writer.render_reason: redact), in every form
+they take in text, also broken over lines; and in each output line before it is cut to length
+(SecretLines: together with the lines before it in its stream).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import re
 from typing import Iterable, Mapping
 
 from entrypoint.decide.restarts import build_earlier_failures_note
-from entrypoint.hosts.job_port import ROOT_CAUSE, RootCause
+from entrypoint.outcome.records import RootCause, StepEnding
+from entrypoint.rank.record_errors import MARKER as ROOT_CAUSE  # the rank's copy of the job port's word
 from entrypoint.rank.record_errors import (build_masked, build_secret_forms, build_secret_pattern,
                                            build_secret_values, describe_signal, find_secret_spans)
 
@@ -176,25 +178,13 @@ class SecretLines:
         return build_masked(text, spans[-1]), changed
 
 
-def describe_failure(
-    *,
-    what: str,
-    exit_code: int,
-    root_cause: RootCause | None,
-    tail: list[str],
-    current_host: str,
-    environ: Mapping[str, str],
-    stopped_by: str | None = None,
-    stopped_at: float | None = None,
-    lost: str | None = None,
-    peer_failed: str | None = None,
-    oom_kills: int | None = None,
-    killed_by_us: bool = False,
-    signaled: bool | None = None,
-) -> str:
+def describe_failure(what: str, ended: StepEnding, root_cause: RootCause | None, tail: list[str],
+                     current_host: str) -> str:
     """`what`: the stage that failed, e.g. "torchrun on 2 hosts", "installing requirements.txt".
-    stopped_at: when the stop request arrived (time.time()); a root cause recorded before it
-    still leads (a host stopped because another host's rank failed), the stop follows."""
+    ended.stopped_at: when the stop request arrived (time.time()); a root cause recorded before
+    it still leads (a host stopped because another host's rank failed), the stop follows."""
+    exit_code, stopped_by, signaled = ended.exit_code, ended.stopped_by, ended.signaled
+    oom_kills, killed_by_us = ended.oom_kills, ended.killed_by_us
     if root_cause is not None:
         head = (
             f"{root_cause.type}: {root_cause.message}\n"
@@ -207,29 +197,29 @@ def describe_failure(
         guess = guess_exception_from_tail(tail)
         lost_daemon = guess_lost_host(tail)
         signal_death = guess_signal_death(tail)  # mpirun's word that a rank died of a signal
-        ended = describe_exit_code(exit_code, oom_kills, killed_by_us, None if signal_death else signaled)
-        head = f"{what} failed on host {current_host} with {ended}."
+        how = describe_exit_code(exit_code, oom_kills, killed_by_us, None if signal_death else signaled)
+        head = f"{what} failed on host {current_host} with {how}."
         if lost_daemon:
             head = f"Host {lost_daemon} stopped responding: mpirun lost its daemon there (the host died or its network failed).\n" + head
         elif signal_death:
             head = f"{signal_death}\n" + head
         elif guess:
             head = f"{guess}\n" + head
-    if lost and root_cause is None:
-        head = f"The job lost a host: {lost}.\n" + head
-    if peer_failed and root_cause is None:
-        head = f"{peer_failed}, so this host's processes were stopped.\n" + head
-    if stopped_by and decide_root_cause_leads(root_cause, stopped_at):
+    if ended.lost and root_cause is None:
+        head = f"The job lost a host: {ended.lost}.\n" + head
+    if ended.peer_failed and root_cause is None:
+        head = f"{ended.peer_failed}, so this host's processes were stopped.\n" + head
+    if stopped_by and decide_root_cause_leads(root_cause, ended.stopped_at):
         head += f"\nThen this host ({current_host}) was stopped by {stopped_by}."
     elif stopped_by:
         head = f"Training was stopped by {stopped_by}. " + head
     lines = [head.rstrip(), "", f"Last {len(tail)} lines of output:" if tail else "No output."]
     lines += [line for line in tail if ROOT_CAUSE not in line]
-    return redact("\n".join(lines).rstrip() + "\n", secret_values(environ))
+    return "\n".join(lines).rstrip() + "\n"
 
 
 def describe_worker_host_failure(*, what: str, host: str, exit_code: int, root_cause: RootCause | None,
-                                     current_host: str, environ: Mapping[str, str]) -> str:
+                                 current_host: str) -> str:
     """The leader's report when its own part succeeded and a worker host's failed: the job
     failed there. The leader's output is not that host's, so none is quoted here."""
     ended = describe_exit_code(exit_code)
@@ -243,7 +233,7 @@ def describe_worker_host_failure(*, what: str, host: str, exit_code: int, root_c
         head = f"{what} failed on host {host} with {ended}."
     head += (f"\nThis host ({current_host}) ran its own part to the end; host {host}'s log and "
              f"output/failure have that host's output.")
-    return redact(head + "\n", secret_values(environ))
+    return head + "\n"
 
 
 def decide_root_cause_leads(root_cause: RootCause | None, stopped_at: float | None) -> bool:
@@ -253,34 +243,27 @@ def decide_root_cause_leads(root_cause: RootCause | None, stopped_at: float | No
     return root_cause is not None and stopped_at is not None and root_cause.time <= stopped_at
 
 
-def describe_job_outcome(reason: str, environ: Mapping[str, str]) -> str:
-    return redact(reason.rstrip() + "\n", secret_values(environ))
+def describe_job_outcome(reason: str) -> str:
+    return reason.rstrip() + "\n"
 
 
-def describe_bad_definition(message: str, environ: Mapping[str, str]) -> str:
-    return redact(f"The training job definition is invalid: {message}\n", secret_values(environ))
+def describe_bad_definition(message: str) -> str:
+    return f"The training job definition is invalid: {message}\n"
 
 
-def describe_run_failure(what: str, exit_code: int, collector, current_host: str, environ: dict[str, str],
-                     run=None, lost: str | None = None, peer_failed: str | None = None) -> str:
+def build_step_ending(run=None, lost: str | None = None, peer_failed: str | None = None) -> StepEnding:
+    """How a step ended (run: supervise.RunResult; None when nothing ran: exit code 1) and what
+    this host heard from its peers (lost, peer_failed)."""
+    if run is None:
+        return StepEnding(1, lost=lost, peer_failed=peer_failed)
+    return StepEnding(run.exit_code, run.stopped_by, run.stopped_at, run.oom_kills, run.killed_at_deadline,
+                      run.signaled, lost, peer_failed)
+
+
+def describe_run_failure(what: str, collector, current_host: str, ended: StepEnding) -> str:
     """The failure report of one step (an install, the training run, the start of the workers)
-    from what its processes printed (collector: supervise.OutputCollector) and how it ended
-    (run: supervise.RunResult, None when nothing ran)."""
-    return describe_failure(
-        what=what,
-        exit_code=exit_code,
-        root_cause=first_root_cause(collector.root_causes),
-        tail=list(collector.tail),
-        current_host=current_host,
-        environ=environ,
-        stopped_by=run.stopped_by if run else None,
-        stopped_at=run.stopped_at if run else None,
-        lost=lost,
-        peer_failed=peer_failed,
-        oom_kills=run.oom_kills if run else None,
-        killed_by_us=run.killed_at_deadline if run else False,
-        signaled=run.signaled if run else None,
-    )
+    from what its processes printed (collector: supervise.OutputCollector) and how it ended."""
+    return describe_failure(what, ended, first_root_cause(collector.root_causes), list(collector.tail), current_host)
 
 
 def describe_job_failure(report: str, hang: str | None, earlier: list[str]) -> str:

@@ -1,14 +1,17 @@
 """Turn how the job ended into SageMaker's outcome: output/success or output/failure (with
-the reason a person reads first) and the exit code. The reasons are built by failure.py;
-this module writes them and reads back what the script wrote itself."""
+the reason a person reads first) and the exit code. The reasons are composed by failure.py,
+raw; this module renders and redacts them, once (render_reason: for output/failure, the log,
+a word to another host), writes them, and reads back what the script wrote itself."""
 
 from __future__ import annotations
 
 import os
-from typing import NamedTuple
+from typing import Sequence
 
-from entrypoint.log import log
 from entrypoint.job.paths import MlPaths, open_regular
+from entrypoint.log import log
+from entrypoint.outcome.failure import redact
+from entrypoint.outcome.records import Outcome
 from entrypoint.rank.record_errors import build_readable_text
 
 
@@ -25,27 +28,24 @@ def clear_previous_outcome(paths: MlPaths) -> None:
                 log(f"cannot remove the previous run's {path}: {exc.strerror or exc}")
 
 
-class Outcome(NamedTuple):
-    """How the job ended on this host: every way a job ends (a bad definition, a failed
-    pre-flight, a start problem, the script's exit, a stop, a lost host, a worker's word)
-    becomes one of these, and cli.main hands it to write_outcome, the one writer of output/."""
-
-    exit_code: int
-    reason: str | None = None  # the reason output/failure gives (None: success, or nothing to say)
-    logged: bool = False  # the whole reason is in the log already (write_outcome adds no FAILED line)
-
-
-SUCCESS = Outcome(0)
+def render_reason(reason: str | None, secrets: Sequence[str]) -> str | None:
+    """The one rendering of a reason for anything outside this process: the job's secrets
+    masked (failure.redact: every form, also broken over lines), then made readable
+    (record_errors.build_readable_text: any text a rank raised, a file name that is not UTF-8
+    or a terminal escape included, arrives, never an encoding error instead)."""
+    if not reason:
+        return reason
+    return build_readable_text(redact(reason, list(secrets)))
 
 
-def write_outcome(paths: MlPaths, outcome: Outcome) -> None:
+def write_outcome(paths: MlPaths, outcome: Outcome, secrets: Sequence[str]) -> None:
     """output/success or output/failure, and one FAILED line in the log. A read-only or full
     /opt/ml/output does not change the job's exit code: the reason goes to stderr (the job's
-    log) instead. A failure file the script wrote itself stays as it is. The reason is
-    written readable (record_errors.build_readable_text): any text a rank raised, a file name
-    that is not UTF-8 or a terminal escape included, arrives, never an encoding error instead."""
+    log) instead. A failure file the script wrote itself stays as it is. The reason is written
+    as render_reason makes it: secrets (the values cli.main gives: the job's environment and
+    what the plan added) masked, readable."""
     exit_code = outcome.exit_code
-    reason = build_readable_text(outcome.reason) if outcome.reason else outcome.reason
+    reason = render_reason(outcome.reason, secrets)
     if exit_code != 0 and reason and not outcome.logged:
         log(f"FAILED: {reason.splitlines()[0]}")
     try:

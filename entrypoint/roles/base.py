@@ -20,8 +20,8 @@ import time
 
 from entrypoint.decide.plan import LaunchPlan
 from entrypoint.log import log
-from entrypoint.outcome.failure import describe_run_failure
-from entrypoint.outcome.writer import Outcome
+from entrypoint.outcome.failure import build_step_ending, describe_run_failure
+from entrypoint.outcome.records import Outcome
 from entrypoint.hosts.net import wait_for_hosts
 from entrypoint.run.supervise import RunResult
 
@@ -111,8 +111,8 @@ class HostRole:
 
     def describe_failure(self, what: str, run=None) -> str:
         """The failure report of one step of this host's part (supervise.RunResult run)."""
-        return describe_run_failure(what, run.exit_code if run else 1, self.collector, self.plan.current_host, self.env,
-                                run, self.lost, self.peer_failed)
+        return describe_run_failure(what, self.collector, self.plan.current_host,
+                                    build_step_ending(run, self.lost, self.peer_failed))
 
 
 class MultiHostRole(HostRole):

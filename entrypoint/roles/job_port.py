@@ -17,7 +17,7 @@ from entrypoint.hosts import job_port
 from entrypoint.hosts.job_port import JOB_KEY_ENV, HostOutcomes, JobPort, PeerWatch
 from entrypoint.log import log
 from entrypoint.outcome.failure import describe_worker_host_failure, first_root_cause
-from entrypoint.outcome.writer import Outcome
+from entrypoint.outcome.records import Outcome
 from entrypoint.roles.base import MultiHostRole
 
 MAX_REFUSED_LOGGED = 5
@@ -193,7 +193,7 @@ class JobPortLeader(JobPortRole):
         host, code = failed
         return Outcome(code, describe_worker_host_failure(
             what=self.what, host=host, exit_code=code, root_cause=first_root_cause(self.collector.root_causes),
-            current_host=self.plan.current_host, environ=self.env))
+            current_host=self.plan.current_host))
 
     def job_report(self, outcome: Outcome) -> None:
         """Every host's figures that reached this port; the others are reported missing. Each

@@ -31,7 +31,8 @@ from entrypoint.hosts.net import resolve_addresses
 from entrypoint.job.paths import open_regular
 from entrypoint.log import log
 from entrypoint.outcome.failure import describe_job_outcome
-from entrypoint.outcome.writer import SUCCESS, Outcome, load_failure_file
+from entrypoint.outcome.records import SUCCESS, Outcome
+from entrypoint.outcome.writer import load_failure_file, render_reason
 from entrypoint.roles.base import HostRole, MultiHostRole
 from entrypoint.run import processes
 from entrypoint.run.stop import Stop
@@ -285,8 +286,8 @@ class MpiLeader(MultiHostRole):
         if not self.resolved:
             return  # nothing started here; the workers give up on a leader they never reach
         try:
-            report = (load_failure_file(self.paths) or outcome.reason) if outcome.exit_code else None
-            mpi_wire.tell_workers(self.plan, outcome.exit_code, report, log)
+            reason = (load_failure_file(self.paths) or outcome.reason) if outcome.exit_code else None
+            mpi_wire.tell_workers(self.plan, outcome.exit_code, render_reason(reason, self.collector.secrets), log)
         finally:
             stop_leader(self.plan, self.sshd)
 
@@ -321,7 +322,7 @@ class MpiWorker(HostRole):
         if ended.exit_code == 0:
             log(f"{self.plan.current_host}: the leader reports success")
             return SUCCESS
-        return Outcome(ended.exit_code, describe_job_outcome(build_worker_failure_reason(self.plan, ended), self.env))
+        return Outcome(ended.exit_code, describe_job_outcome(build_worker_failure_reason(self.plan, ended)))
 
     def on_stack_request(self, _signum, _frame) -> None:
         """The ranks mpirun started here (under orted, which we adopted as subreaper)."""

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import time
 
-from entrypoint.decide.plan import LaunchPlan, ProcessSpec
+from entrypoint.decide.plan import LaunchPlan
+from entrypoint.decide.specs import ProcessSpec
 from entrypoint.decide.capacity import describe_capacity_over, describe_capacity_stop
 from entrypoint.decide.restarts import RunEnding, build_restart_line, decide_restart
 from entrypoint.decide.settings import decide_capacity_stop_at
@@ -20,7 +21,8 @@ from entrypoint.log import log
 from entrypoint.outcome.failure import (describe_exit_code, describe_job_failure, describe_root_cause, describe_startup_stop,
                                         first_root_cause,
                                         secret_values)
-from entrypoint.outcome.writer import SUCCESS, Outcome, clear_previous_outcome
+from entrypoint.outcome.records import SUCCESS, Outcome
+from entrypoint.outcome.writer import clear_previous_outcome
 from entrypoint.run import runtime_dirs
 from entrypoint.roles.base import HostRole
 from entrypoint.roles.choose import choose_role
@@ -32,10 +34,13 @@ class Launch:
     """What cli.main closes once the outcome is written, whatever happened before: this
     host's role, once chosen, and the job's runtime folders, once made."""
 
-    def __init__(self, stop: Stop) -> None:
+    def __init__(self, stop: Stop, secrets: tuple[str, ...] = ()) -> None:
         self.stop = stop  # the job's one stop token (run/stop.py)
         self.role: HostRole | None = None
         self.folders: tuple[str, ...] = ()
+        # What writer.render_reason masks in the outcome: the environment's secrets, then
+        # (cli.run, once the plan exists) those of the environment the plan built too.
+        self.secrets = secrets
 
     def report(self, outcome: Outcome) -> None:
         """The job report (jobreport/), after the outcome is written: a report that cannot be

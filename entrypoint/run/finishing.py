@@ -87,7 +87,7 @@ def start_finish(stop: Stop) -> Finish:
 
 def run_finish(finish: Finish, launch, outcome) -> None:
     """The role's report and close (execute.Launch), each bounded; the folders removed last."""
-    from entrypoint.decide.settings import DEFAULTS
+    from entrypoint.settings import DEFAULTS
 
     role = launch.role
     settings = role.plan.settings if role is not None else DEFAULTS

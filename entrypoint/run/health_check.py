@@ -19,7 +19,7 @@ from entrypoint.decide.plan import LaunchPlan
 from entrypoint.errors import EXIT_BAD_JOB
 from entrypoint.log import log
 from entrypoint.outcome.failure import secret_values
-from entrypoint.outcome.writer import Outcome
+from entrypoint.outcome.records import Outcome
 from entrypoint.run.stop import Stop
 from entrypoint.run.supervise import OutputCollector, RunHooks, RunResult, run_processes
 

@@ -21,8 +21,7 @@ import subprocess
 import time
 from typing import NamedTuple
 
-from entrypoint.decide.settings import DEFAULTS
-
+from entrypoint.settings import DEFAULTS
 
 # The rsh agent mpirun uses to start its daemons: not a rank, and signalling it would look to
 # mpirun like a lost daemon.

@@ -23,70 +23,11 @@ import os
 import stat
 from typing import NamedTuple
 
+from entrypoint.decide.specs import OWNER_FILE, RuntimeFiles, build_sha256_hex
 from entrypoint.hosts import ssh
 
-OWNER_FILE = "owner"
 RUNTIME_BASE = "/run/byoc"  # BYOC_RUNTIME_DIR replaces it
 PRIVATE_BASE = "/dev/shm"  # memory-backed in every container: the job's private folder goes here
-OUTCOME_FILE = "job-exit-code"  # a worker's: the job's exit code, written by the leader
-LEADER_REPORT_FILE = "job-failure"  # a worker's: the leader's output/failure, when the job failed
-
-
-class RuntimeFiles(NamedTuple):
-    """The job's runtime folders and every file the entrypoint keeps in them, in one place."""
-
-    folder: str  # <BYOC_RUNTIME_DIR or /run/byoc>/job-<id>: nothing secret
-    key_folder: str = ""  # the job's private SSH key (ssh.decide_key_folder); "": folder/ssh
-    private_folder: str = ""  # the memory-backed job folder that holds key_folder; "": none
-    key_note: str | None = None  # why the key has to be on disk, when it has to
-
-    @property
-    def folders(self) -> list[str]:
-        """What start_job_folder makes and remove_job_folder removes."""
-        return [f for f in (self.folder, self.private_folder) if f]
-
-    @property
-    def ssh(self) -> ssh.SshFiles:
-        return ssh.SshFiles(os.path.join(self.folder, "ssh"), self.key_folder)
-
-    @property
-    def ssh_config(self) -> str:
-        return self.ssh.client_config
-
-    @property
-    def host_env(self) -> str:
-        """The host's environment for the ranks mpirun starts on it: the same path on every host."""
-        return self.ssh.host_env
-
-    @property
-    def rank_output(self) -> str:
-        """Where mpirun's daemon writes each rank's output on this host (run/rank_output.py)."""
-        return os.path.join(self.folder, "rank-output")
-
-    @property
-    def owner(self) -> str:
-        return os.path.join(self.folder, OWNER_FILE)
-
-    @property
-    def outcome(self) -> str:
-        return os.path.join(self.folder, OUTCOME_FILE)
-
-    @property
-    def leader_report(self) -> str:
-        return os.path.join(self.folder, LEADER_REPORT_FILE)
-
-
-def build_sha256_hex(data: bytes) -> str:
-    """SHA-256 without hashlib where CPython has its own built-in copy: hashlib loads OpenSSL's
-    libcrypto first (~2 ms of every start-up here, on the launch path of every job)."""
-    try:
-        from _sha256 import sha256  # CPython 3.11 (the images' Python)
-    except ImportError:
-        try:
-            from _sha2 import sha256  # CPython 3.12 and later
-        except ImportError:
-            from hashlib import sha256
-    return sha256(data).hexdigest()
 
 
 def decide_private_name(base: str, job_id: str) -> str:

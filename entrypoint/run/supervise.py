@@ -25,11 +25,11 @@ from entrypoint.errors import EXIT_BAD_JOB
 from entrypoint.hosts.job_port import ROOT_CAUSE, parse_root_cause_line
 from entrypoint.outcome.failure import SecretLines
 from entrypoint.log import log
-from entrypoint.decide.plan import ProcessSpec
-from entrypoint.decide.settings import DEFAULTS, LaunchSettings
+from entrypoint.decide.specs import ProcessSpec
 from entrypoint.job.probe import load_oom_kill_count
 from entrypoint.run.stop import Stop
 from entrypoint.run.tagged_lines import TaggedLines
+from entrypoint.settings import DEFAULTS, LaunchSettings
 
 TAIL_LINES = 100
 TAIL_LINE_CHARS = 500

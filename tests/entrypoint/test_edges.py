@@ -18,8 +18,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from entrypoint.job.config import (JSON_DEPTH_LIMIT, JsonTooDeep, build_json, canonical_json, decode_hyperparameter,
-                               decode_json, measure_json_depth, parse_json_document)
+from entrypoint.job.config import decode_hyperparameter, parse_json_document
+from entrypoint.job.json_text import (JSON_DEPTH_LIMIT, JsonTooDeep, build_json, canonical_json, decode_json,
+                                      measure_json_depth)
 from entrypoint.errors import EXIT_BAD_JOB, JobDefinitionError
 from entrypoint.rank.record_errors import build_readable_text
 from support.jobtree import PYTHON, entrypoint_env, failure_text, run_entrypoint, write_tree
@@ -137,13 +138,14 @@ def test_any_text_comes_out_readable_and_printable_text_unchanged(text):
 def test_any_text_through_the_real_writers_arrives_readable(tmp_path_factory, text, exit_code):
     """output/failure (outcome.write_outcome), the log (log.log) and train/'s own failure file."""
     from entrypoint.log import log
-    from entrypoint.outcome.writer import Outcome, write_outcome
+    from entrypoint.outcome.records import Outcome
+    from entrypoint.outcome.writer import write_outcome
     from entrypoint.job.paths import build_paths
     from train.script import write_failure as train_write_failure
 
     root = tmp_path_factory.mktemp("ml")
     paths = build_paths({"SAGEMAKER_BASE_DIR": str(root)})
-    write_outcome(paths, Outcome(exit_code, text))
+    write_outcome(paths, Outcome(exit_code, text), ())
     if exit_code:
         written = (root / "output/failure").read_bytes().decode("utf-8")
         assert written == build_readable_text(text)
@@ -170,13 +172,13 @@ def test_any_exception_text_through_the_job_port_arrives_readable(message):
     """A rank's report (record_errors' wire form) parsed by the leader and written as its report."""
     from entrypoint.hosts.job_port import parse_root_cause_line
     from entrypoint.outcome.failure import describe_failure
+    from entrypoint.outcome.records import StepEnding
     from entrypoint.rank.record_errors import MARKER
 
     record = {"host": "algo-2", "rank": "1", "type": "ValueError", "message": message, "time": 1.0, "where": ""}
     cause = parse_root_cause_line(MARKER + json.dumps(record, ensure_ascii=True))
     assert cause is not None and cause.message == message
-    report = describe_failure(what="torchrun on 2 hosts", exit_code=1, root_cause=cause, tail=[],
-                                  current_host="algo-1", environ={})
+    report = describe_failure("torchrun on 2 hosts", StepEnding(1), cause, [], "algo-1")
     assert_readable(build_readable_text(report).replace("\n", "").replace("\t", ""))
 
 

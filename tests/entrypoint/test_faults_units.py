@@ -16,7 +16,7 @@ import pytest
 from entrypoint.run import processes
 
 from entrypoint.hosts import ssh
-from entrypoint.hosts.job_port import RootCause
+from entrypoint.outcome.records import RootCause, StepEnding
 from entrypoint.outcome.failure import describe_failure
 from support.jobs import make_job, plan_for
 from support.jobtree import PYTHON, REPO
@@ -91,8 +91,8 @@ SUPERVISE = textwrap.dedent(
     sys.path.insert(0, sys.argv[1])
     from entrypoint.run.supervise import OutputCollector, RunHooks, run_processes
     from entrypoint.run.stop import Stop
-    from entrypoint.decide.plan import ProcessSpec
-    from entrypoint.decide.settings import DEFAULTS
+    from entrypoint.decide.specs import ProcessSpec
+    from entrypoint.settings import DEFAULTS
     specs = [ProcessSpec(s["name"], tuple(s["argv"]), signal_ranks=s.get("signal_ranks", False)) for s in json.loads(sys.argv[2])]
     hooks = RunHooks(DEFAULTS._replace(grace_period_s=float(sys.argv[4])))
     run = run_processes(tuple(specs), {"PATH": "/usr/bin:/bin"}, sys.argv[3], OutputCollector(), Stop(), hooks)
@@ -183,15 +183,15 @@ CAUSE = RootCause(host="algo-2", rank="1", type="RuntimeError", message="boom", 
 
 
 def test_a_failure_before_the_stop_leads_a_stopped_hosts_report():
-    report = describe_failure(what="torchrun on 2 host(s)", exit_code=143, root_cause=CAUSE, tail=[],
-                                  current_host="algo-1", environ={}, stopped_by="SIGTERM", stopped_at=1001.0)
+    report = describe_failure("torchrun on 2 host(s)", StepEnding(143, stopped_by="SIGTERM", stopped_at=1001.0), CAUSE, [],
+                              "algo-1")
     assert report.startswith("RuntimeError: boom\nFirst failure: rank 1 on host algo-2")
     assert "Then this host (algo-1) was stopped by SIGTERM." in report.split("\n\n")[0]
 
 
 def test_a_failure_after_the_stop_does_not_lead():
-    report = describe_failure(what="torchrun on 2 host(s)", exit_code=143, root_cause=CAUSE, tail=[],
-                                  current_host="algo-1", environ={}, stopped_by="SIGTERM", stopped_at=999.0)
+    report = describe_failure("torchrun on 2 host(s)", StepEnding(143, stopped_by="SIGTERM", stopped_at=999.0), CAUSE, [],
+                              "algo-1")
     assert report.startswith("Training was stopped by SIGTERM. RuntimeError: boom")
 
 
@@ -265,7 +265,7 @@ def test_host_env_is_the_hosts_own_environment_under_the_plans_values():
 
 
 def test_host_env_file_is_the_same_path_on_every_host_and_beside_the_key():
-    from entrypoint.hosts.ssh import decide_host_env_file
+    from entrypoint.decide.specs import decide_host_env_file
 
     # In the job's own memory-backed folder (its id is the same on every host, so the path
     # mpirun gives every rank is right on every host), beside the key, never shared by jobs.

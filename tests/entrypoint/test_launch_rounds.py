@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from entrypoint.hosts import mpi_wire as mpi_hosts, ssh
-from entrypoint.run.runtime_dirs import RuntimeFiles
+from entrypoint.decide.specs import RuntimeFiles
 from support.jobs import make_job, plan_for
 from support.jobtree import PYTHON
 

@@ -1,6 +1,7 @@
 """The shape ARCHITECTURE.md promises, held by tests: a folder per part with few flat modules,
 short functions, one writer of output/, one module that switches on the role, the job port's
-words in its protocol module and the rank's copy only (and the same words in both)."""
+words in its protocol module and the rank's copy only (and the same words in both), and the
+layers: no import circle, no import up the layers."""
 
 from __future__ import annotations
 
@@ -16,10 +17,105 @@ PROTOCOL_FILES = {"hosts/job_port.py", "rank/record_errors.py"}
 # The modules that decide or choose by role: the plan's decisions and run/roles.py, which
 # chooses this host's role object once.
 ROLE_MODULES = {"decide/plan.py", "decide/topology.py", "decide/distribution.py", "roles/choose.py"}
+# read -> decide -> act, bottom first: a module imports only from its own layer or one below it.
+# rank/ runs inside every rank, by path, on the standard library: it imports no other room.
+# Then what every room shares (the errors, the log, the settings record), the reads (job/),
+# the pure decisions (decide/), the words of an ending and the job report's measures
+# (outcome/, jobreport/), the transports between hosts (hosts/), what acts on this host
+# (run/, roles/, sdk_v3/), and the order of things (cli.py).
+LAYERS = (
+    ("rank/",),
+    ("errors.py", "log.py", "settings.py"),
+    ("job/",),
+    ("decide/",),
+    ("outcome/", "jobreport/"),
+    ("hosts/",),
+    ("run/", "roles/", "sdk_v3/"),
+    ("cli.py", "__main__.py", "__init__.py"),
+)
 
 
 def modules() -> dict[str, ast.Module]:
     return {str(p.relative_to(PACKAGE)): ast.parse(p.read_text(), str(p)) for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imports_of(name: str, tree: ast.Module) -> set[str]:
+    """The entrypoint modules (paths as in modules()) that module `name` imports anywhere: at
+    module level, inside a function (a lazy import is still a dependency) and under
+    TYPE_CHECKING (a type's home is a dependency too). A rank/ module's bare `import x` of a
+    sibling (it runs by path, its folder first on sys.path) counts as rank/x.py."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names = [f"{node.module}.{alias.name}" for alias in node.names] + [node.module]
+        else:
+            continue
+        for dotted in names:
+            if name.startswith("rank/") and "." not in dotted and (PACKAGE / "rank" / f"{dotted}.py").exists():
+                found.add(f"rank/{dotted}.py")
+            elif dotted.startswith("entrypoint."):
+                path = dotted.removeprefix("entrypoint.").replace(".", "/")
+                if (PACKAGE / f"{path}.py").exists():
+                    found.add(f"{path}.py")
+                elif (PACKAGE / path / "__init__.py").exists() and not any(
+                        n.startswith(f"{dotted}.") and (PACKAGE / f"{n.removeprefix('entrypoint.').replace('.', '/')}.py").exists()
+                        for n in names):
+                    found.add(f"{path}/__init__.py")  # `from entrypoint.hosts import ssh` names hosts/ssh.py instead
+    found.discard(name)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    return {name: imports_of(name, tree) for name, tree in modules().items()}
+
+
+def layer_of(name: str) -> int:
+    return next(i for i, layer in enumerate(LAYERS) for room in layer if name == room or name.startswith(room))
+
+
+def find_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every import circle (a strongly connected set of modules larger than one), by Tarjan's
+    algorithm, iterative."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                members = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    members.append(member)
+                    if member == node:
+                        break
+                if len(members) > 1:
+                    circles.append(sorted(members))
+    return circles
 
 
 def code_strings(tree: ast.Module) -> list[str]:
@@ -98,3 +194,69 @@ def test_every_timeout_and_interval_is_in_the_settings_record():
               for node in tree.body if isinstance(node, ast.Assign)
               for target in node.targets if isinstance(target, ast.Name) and target.id.endswith("_S")]
     assert not hidden, hidden
+
+
+def test_the_import_reader_sees_lazy_type_only_and_sibling_imports():
+    source = ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from entrypoint.decide.plan import LaunchPlan\n"
+              "from entrypoint.hosts import ssh\nimport entrypoint.log\n"
+              "def f():\n    from entrypoint.outcome.writer import Outcome\n    import record_errors\n")
+    assert imports_of("run/x.py", ast.parse(source)) == {"decide/plan.py", "hosts/ssh.py", "log.py", "outcome/writer.py"}
+    assert imports_of("rank/x.py", ast.parse(source)) == {"decide/plan.py", "hosts/ssh.py", "log.py", "outcome/writer.py",
+                                                          "rank/record_errors.py"}
+
+
+def test_the_circle_finder_finds_a_circle_and_only_a_circle():
+    assert find_circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert find_circles({"a": {"b"}, "b": {"c"}, "c": set(), "d": {"a", "c"}}) == []
+
+
+def test_every_module_of_entrypoint_is_in_a_layer():
+    unplaced = []
+    for name in modules():
+        try:
+            layer_of(name)
+        except StopIteration:
+            unplaced.append(name)
+    assert not unplaced, unplaced
+
+
+def test_entrypoint_has_no_import_circle():
+    assert find_circles(import_graph()) == []
+
+
+def test_no_import_runs_up_the_layers():
+    """read -> decide -> act (LAYERS): a value type a lower layer needs lives in that layer or
+    below, never where it was first used."""
+    upward = [f"{name} -> {target}" for name, targets in import_graph().items() for target in sorted(targets)
+              if layer_of(target) > layer_of(name)]
+    assert not upward, "\n".join(upward)
+
+
+def test_the_ranks_modules_load_on_the_standard_library_alone():
+    """rank/ runs inside every rank, by path, under whatever Python the user's code has: what it
+    imports when it loads is the standard library or a sibling (torch only inside the functions
+    that run under torch: the deep health check's ranks, launch_torchrun's main)."""
+    import sys
+
+    loaded = {(name, alias.name if isinstance(node, ast.Import) else node.module)
+              for name, tree in modules().items() if name.startswith("rank/")
+              for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))
+              for alias in node.names}
+    assert loaded, "no import read"
+    outside = {(name, module) for name, module in loaded if module.split(".")[0] not in sys.stdlib_module_names}
+    assert outside == set(), outside
+
+
+def count_parameters(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    args = node.args
+    names = [a.arg for a in args.posonlyargs + args.args + args.kwonlyargs + [args.vararg, args.kwarg] if a]
+    return len(names) - (names[:1] in (["self"], ["cls"]))
+
+
+def test_the_failure_words_take_at_most_six_parameters():
+    """How a step ended travels as one record (outcome/records.StepEnding), not as a dozen keywords."""
+    assert count_parameters(ast.parse("def f(self, a, *b, c=1, **d): pass").body[0]) == 4
+    long = [f"{name}:{node.lineno} {node.name} ({count_parameters(node)})" for name, tree in modules().items()
+            if name.startswith("outcome/") for node in ast.walk(tree)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and count_parameters(node) > 6]
+    assert not long, long

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from entrypoint.jobreport.live_loop import LiveLoop
-from entrypoint.jobreport.spec import ReportSpec
+from entrypoint.decide.job_report import ReportSpec
 from entrypoint.jobreport.status_line import FIELDS, parse_status_line
 from support.jobtree import PYTHON, REPO, entrypoint_env, write_tree
 

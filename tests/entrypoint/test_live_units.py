@@ -17,7 +17,7 @@ from entrypoint.jobreport import live, live_view, tb_events
 from entrypoint.jobreport.live import Notes, build_rank_update, build_update, fit_update, parse_update
 from entrypoint.jobreport.live_loop import decide_tick_s
 from entrypoint.jobreport.live_view import LiveView, build_rank_values, build_tag_part
-from entrypoint.jobreport.spec import decide_tensorboard_dir
+from entrypoint.decide.job_report import decide_tensorboard_dir
 from entrypoint.jobreport.status_line import FIELDS, RankNow, build_status_line, parse_status_line
 
 HOSTILE_TEXT = "r\ud800 \x1b[31m\n\t/../x"

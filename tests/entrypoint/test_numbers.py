@@ -20,7 +20,7 @@ from entrypoint.decide.distribution import parse_distribution  # noqa: E402
 from entrypoint.decide.numbers import CALENDAR_LAST, parse_epoch_s, parse_number, parse_setting  # noqa: E402
 from entrypoint.decide.settings import parse_launch_settings  # noqa: E402
 from entrypoint.errors import JobDefinitionError  # noqa: E402
-from entrypoint.sdk_v3.ssh import parse_peer_wait_timeout  # noqa: E402
+from entrypoint.sdk_v3.peer_trust import parse_peer_wait_timeout  # noqa: E402
 
 END = "SAGEMAKER_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP"
 DECIMAL_SETTINGS = ["BYOC_GRACE_PERIOD_S", "BYOC_HOST_RESOLUTION_TIMEOUT_S", "BYOC_PEER_WAIT_TIMEOUT_S",

@@ -327,14 +327,14 @@ def test_hostname_shim_preloaded_when_the_container_name_differs():
 
 def test_failure_report_names_a_lost_mpi_host():
     from entrypoint.outcome.failure import describe_failure
+    from entrypoint.outcome.records import StepEnding
 
     tail = [
         "ORTE has lost communication with a remote daemon.",
         "  HNP daemon   : [[4242,0],0] on node algo-1",
         "  Remote daemon: [[4242,0],1] on node algo-2",
     ]
-    report = describe_failure(what="mpirun on 2 host(s)", exit_code=1, root_cause=None, tail=tail,
-                                  current_host="algo-1", environ={})
+    report = describe_failure("mpirun on 2 host(s)", StepEnding(1), None, tail, "algo-1")
     assert report.startswith("Host algo-2 stopped responding")
 
 

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from support.jobtree import write_tree  # noqa: E402
 
 from entrypoint import cli  # noqa: E402
-from entrypoint.outcome.writer import Outcome  # noqa: E402
+from entrypoint.outcome.records import Outcome  # noqa: E402
 from entrypoint.run import execute  # noqa: E402
 from entrypoint.roles.base import HostRole  # noqa: E402
 

@@ -190,7 +190,7 @@ def test_the_built_in_sha256_is_hashlibs():
     """Job ids and report keys must be the same on every host, whichever SHA-256 each finds."""
     import hashlib
 
-    from entrypoint.run.runtime_dirs import build_sha256_hex
+    from entrypoint.decide.specs import build_sha256_hex
 
     for data in (b"", b"byoc-job-id-v1\0[\"job\", [\"algo-1\"], \"{}\"]", bytes(range(256)) * 50):
         assert build_sha256_hex(data) == hashlib.sha256(data).hexdigest()

@@ -1,5 +1,5 @@
 """SageMaker SDK v3 support: the SSH trust exchange for its MPI driver and the `mpirun` shim
-that corrects its process count and interface (entrypoint/sdk_v3/ssh.py, sdk_v3/mpirun.py).
+that corrects its process count and interface (entrypoint/sdk_v3/peer_trust.py, sdk_v3/mpirun.py).
 The images and real v3 jobs: tests/localmode/test_v3_*.py."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from entrypoint.sdk_v3 import mpirun as shim
-from entrypoint.sdk_v3 import ssh as v3ssh
+from entrypoint.sdk_v3 import peer_trust as v3ssh
 from entrypoint.job.config import parse_resource_config
 from support.ports import free_port
 

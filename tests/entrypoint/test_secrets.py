@@ -9,6 +9,7 @@ import json
 import os
 import string
 import subprocess
+import tempfile
 from unittest import mock
 from urllib.parse import quote, quote_plus
 
@@ -16,7 +17,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from entrypoint.run.supervise import TAIL_LINE_CHARS, TAIL_LINES, OutputCollector, _pump
+from entrypoint.job.paths import build_paths
 from entrypoint.outcome.failure import describe_failure, redact, secret_values
+from entrypoint.outcome.records import Outcome, StepEnding
+from entrypoint.outcome.writer import render_reason, write_outcome
 from entrypoint.rank.record_errors import MESSAGE_LIMIT, MIN_SECRET_CHARS, load_root_cause, mask_secrets
 from support.jobtree import PYTHON, entrypoint_env, failure_text, write_tree
 
@@ -96,9 +100,17 @@ FORMS = {"as written": lambda s: s, "repr": lambda s: repr(s)[1:-1], "json": lam
 INDENT = st.text(alphabet=" \t", max_size=40)
 
 
+def _written(reason: str, environ: dict[str, str]) -> str:
+    """output/failure as the real writer writes it (write_outcome: render_reason masks, once)."""
+    with tempfile.TemporaryDirectory() as root:
+        paths = build_paths({"SAGEMAKER_BASE_DIR": root})
+        write_outcome(paths, Outcome(1, reason), secret_values(environ))
+        with open(paths.failure_file, encoding="utf-8") as f:
+            return f.read()
+
+
 def _report(collector: OutputCollector, environ: dict[str, str]) -> str:
-    return describe_failure(what="python train.py", exit_code=1, root_cause=None, tail=list(collector.tail),
-                                current_host="algo-1", environ=environ)  # fmt: skip
+    return _written(describe_failure("python train.py", StepEnding(1), None, list(collector.tail), "algo-1"), environ)
 
 
 def _no_fragment_of(text: str, *values: str) -> bool:
@@ -228,3 +240,53 @@ print(errors or "ok", list(collector.tail)[:1])
         done = subprocess.run([sys.executable, "-I", "-S", "-c", probe], capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr
         assert done.stdout.startswith("ok ['the key is ****"), done.stdout
+
+
+def test_the_words_are_raw_and_the_writer_masks_them_in_the_file_and_the_log(capsys):
+    """describe_* compose; write_outcome renders and redacts once, for output/failure and for its
+    FAILED line in the log."""
+    environ = {"MY_API_TOKEN": SECRET}
+    reason = describe_failure(f"python train.py --api {SECRET}", StepEnding(1), None, [f"value {SECRET}"], "algo-1")
+    assert SECRET in reason  # not masked where it is composed
+    capsys.readouterr()
+    written = _written(reason, environ)
+    logged = capsys.readouterr().err
+    assert "FAILED: python train.py --api **** failed" in logged and not _leaks(logged)
+    assert written.startswith("python train.py --api **** failed") and not _leaks(written)
+
+
+def test_a_bad_definitions_paragraph_is_masked_in_the_log_and_by_the_writer(capsys):
+    from entrypoint import cli
+
+    environ = {"DB_PASSWORD": PASSWORD}
+    outcome = cli.build_bad_job(f"BYOC_GRACE_PERIOD_S is {PASSWORD}, not a number", environ)
+    logged = capsys.readouterr().err
+    assert "The training job definition is invalid: BYOC_GRACE_PERIOD_S is ****" in logged
+    assert not _leaks(logged, PASSWORD) and outcome.logged
+    assert not _leaks(_written(outcome.reason, environ), PASSWORD)
+
+
+def test_the_one_rendering_masks_then_makes_readable():
+    """render_reason: what an MPI leader tells its workers over SSH goes through it too."""
+    assert render_reason(f"key {SECRET[:15]}\n  {SECRET[15:]} \udc80 \x1b[0m", [SECRET]) == "key **** \\x80 \\x1b[0m"
+    assert render_reason(None, [SECRET]) is None and render_reason("", [SECRET]) == ""
+
+
+def test_an_mpi_leader_tells_its_workers_the_reason_masked(tmp_path, monkeypatch):
+    """The leader's word to its workers over SSH goes through render_reason: never the raw reason."""
+    from entrypoint.roles import mpi
+    from entrypoint.roles.choose import choose_role
+    from entrypoint.run.stop import Stop
+    from support.jobs import make_job, plan_for
+
+    environ = {"MY_API_TOKEN": SECRET}
+    plan = plan_for(make_job(hosts=("algo-1", "algo-2"), hps={"sagemaker_mpi_enabled": True}, environ=environ))
+    env = {**environ, **plan.env_dict}
+    role = choose_role(plan, OutputCollector(secret_values(env)), env, build_paths({"SAGEMAKER_BASE_DIR": str(tmp_path)}),
+                       Stop())
+    told = []
+    monkeypatch.setattr(mpi.mpi_wire, "tell_workers", lambda _plan, code, report, _log: told.append((code, report)))
+    monkeypatch.setattr(mpi, "stop_leader", lambda _plan, _sshd: None)  # no sshd was started
+    role.resolved = True  # its workers' names resolved: they wait for its word
+    role.close(Outcome(1, f"RuntimeError: {SECRET}\n"))
+    assert told == [(1, "RuntimeError: ****\n")]

@@ -11,6 +11,7 @@ import pytest
 
 from entrypoint.hosts.job_port import parse_root_cause_line
 from entrypoint.outcome.failure import describe_failure, describe_exit_code, guess_signal_death
+from entrypoint.outcome.records import StepEnding
 from entrypoint.rank.launch_torchrun import report_signal_death
 from entrypoint.rank.record_errors import MARKER, build_signal_root_cause, describe_signal
 
@@ -57,9 +58,8 @@ def test_an_unknown_signal_is_named_by_its_number():
 
 def test_the_report_leads_with_the_signal_death_rank_and_host():
     line = MARKER + json.dumps(build_signal_root_cause("0", "0", "algo-1", 6, 100.0))
-    report = describe_failure(what="torchrun on 2 host(s)", exit_code=1, root_cause=parse_root_cause_line(line),
-                                  tail=["rank aborting"], current_host="algo-2", environ={}, stopped_by="SIGTERM",
-                                  stopped_at=101.0)
+    report = describe_failure("torchrun on 2 host(s)", StepEnding(1, stopped_by="SIGTERM", stopped_at=101.0),
+                              parse_root_cause_line(line), ["rank aborting"], "algo-2")
     head = report[:1024]
     assert head.startswith("SIGABRT: rank 0 (local rank 0) on algo-1 was killed by SIGABRT (signal 6): ")
     assert "First failure: rank 0 on host algo-1" in head and "Then this host (algo-2) was stopped by SIGTERM." in head
@@ -75,8 +75,7 @@ MPIRUN_NOTICE = [
 def test_mpiruns_notice_of_a_signal_death_leads_the_report():
     assert guess_signal_death(MPIRUN_NOTICE) == ("rank 1 on algo-2 was killed by SIGABRT (signal 6): the process "
                                                  "aborted, often a C++ assertion or `terminate` in a library")
-    report = describe_failure(what="mpirun on 2 host(s)", exit_code=134, root_cause=None, tail=MPIRUN_NOTICE,
-                                  current_host="algo-1", environ={})
+    report = describe_failure("mpirun on 2 host(s)", StepEnding(134), None, MPIRUN_NOTICE, "algo-1")
     assert report.startswith("rank 1 on algo-2 was killed by SIGABRT (signal 6): ")
     assert "mpirun on 2 host(s) failed on host algo-1 with exit code 134: killed by SIGABRT (signal 6)" in report
 

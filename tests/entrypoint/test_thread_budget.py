@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from entrypoint.decide.threads import CpuFacts, decide_cores, decide_thread_budget, parse_cfs_quota, parse_cpu_max
-from entrypoint.job.probe import MachineFacts, probe_cpu_quota
+from entrypoint.decide.threads import CpuFacts, decide_cores, decide_thread_budget
+from entrypoint.job.probe import MachineFacts, parse_cfs_quota, parse_cpu_max, probe_cpu_quota
 from support.jobs import CPU, make_job, plan_for
 
 MPI = {"sagemaker_mpi_enabled": True}

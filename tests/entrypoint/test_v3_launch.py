@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint.decide.v3_launch import build_v3_args, decide_v3_distribution
+from entrypoint.decide.distribution import decide_v3_distribution
+from entrypoint.decide.v3_launch import build_v3_args
 from entrypoint.errors import JobDefinitionError
 from entrypoint.job.v3_definition import (
     V3NotUnderstood,

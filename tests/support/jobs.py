@@ -16,7 +16,7 @@ from entrypoint.job.paths import MlPaths
 from entrypoint.decide.plan import Runtime, decide
 from entrypoint.job.probe import MachineFacts
 from entrypoint.job.program import CodeFacts, CodeSource
-from entrypoint.run.runtime_dirs import RuntimeFiles
+from entrypoint.decide.specs import RuntimeFiles
 
 PY = "/usr/bin/python3"
 RUNTIME = Runtime(python=PY, files=RuntimeFiles("/tmp/byoc"))

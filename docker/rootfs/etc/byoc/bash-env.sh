@@ -20,7 +20,7 @@
 # In an MPI job also, once per container:
 #   - in the background, the per-job SSH trust exchange v3's driver needs (root's client key is
 #     this container's host key; the peers' keys are learnt with ssh-keyscan and authorized
-#     only from their addresses: entrypoint/sdk_v3/ssh.py, docs/multi-host.md).
+#     only from their addresses: entrypoint/sdk_v3/peer_trust.py, docs/multi-host.md).
 # Quiet, fast and never fails (not even under `bash -e` or `bash -u`): it runs before whatever
 # the caller asked bash to do, in the caller's shell. Hence builtins only on the common path
 # ($EUID, not `id -u`), every name it sets starts with _byoc_ and is unset at the end, and the
@@ -83,9 +83,9 @@ if [ "${EUID:-}" = 0 ] && [ "${BYOC_SDK_V3_RUN:-}" != launched ]; then
             # writes to the job's log; otherwise to a file, so it holds no caller's pipe open.
             if { mkdir -p /run/byoc && mkdir /run/byoc/sdk-v3; } 2>/dev/null; then
                 if [ "$$" = 1 ]; then
-                    ( python3 -I -m entrypoint.sdk_v3.ssh </dev/null & ) || :
+                    ( python3 -I -m entrypoint.sdk_v3.peer_trust </dev/null & ) || :
                 else
-                    ( python3 -I -m entrypoint.sdk_v3.ssh </dev/null >>/run/byoc/sdk-v3/ssh.log 2>&1 & ) 2>/dev/null || :
+                    ( python3 -I -m entrypoint.sdk_v3.peer_trust </dev/null >>/run/byoc/sdk-v3/ssh.log 2>&1 & ) 2>/dev/null || :
                 fi
             fi
         else

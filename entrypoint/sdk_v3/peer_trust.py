@@ -33,8 +33,8 @@ from typing import Callable, Mapping, Sequence
 
 from entrypoint.hosts import net, ssh
 from entrypoint.job.config import ResourceConfig, parse_json_document, parse_resource_config
-from entrypoint.decide.settings import DEFAULTS
 from entrypoint.errors import JobDefinitionError
+from entrypoint.settings import DEFAULTS
 
 # v3's mpi_utils.DEFAULT_SSH_PORT: its driver starts sshd with the image's configuration.
 SSH_PORT = 22
