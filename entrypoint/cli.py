@@ -15,7 +15,8 @@ from entrypoint.job.json_text import build_json
 from entrypoint.decide.distribution import parse_distribution
 from entrypoint.decide.settings import parse_launch_settings
 from entrypoint.errors import EXIT_BAD_JOB, JobDefinitionError
-from entrypoint.outcome.failure import describe_bad_definition, describe_startup_stop, redact, secret_values
+from entrypoint.outcome.failure import describe_bad_definition, redact, secret_values
+from entrypoint.outcome.stops import describe_startup_stop
 from entrypoint.log import log
 from entrypoint.outcome.records import Outcome
 from entrypoint.outcome.writer import clear_previous_outcome, render_reason, write_outcome

@@ -74,18 +74,3 @@ def describe_utc(epoch_s: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(epoch_s))
 
 
-def describe_capacity_over(capacity_ends_at: float, stop_at: float, now: float) -> str:
-    """Why the job never started: its stop time had passed."""
-    return (f"The training never started: the training plan's reserved capacity ends at {describe_utc(capacity_ends_at)} "
-            f"({CAPACITY_END_ENV}), SageMaker begins terminating its instances 30 minutes before that, and the job's "
-            f"stop time, {describe_utc(stop_at)}, had passed when it began ({describe_utc(now)}). Start it on the "
-            f"plan's next capacity.")
-
-
-def describe_capacity_stop(capacity_ends_at: float, stop_at: float, grace_period_s: float) -> str:
-    """Why the job stopped, for output/failure: its first line says it."""
-    return (f"Stopped at {describe_utc(stop_at)} because the training plan's reserved capacity ends at "
-            f"{describe_utc(capacity_ends_at)} ({CAPACITY_END_ENV}), and SageMaker begins terminating its "
-            f"instances 30 minutes before that: every host sent its processes SIGTERM and gave them "
-            f"{grace_period_s:g} s (BYOC_GRACE_PERIOD_S) to checkpoint. Resume from the checkpoint in a job on "
-            f"the plan's next capacity.")

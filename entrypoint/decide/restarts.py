@@ -53,7 +53,3 @@ def build_restart_line(restarts_done: int, max_restarts: int, what: str, exit_co
             f"starting it again in place (BYOC_MAX_RESTARTS)")
 
 
-def build_earlier_failures_note(earlier: list[str]) -> str:
-    """For the final failure report: the failures that were restarted before this one."""
-    lines = [f"  attempt {i}: {text}" for i, text in enumerate(earlier, 1)]
-    return f"The job was restarted {len(earlier)} time(s) before this failure (BYOC_MAX_RESTARTS):\n" + "\n".join(lines)

@@ -14,7 +14,6 @@ import functools
 import re
 from typing import Iterable, Mapping
 
-from entrypoint.decide.restarts import build_earlier_failures_note
 from entrypoint.outcome.records import RootCause, StepEnding
 from entrypoint.rank.record_errors import MARKER as ROOT_CAUSE  # the rank's copy of the job port's word
 from entrypoint.rank.record_errors import (build_masked, build_secret_forms, build_secret_pattern,
@@ -218,33 +217,11 @@ def describe_failure(what: str, ended: StepEnding, root_cause: RootCause | None,
     return "\n".join(lines).rstrip() + "\n"
 
 
-def describe_worker_host_failure(*, what: str, host: str, exit_code: int, root_cause: RootCause | None,
-                                 current_host: str) -> str:
-    """The leader's report when its own part succeeded and a worker host's failed: the job
-    failed there. The leader's output is not that host's, so none is quoted here."""
-    ended = describe_exit_code(exit_code)
-    if root_cause is not None:
-        head = (f"{root_cause.type}: {root_cause.message}\n"
-                f"First failure: rank {root_cause.rank} on host {root_cause.host}, while running {what}; "
-                f"host {host} ended its part with {ended}.")
-        if root_cause.where:
-            head += f"\nWhere:\n{root_cause.where.rstrip()}"
-    else:
-        head = f"{what} failed on host {host} with {ended}."
-    head += (f"\nThis host ({current_host}) ran its own part to the end; host {host}'s log and "
-             f"output/failure have that host's output.")
-    return head + "\n"
-
-
 def decide_root_cause_leads(root_cause: RootCause | None, stopped_at: float | None) -> bool:
     """On a stopped host, the failure leads with the root cause only when a rank failed before
     the stop request: then the stop (e.g. docker-compose stopping the other containers once one
     exited) is a consequence. A failure after the stop is the stop's doing."""
     return root_cause is not None and stopped_at is not None and root_cause.time <= stopped_at
-
-
-def describe_job_outcome(reason: str) -> str:
-    return reason.rstrip() + "\n"
 
 
 def describe_bad_definition(message: str) -> str:
@@ -271,12 +248,11 @@ def describe_job_failure(report: str, hang: str | None, earlier: list[str]) -> s
     the failures that were restarted before it (restarts.py)."""
     text = f"{hang}\n\n{report}" if hang else report
     if earlier:
-        text = f"{text.rstrip()}\n\n{build_earlier_failures_note(earlier)}\n"
+        text = f"{text.rstrip()}\n\n{describe_earlier_failures(earlier)}\n"
     return text
 
 
-def describe_startup_stop(signal_name: str, code: int) -> str:
-    """A stop before the training processes started (reading, fetching, installing, or the
-    role's start: waiting for the other hosts)."""
-    return (f"Stopped by {signal_name} during start-up, before the training processes started; nothing was "
-            f"trained. Exit code {code}.\n")
+def describe_earlier_failures(earlier: list[str]) -> str:
+    """For the final failure report: the failures that were restarted before this one."""
+    lines = [f"  attempt {i}: {text}" for i, text in enumerate(earlier, 1)]
+    return f"The job was restarted {len(earlier)} time(s) before this failure (BYOC_MAX_RESTARTS):\n" + "\n".join(lines)

@@ -16,21 +16,12 @@ import time
 from entrypoint.hosts import job_port
 from entrypoint.hosts.job_port import JOB_KEY_ENV, HostOutcomes, JobPort, PeerWatch
 from entrypoint.log import log
-from entrypoint.outcome.failure import describe_worker_host_failure, first_root_cause
+from entrypoint.outcome.failure import first_root_cause
+from entrypoint.outcome.hosts import describe_port_problem, describe_worker_host_failure
 from entrypoint.outcome.records import Outcome
 from entrypoint.roles.base import MultiHostRole
 
 MAX_REFUSED_LOGGED = 5
-
-
-def describe_port_problem(port: int, host: str, error: OSError) -> str:
-    """One line for a job port we could not open, naming the setting that moves it."""
-    import errno
-
-    if error.errno == errno.EADDRINUSE:
-        return (f"port {port} on {host} is already in use by another process: the job's peers reach each "
-                f"other there; set BYOC_JOB_PORT to a free port (or BYOC_MASTER_PORT, which it follows)")
-    return f"cannot listen on port {port} on {host} (BYOC_JOB_PORT): {error.strerror or error}"
 
 
 class JobPortRole(MultiHostRole):

@@ -30,7 +30,7 @@ from entrypoint.hosts.job_port import PeerWatch
 from entrypoint.hosts.net import resolve_addresses
 from entrypoint.job.paths import open_regular
 from entrypoint.log import log
-from entrypoint.outcome.failure import describe_job_outcome
+from entrypoint.outcome.hosts import describe_job_outcome, describe_worker_failure
 from entrypoint.outcome.records import SUCCESS, Outcome
 from entrypoint.outcome.writer import load_failure_file, render_reason
 from entrypoint.roles.base import HostRole, MultiHostRole
@@ -116,19 +116,6 @@ def stop_leader(plan: LaunchPlan, sshd: subprocess.Popen | None) -> None:
     """The workers know the outcome: stop our sshd, remove the job's key."""
     processes.stop_process(sshd)
     ssh.remove_private_key(plan.files.ssh)
-
-
-def build_worker_failure_reason(plan: LaunchPlan, outcome: WorkerOutcome) -> str:
-    """What a worker's output/failure says when the job failed."""
-    if outcome.reason is not None:
-        return outcome.reason
-    if outcome.leader_report:
-        # The leader's report, whose first lines are the job's root cause: SDK v2 local mode
-        # keeps only the last host's output/failure, and that is a worker's.
-        return (f"{outcome.leader_report.rstrip()}\n\n({plan.current_host} ended with the job; "
-                f"this report is the leader {plan.leader}'s.)")
-    return (f"The MPI job failed: the leader {plan.leader} reported exit code {outcome.exit_code}. "
-            f"The leader's output/failure names the first failing host, rank and exception.")
 
 
 def start_worker(plan: LaunchPlan, stop: Stop) -> tuple[subprocess.Popen | None, WorkerOutcome | None]:
@@ -322,7 +309,8 @@ class MpiWorker(HostRole):
         if ended.exit_code == 0:
             log(f"{self.plan.current_host}: the leader reports success")
             return SUCCESS
-        return Outcome(ended.exit_code, describe_job_outcome(build_worker_failure_reason(self.plan, ended)))
+        return Outcome(ended.exit_code, describe_job_outcome(describe_worker_failure(
+            self.plan.current_host, self.plan.leader, ended.exit_code, ended.reason, ended.leader_report)))
 
     def on_stack_request(self, _signum, _frame) -> None:
         """The ranks mpirun started here (under orted, which we adopted as subreaper)."""

@@ -13,15 +13,15 @@ import time
 
 from entrypoint.decide.plan import LaunchPlan
 from entrypoint.decide.specs import ProcessSpec
-from entrypoint.decide.capacity import describe_capacity_over, describe_capacity_stop
 from entrypoint.decide.restarts import RunEnding, build_restart_line, decide_restart
 from entrypoint.decide.settings import decide_capacity_stop_at
 from entrypoint.job.paths import MlPaths
 from entrypoint.log import log
-from entrypoint.outcome.failure import (describe_exit_code, describe_job_failure, describe_root_cause, describe_startup_stop,
+from entrypoint.outcome.failure import (describe_exit_code, describe_job_failure, describe_root_cause,
                                         first_root_cause,
                                         secret_values)
 from entrypoint.outcome.records import SUCCESS, Outcome
+from entrypoint.outcome.stops import describe_capacity_over, describe_capacity_stop, describe_startup_stop
 from entrypoint.outcome.writer import clear_previous_outcome
 from entrypoint.run import runtime_dirs
 from entrypoint.roles.base import HostRole

@@ -14,7 +14,8 @@ from support.jobtree import run_entrypoint, write_tree  # noqa: E402
 
 from entrypoint.decide.settings import parse_launch_settings  # noqa: E402
 from entrypoint.errors import JobDefinitionError  # noqa: E402
-from entrypoint.decide.restarts import RunEnding, build_earlier_failures_note, decide_restart  # noqa: E402
+from entrypoint.decide.restarts import RunEnding, decide_restart  # noqa: E402
+from entrypoint.outcome.failure import describe_earlier_failures  # noqa: E402
 from entrypoint.rank.record_errors import build_restart_note  # noqa: E402
 
 
@@ -99,7 +100,7 @@ def test_the_last_failure_report_lists_the_restarted_ones(tmp_path):
     assert done.returncode == 3
     report = (root / "output/failure").read_text()
     assert "The job was restarted 1 time(s) before this failure (BYOC_MAX_RESTARTS):\n  attempt 1: exit code 3" in report
-    assert build_earlier_failures_note(["a", "b"]).splitlines()[1:] == ["  attempt 1: a", "  attempt 2: b"]
+    assert describe_earlier_failures(["a", "b"]).splitlines()[1:] == ["  attempt 1: a", "  attempt 2: b"]
 
 
 def test_without_restarts_nothing_is_restarted(tmp_path):
