@@ -205,7 +205,7 @@ def test_a_worker_is_told_why_the_mpi_leader_could_not_start():
         assert reason in failure(cluster, "algo-2"), failure(cluster, "algo-2")
 
 
-# --- the end of the job, per role (issue 33; each step's deadline: tests/entrypoint/test_roles.py) --
+# --- the end of the job, per role (issue 33; each step's deadline: tests/entrypoint/roles/test_roles.py) --
 
 @pytest.mark.parametrize("launcher", ["mpi", "torch_distributed"])
 def test_a_fifo_in_each_hosts_report_folder_blocks_no_role_at_the_end(launcher):

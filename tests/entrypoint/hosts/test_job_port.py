@@ -119,7 +119,7 @@ def test_the_job_port_takes_reports_only_from_this_jobs_ranks(tmp_path):
 def test_the_report_key_is_the_same_on_every_host_and_differs_between_jobs(tmp_path):
     """Derived with no message between the hosts: from the job's name, hosts and
     hyperparameters, and BYOC_JOB_SECRET; in the plan's env (masked in the dry run: a *KEY)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from support.jobtree import run_entrypoint, write_tree
 
     def key(host: str, **env: str) -> str:

@@ -19,7 +19,7 @@ from entrypoint.sdk_v3 import peer_trust as v3ssh
 from entrypoint.job.config import parse_resource_config
 from support.ports import free_port
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 # The argv SDK v3 3.27.0's mpi_utils.get_mpirun_command builds for 2 hosts, 2 processes each,
 # in local mode (resourceconfig.json says "ethwe"), up to the program.
