@@ -192,15 +192,15 @@ _OUTPUT_OPTIONS = frozenset({"output-filename", "tag-output", "timestamp-output"
 
 
 def decide_rank_output(topo: topology.Topology, custom_options: tuple[str, ...], runtime: Runtime) -> str:
-    """Where mpirun's daemon writes each rank's output, or "" for --tag-output. A job of one
-    host: its daemon's files (run/rank_output.py) hold each rank's text as written, where
-    --tag-output's tags cannot be told from the same text inside a rank's line
-    (run/tagged_lines.py). A job of several hosts keeps --tag-output for now: each worker's
-    files are on that worker, and the leader reads their root causes and stacks through mpirun
-    (docs/reliability.md, "Not yet")."""
+    """Where mpirun's daemons write each rank's output, or "" for --tag-output (a user's own
+    output option). Each host's daemon writes its ranks' files (run/rank_output.py), which hold
+    each rank's text as written, where --tag-output's tags cannot be told from the same text
+    inside a rank's line (run/tagged_lines.py). The folder's path is the same on every host
+    (runtime_dirs.py): the leader follows its own, and each worker follows its own in an SSH
+    session that streams the lines to the leader (hosts/worker_output.py)."""
     named = {token.lstrip("-").split("=")[0] for token in custom_options if token.startswith("-")}
     named |= {value for option, value in zip(custom_options, custom_options[1:]) if option in ("-mca", "--mca")}
-    if len(topo.distribution_hosts) > 1 or named & _OUTPUT_OPTIONS:
+    if named & _OUTPUT_OPTIONS:
         return ""
     return runtime.files.rank_output
 

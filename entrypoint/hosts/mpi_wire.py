@@ -6,7 +6,9 @@ worker in parallel (MAX_PARALLEL_SESSIONS at a time).
   `job-exit-code`, whose appearance is what the worker waits for: roles/mpi.py);
 - ask: STACKS_SIGNAL (SIGUSR1) to the worker's entrypoint, which passes it to its ranks;
 - collect: FIGURES_SIGNAL (SIGUSR2) to the worker's entrypoint, which writes this host's job
-  report figures (decide/job_report.HOST_FIGURES_FILE), then read back.
+  report figures (decide/job_report.HOST_FIGURES_FILE), then read back;
+- follow: a session for the whole of each run, in which the worker follows its ranks' files
+  (run/rank_output.run_for_leader) and streams their lines back (hosts/worker_output.py).
 The files' paths are the plan's (plan.files: runtime_dirs.py), the same on every host.
 """
 
@@ -22,6 +24,10 @@ from entrypoint.decide.plan import LaunchPlan
 from entrypoint.hosts import ssh
 from entrypoint.hosts.net import can_connect
 from entrypoint.settings import DEFAULTS
+
+# What follows a worker's rank files for the leader (hosts/worker_output.py), run by path on the
+# worker with the standard library only, as the ranks' wrapper is (decide/plan.RECORD_ERRORS).
+RANK_OUTPUT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "run", "rank_output.py")
 
 # What a signal to a worker's entrypoint means (its handlers: roles/mpi.MpiWorker).
 STACKS_SIGNAL = signal.SIGUSR1  # its ranks print their Python stacks
@@ -77,6 +83,21 @@ def build_tell_command(plan: LaunchPlan, exit_code: int) -> str:
         f"cat > {report_file}.tmp && mv {report_file}.tmp {report_file} && "
         f"printf %s {int(exit_code)} > {code_file}.tmp && mv {code_file}.tmp {code_file}"
     )
+
+
+def build_follow_command(python: str, folder: str, quiet_s: float, poll_s: float) -> str:
+    """The remote command that follows a worker's rank files for the leader: the image's
+    python (the ranks' own, the same path on every host) runs run/rank_output.py by path,
+    isolated (-I: no PYTHON* variable, no folder of the user's on its path). Only that path,
+    the plan's folder and two numbers appear in it, each quoted."""
+    argv = [python, "-I", RANK_OUTPUT, folder, repr(float(quiet_s)), repr(float(poll_s))]
+    return "exec " + shlex.join(argv)
+
+
+def start_follow_session(plan: LaunchPlan, host: str, command: str) -> subprocess.Popen:
+    """One long session to host running command; its stdin stays open until the leader closes it."""
+    return subprocess.Popen(ssh_argv(plan.files.ssh, host, command), stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
 
 
 def tell_workers(plan: LaunchPlan, exit_code: int, report: str | None, log) -> None:

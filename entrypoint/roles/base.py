@@ -8,8 +8,9 @@
                      the leader, or the one host, writes it; a worker hands the leader its figures
     close(outcome)   after that: tell the other hosts, release what start() started
 
-and the hooks a run calls: on_processes_started(supervisor), on_rank_killed(env, signum),
-ask_other_hosts (None, or a callable). Each role reads the job's one stop token (run/stop.py)
+and the hooks a run calls: before_processes_start (None, or a callable given the supervisor),
+on_processes_started(supervisor), on_rank_killed(env, signum), ask_other_hosts (None, or a
+callable). Each role reads the job's one stop token (run/stop.py)
 in every wait. One module per launch family: single.py, mpi.py, job_port.py; choose.py is the
 one switch on plan.role.
 """
@@ -31,6 +32,7 @@ class HostRole:
     distribution). The base of every other role."""
 
     ask_other_hosts = None  # a callable that asks the other hosts' ranks for their stacks
+    before_processes_start = None  # a callable given each run's supervisor before its processes start
 
     def __init__(self, plan: LaunchPlan, collector, env: dict[str, str], paths, stop, what: str, relaunchable: bool):
         self.plan = plan

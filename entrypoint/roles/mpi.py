@@ -20,6 +20,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 
@@ -243,9 +244,22 @@ class MpiLeader(MultiHostRole):
         return [PeerWatch(plan.peers, settings.ssh_port, settings.host_lost_timeout_s, settings.peer_wait_timeout_s,
                           self.on_lost, seen_at_start=True, settings=settings)]
 
+    def before_processes_start(self, supervisor) -> None:
+        """Each run's workers stream their ranks' files here from before mpirun starts to after
+        it ended (hosts/worker_output.py): their lines then count here as this host's ranks' do."""
+        folder = self.plan.processes[0].rank_output if self.plan.processes else ""
+        if folder and self.plan.peers:
+            from entrypoint.hosts.worker_output import start_worker_output
+
+            sinks = {"stdout": sys.stdout.buffer, "stderr": sys.stderr.buffer}
+            # sys.executable: the image's python, the ranks' own (plan.Runtime.python), on every host.
+            supervisor.followers.append(start_worker_output(self.plan, folder, sys.executable, self.collector,
+                                                            self.stop, sinks, log))
+
     def ask_other_hosts(self) -> None:
         """Each worker's entrypoint (SIGUSR1 over SSH) has its ranks print their stacks, which
-        reach this host's log through mpirun."""
+        reach this host's log through their rank files' sessions (hosts/worker_output.py), or
+        mpirun's own forwarding under a user's output option."""
         mpi_wire.ask_workers_for_stacks(self.plan, log)
 
     def job_report(self, outcome: Outcome) -> None:

@@ -152,7 +152,7 @@ def run_with_restarts(plan: LaunchPlan, env: dict[str, str], role: HostRole, pat
     collector = role.collector
     while True:
         hooks = RunHooks(plan.settings, plan.current_host, plan.settings.hang_timeout_s, role.on_processes_started,
-                         role.ask_other_hosts, role.on_rank_killed, build_stop_at(plan))
+                         role.ask_other_hosts, role.on_rank_killed, build_stop_at(plan), role.before_processes_start)
         run = run_processes(plan.processes, env, plan.cwd, collector, role.stop, hooks)
         ending = RunEnding(run.exit_code, run.stopped_by, run.launch_error, role.lost or role.peer_failed)
         if decide_restart(role.relaunchable, plan.settings.max_restarts, len(earlier), ending) is not None:

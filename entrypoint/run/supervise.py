@@ -182,6 +182,10 @@ class RunHooks(NamedTuple):
     # (epoch s, why): this host stops its processes then, as on SIGTERM (a training plan's
     # capacity ending, decide/capacity.py); stop_reason says why once it did.
     stop_at: tuple[float, str] | None = None
+    # The role's, called with the Supervisor before any process starts: what must run from
+    # before the processes to after them (the MPI leader's sessions that stream its workers'
+    # rank output), added to its followers.
+    before_start: object = None
 
 
 class Supervisor:
@@ -442,7 +446,8 @@ def run_processes(processes_: tuple[ProcessSpec, ...], env: dict[str, str], cwd:
     previous = signal.signal(signal.SIGUSR1, supervisor.on_stack_request)
     try:
         with stop.reacting(supervisor.on_signal):
-            code = start_and_wait(supervisor, processes_, env, cwd, hooks.on_started)
+            code = start_beside(supervisor, hooks.before_start, stop) or \
+                start_and_wait(supervisor, processes_, env, cwd, hooks.on_started)
     finally:
         signal.signal(signal.SIGUSR1, previous)
     if isinstance(code, RunResult):
@@ -456,6 +461,19 @@ def run_processes(processes_: tuple[ProcessSpec, ...], env: dict[str, str], cwd:
     return RunResult(code, supervisor.stopped_by, supervisor.stopped_at,
                      killed_at_deadline=supervisor.killed_at_deadline, oom_kills=oom_kills, hang=supervisor.hang_reason,
                      stop_reason=supervisor.stop_reason, signaled=supervisor.first_failure_signaled)
+
+
+def start_beside(supervisor: Supervisor, before_start, stop: Stop) -> RunResult | None:
+    """The role's part before the processes start; a RunResult, starting nothing, when a stop
+    came while it waited."""
+    if before_start is None:
+        return None
+    before_start(supervisor)
+    if not stop.requested():
+        return None
+    for follower in supervisor.followers:
+        follower.stop(supervisor.settings.thread_join_s)
+    return RunResult(128 + stop.signum, stop.signal_name, stop.at)
 
 
 def start_and_wait(supervisor: Supervisor, processes_: tuple[ProcessSpec, ...], env: dict[str, str], cwd: str,

@@ -244,3 +244,25 @@ def test_a_stop_while_the_leader_ends_keeps_its_exit_code():
             leader.send_signal(signal.SIGTERM)
             result = run.wait(timeout=60, fail_fast=False)
             assert {h: r.returncode for h, r in result.results.items()} == {"algo-1": 3, "algo-2": 3}, delay
+
+
+def test_a_worker_ranks_lines_reach_the_leaders_log_whole_and_all_of_them():
+    """Issue 33, case 6: a rank on the worker host prints mpirun's tag mid-line (stdout and
+    stderr), a burst of 1,000 short lines in one write and 700 'é': each worker's rank files are
+    streamed to the leader over SSH (hosts/worker_output.py), so every line is in the leader's
+    log whole, under the rank's tag, none lost (under --tag-output the tag glued the rank's text
+    onto rank 0's line, and Open MPI dropped lines of the burst)."""
+    with EmulatedCluster(["algo-1", "algo-2"], job("worker_lines.py", "mpi")) as cluster:
+        result = cluster.run_all(ENTRYPOINT, env={**FAST, "PYTHONUNBUFFERED": "1"}, timeout=120)
+        assert result.ok, {h: r.output[-3000:] for h, r in result.results.items()}
+        lines = result.results["algo-1"].output.splitlines()
+        for rank in (0, 1):
+            said = [line for line in lines if line.startswith(f"[1,{rank}]<stdout>:rank {rank} ")]
+            assert said == [f"[1,{rank}]<stdout>:rank {rank} i={i} {text}" for i in range(200)
+                            for text in ("says [1,0]<stdout>: mid-line [1,1]<stdout>: twice", "the next line")], said[:4]
+            assert f"[1,{rank}]<stderr>:rank {rank} on stderr [1,0]<stderr>: mid-line" in lines
+        assert [line for line in lines if line.startswith("[1,1]<stdout>:") and len(line) == 17] == \
+            [f"[1,1]<stdout>:{i:03d}" for i in range(1000)]
+        assert "[1,1]<stdout>:" + "é" * 700 in lines
+        assert "cannot reach this log" not in result.results["algo-1"].output
+        assert_nothing_left(cluster)

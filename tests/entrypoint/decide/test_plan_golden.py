@@ -167,8 +167,9 @@ def test_mpirun_leader_two_hosts_golden():
     sm_names = sorted(k for k, _ in plan.env if k.startswith("SM_"))
     forwarded = sorted(["AWS_SECRET_ACCESS_KEY", "BYOC_HOST_ENV_FILE", "BYOC_REPORT_DIR", "MASTER_ADDR", "MASTER_PORT", "NCCL_SOCKET_IFNAME",
                         "OMP_NUM_THREADS", "PATH", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", *sm_names])
+    files_flags = ("--allow-run-as-root", "--output-filename", "/tmp/byoc/rank-output:nocopy", *MPI_FLAGS[2:])
     expected = (
-        "mpirun", "--host", "algo-1:2,algo-2:2", "-np", "4", *MPI_FLAGS,
+        "mpirun", "--host", "algo-1:2,algo-2:2", "-np", "4", *files_flags,
         *[a for name in forwarded for a in ("-x", name)],
         "-x", "NCCL_DEBUG=INFO", "--mca", "btl_tcp_if_exclude", "lo",
         PY, RE, SCRIPT, "--lr", "0.1",
@@ -184,20 +185,19 @@ def test_mpirun_leader_two_hosts_golden():
     ("--xml", False), ("--merge-stderr-to-stdout", False), ("-mca orte_tag_output 1", False),
     ("--mca orte_output_filename /tmp/logs", False), ("-mca btl_tcp_if_exclude lo", True),
 ])
-def test_mpirun_on_one_host_writes_each_ranks_output_to_a_file_the_entrypoint_follows(custom, files):
-    """Issue 33, case 6: one host's daemon writes each rank's streams to files of their own
-    (run/rank_output.py), forwarding nothing to mpirun; several hosts keep --tag-output."""
+@pytest.mark.parametrize("hosts", [("algo-1",), ("algo-1", "algo-2")])
+def test_mpirun_writes_each_ranks_output_to_a_file_the_entrypoint_follows(custom, files, hosts):
+    """Issue 33, case 6: each host's daemon writes its ranks' streams to files of their own
+    (run/rank_output.py), forwarding nothing to mpirun; a worker's reach the leader over SSH
+    (hosts/worker_output.py), so several hosts write them too (the same path on each)."""
     hps = {"sagemaker_mpi_enabled": True, "sagemaker_mpi_custom_mpi_options": custom}
-    spec = plan_for(make_job(hps=hps), CPU).processes[0]
+    spec = plan_for(make_job(hosts=hosts, hps=hps), CPU).processes[0]
     folder = "/tmp/byoc/rank-output"
     if files:
-        assert spec.argv[:8] == ("mpirun", "--host", "algo-1:1", "-np", "1", "--allow-run-as-root",
-                                 "--output-filename", f"{folder}:nocopy")
+        assert spec.argv[5:8] == ("--allow-run-as-root", "--output-filename", f"{folder}:nocopy")
         assert spec.rank_output == folder and "--tag-output" not in spec.argv
     else:
         assert spec.argv[5:7] == ("--allow-run-as-root", "--tag-output") and spec.rank_output == ""
-    two_hosts = plan_for(make_job(hosts=("algo-1", "algo-2"), hps=hps), CPU).processes[0]
-    assert two_hosts.argv[5:7] == ("--allow-run-as-root", "--tag-output") and two_hosts.rank_output == ""
 
 
 def test_mpirun_worker_runs_no_launcher():

@@ -1,0 +1,193 @@
+"""The MPI leader's view of its workers' rank output: one SSH session per worker for each run,
+in which the worker follows the files its Open MPI daemon writes for its ranks
+(`--output-filename DIR:nocopy`, decide/plan.py; run/rank_output.run_for_leader) and streams
+back every line, whole, under the rank's tag.
+
+Why not mpirun's forwarding (--tag-output): its tags cannot be told from the same text inside a
+rank's line, and a burst of short lines loses some (run/tagged_lines.py). Here the framing is
+ours: a line from the follower is whole, its first tag is the follower's, and everything after
+it is the rank's text, tag-shaped or not. So no rejoiner: each line goes as it is to this
+host's stdout or stderr (by its tag's stream) and to the collector, like a line of any process
+here: root causes, the failure's tail, the silence of BYOC_HANG_TIMEOUT_S, the stacks of a hang,
+the live view's metric lines.
+
+Order (run/supervise.py, through the role's RunHooks.before_start): every session is open and
+has said READY_LINE (it cleared the worker's folder) before mpirun starts; after mpirun ends,
+the leader closes each session's stdin, the follower reads its files to the end and exits, and
+the leader waits for it (bounded, a stop cuts it) before the outcome is decided. A session that
+cannot start or ends early loses that worker's lines: said once in the log, never a failure.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+
+from entrypoint.hosts import mpi_wire
+
+# The follower's first line, once it follows (run/rank_output.py keeps its copy: it runs by path,
+# standard library only); every later line starts with a rank's tag, this one never.
+READY_LINE = b"byoc-rank-output: following\n"
+# The longest line the follower writes: a tag and run/rank_output.MAX_PENDING_BYTES (64 KiB).
+MAX_LINE_BYTES = 2 * 65536
+
+_LEADING_TAG = re.compile(rb"\[\d+,\d+\]<(stdout|stderr|stddiag)>:")
+_ERROR_TAIL_BYTES = 2000  # of a session's stderr, for the one line that says it was lost
+
+
+def parse_worker_line(line: bytes) -> str:
+    """Which of our streams a follower's line goes to, by its first tag only (the follower's:
+    what follows is the rank's text, whatever it holds). A line without one is not a rank's:
+    stderr."""
+    match = _LEADING_TAG.match(line)
+    return "stdout" if match is not None and match.group(1) == b"stdout" else "stderr"
+
+
+def build_worker_lines(pending: bytes, data: bytes) -> tuple[list[bytes], bytes]:
+    """The whole lines of pending + data and what waits for its end (the follower writes only
+    whole lines; a wait past MAX_LINE_BYTES is not one of its lines: passed on)."""
+    *lines, rest = (pending + data).split(b"\n")
+    if len(rest) > MAX_LINE_BYTES:
+        lines.append(rest)
+        rest = b""
+    return lines, rest
+
+
+class WorkerSession:
+    """One worker's session: its ssh process and the threads that read its two pipes."""
+
+    def __init__(self, host: str, proc, collector, sinks: dict, log) -> None:
+        self.host, self.proc, self.collector, self.sinks, self.log = host, proc, collector, sinks, log
+        self.ready = threading.Event()
+        self.ended = threading.Event()  # its stdout reached its end
+        self.closing = False  # the leader closed its stdin: its end is expected now
+        self.lost_said = False
+        self.errors = b""  # the end of its stderr (ssh's and the follower's own words)
+        self.streams: dict[bytes, object] = {}  # tag -> the collector's masking state of that rank stream
+        self.threads = [threading.Thread(target=self._pump, daemon=True, name=f"output-{host}"),
+                        threading.Thread(target=self._read_errors, daemon=True, name=f"output-errors-{host}")]
+        for thread in self.threads:
+            thread.start()
+
+    def _read_errors(self) -> None:
+        try:
+            while chunk := self.proc.stderr.read1(65536):
+                self.errors = (self.errors + chunk)[-_ERROR_TAIL_BYTES:]
+        except (OSError, ValueError):
+            pass
+
+    def _pump(self) -> None:
+        pending = b""
+        try:
+            if self.proc.stdout.readline() == READY_LINE:
+                self.ready.set()
+                while chunk := self.proc.stdout.read1(65536):
+                    lines, pending = build_worker_lines(pending, chunk)
+                    self._deliver(lines)
+        except (OSError, ValueError):
+            pass
+        finally:
+            if pending:
+                self._deliver([pending])
+            self.ended.set()
+            if self.ready.is_set() and not self.closing:
+                self.threads[1].join(timeout=1.0)  # ssh's last words say why
+                self.say_lost("its session ended before mpirun did")
+
+    def _deliver(self, lines: list[bytes]) -> None:
+        by_sink: dict[str, list[bytes]] = {"stdout": [], "stderr": []}
+        for line in lines:
+            by_sink[parse_worker_line(line)].append(line + b"\n")
+        for name, batch in by_sink.items():
+            if batch:
+                try:
+                    self.sinks[name].write(b"".join(batch))  # one write: the lines stay whole among the others'
+                    self.sinks[name].flush()
+                except (OSError, ValueError):
+                    pass  # our own stdout is gone: the lines still reach the collector
+        for line in lines:
+            match = _LEADING_TAG.match(line)
+            tag = match.group() if match is not None else b""
+            if tag not in self.streams:
+                self.streams[tag] = self.collector.open_stream()
+            self.collector.add_line(line, self.streams[tag])
+
+    def say_lost(self, why: str) -> None:
+        """Once per session: this worker's ranks' lines (from here on) are not in this log."""
+        if self.lost_said:
+            return
+        self.lost_said = True
+        detail = self.errors.decode("utf-8", "replace").strip().splitlines()
+        self.log(f"{self.host}: its ranks' output cannot reach this log: {why}"
+                 + (f" ({detail[-1]})" if detail else "") + "; the job goes on")
+
+    def close(self) -> None:
+        """mpirun ended: the follower reads its files to the end, then ends the session."""
+        self.closing = True
+        try:
+            self.proc.stdin.close()
+        except (OSError, ValueError):
+            pass
+
+    def end(self) -> None:
+        """Cut the session (SIGKILL to its ssh) and collect it."""
+        self.closing = True
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        for thread in self.threads:
+            thread.join(timeout=1.0)
+
+
+class WorkerOutput:
+    """Every worker's session of one run; stop() is the Supervisor's end of a follower."""
+
+    def __init__(self, sessions: list[WorkerSession], stop) -> None:
+        self.sessions = sessions
+        self.stop_token = stop  # run/stop.Stop: a stop that comes in while this waits cuts the wait
+
+    def stop(self, join_s: float) -> None:
+        """Every session's lines to their end, within join_s (a stop that comes meanwhile cuts
+        the wait; one that came during the run does not: its ranks' last words count most)."""
+        for session in self.sessions:
+            session.close()
+        deadline, stops = time.monotonic() + join_s, len(self.stop_token.signals)
+        while any(not s.ended.is_set() for s in self.sessions) and time.monotonic() < deadline \
+                and len(self.stop_token.signals) == stops:
+            time.sleep(0.01)
+        for session in self.sessions:
+            if not session.ended.is_set():
+                session.say_lost(f"its last lines did not arrive within {join_s:g} s")
+            session.end()
+
+
+def start_worker_output(plan, folder: str, python: str, collector, stop, sinks: dict, log) -> WorkerOutput:
+    """Open every worker's session and wait until each follows its folder (at most
+    settings.ssh_session_timeout_s; a stop ends the wait): mpirun may start then. A worker that
+    is not ready by then is cut, and said so."""
+    settings = plan.settings
+    command = mpi_wire.build_follow_command(python, folder, settings.quiet_line_s, settings.wait_poll_s)
+    sessions, started = [], time.monotonic()
+    for host in plan.peers:
+        try:
+            sessions.append(WorkerSession(host, mpi_wire.start_follow_session(plan, host, command), collector, sinks, log))
+        except OSError as error:
+            log(f"{host}: its ranks' output cannot reach this log: ssh did not start ({error}); the job goes on")
+    deadline = time.monotonic() + settings.ssh_session_timeout_s
+    while any(not (s.ready.is_set() or s.ended.is_set()) for s in sessions):
+        if stop.requested() or time.monotonic() >= deadline:
+            break
+        time.sleep(settings.wait_poll_s / 5)
+    for session in sessions:
+        if not session.ready.is_set():
+            # Cut now: a follower that started after mpirun would clear the files it writes.
+            why = ("its session ended before it was ready" if session.ended.is_set()
+                   else f"its session was not ready within {settings.ssh_session_timeout_s:g} s")
+            session.end()
+            if not stop.requested():  # stopped: no run starts, nothing of it is lost
+                session.say_lost(why)
+    ready = [s for s in sessions if s.ready.is_set()]
+    if ready:
+        log(f"{len(ready)} worker(s) stream their ranks' output here over SSH (ready in {time.monotonic() - started:.2f} s)")
+    return WorkerOutput(ready, stop)
