@@ -6,7 +6,7 @@
 #   - A project-local virtual environment in .venv with the package and its exact torch stack.
 #   - The SageMaker Python SDK v2 in .venv-sdk-v2 (the version pinned in pyproject.toml).
 # and, for the tests only (--for tests, the default):
-#   - Debian's chromium (tests/entrypoint/test_report_html.py screenshots the job report);
+#   - Debian's chromium (tests/entrypoint/jobreport/test_report_html.py screenshots the job report);
 #   - the test tools in .venv and Horovod (its wheel shared with the CPU image's build:
 #     compiled at most once per machine, docker/wheelhouse/README.md);
 #   - the SDK v3 in .venv-sdk-v3 (about 1 GB; only tests/localmode uses it).

@@ -26,17 +26,17 @@ pytestmark = pytest.mark.slow
 #   test_decision_table.py, test_plan_golden.py, test_probe.py: pure decisions, no I/O
 #   that depends on the image.
 IN_IMAGE_TESTS = (
-    "tests/entrypoint/test_archive.py",
-    "tests/entrypoint/test_run.py",
-    "tests/entrypoint/test_bad_input.py",
-    "tests/entrypoint/test_job_port.py",
-    "tests/entrypoint/test_ssh.py",
-    "tests/entrypoint/test_toolkit_parity.py",
-    "tests/entrypoint/test_secrets.py",
-    "tests/entrypoint/test_preflight.py",
-    "tests/entrypoint/test_edges.py",
-    "tests/entrypoint/test_whole_lines.py",
-    "tests/entrypoint/test_rank_exit.py",
+    "tests/entrypoint/job/test_archive.py",
+    "tests/entrypoint/cli/test_run.py",
+    "tests/entrypoint/job/test_bad_input.py",
+    "tests/entrypoint/hosts/test_job_port.py",
+    "tests/entrypoint/hosts/test_ssh.py",
+    "tests/entrypoint/decide/test_toolkit_parity.py",
+    "tests/entrypoint/outcome/test_secrets.py",
+    "tests/entrypoint/decide/test_preflight.py",
+    "tests/entrypoint/outcome/test_edges.py",
+    "tests/entrypoint/rank/test_whole_lines.py",
+    "tests/entrypoint/rank/test_rank_exit.py",
 )
 # pytest and what the tests import beyond the image's packages, at the project's pins.
 TEST_REQUIREMENTS = ("pytest==9.2.0", "hypothesis==6.170.15")

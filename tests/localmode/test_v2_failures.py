@@ -253,14 +253,13 @@ def test_docker_stop_checkpoints_and_exits_within_the_stop_timeout(tmp_path, byo
         assert docker(env, "inspect", "--format", "{{.State.Pid}}", name).stdout.strip() != "0"
         assert "python3 -m entrypoint train" in docker(env, "exec", name, "cat", "/proc/1/cmdline").stdout.replace("\0", " ")
 
-        started = time.monotonic()
         docker(env, "stop", name)  # SIGTERM to PID 1, SIGKILL after 10 s
-        took = time.monotonic() - started
         logs = container_log(env, name)
         exit_code = int(docker(env, "inspect", "--format", "{{.State.ExitCode}}", name).stdout)
-        # Non-zero, and not docker's SIGKILL (137): torchrun, which runs the digits trainer
-        # even on one host, exits 1 when it is stopped; a plain script's own code (143) is kept.
-        assert exit_code not in (0, 137) and took < 10, f"exit {exit_code} after {took:.1f} s\n{logs[-3000:]}"
+        # Non-zero, and not docker's SIGKILL (137) at its 10 s: the container ended itself before
+        # it. torchrun, which runs the digits trainer even on one host, exits 1 when it is
+        # stopped; a plain script's own code (143) is kept.
+        assert exit_code not in (0, 137), f"exit {exit_code}\n{logs[-3000:]}"
         assert (root / "checkpoints" / "checkpoint.pt").is_file()
         assert (root / "output" / "failure").read_text().startswith("Training was stopped by SIGTERM.")
         assert "[entrypoint] received SIGTERM" in logs

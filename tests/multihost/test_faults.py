@@ -1,5 +1,6 @@
 """Faults on 2 emulated hosts, for mpirun and torchrun, through the real entrypoint. In every
-case: every host exits non-zero within 60 s, nothing of the job is left running, and the
+case: every host exits non-zero by itself (the cluster's 120 s limit, a guard against a hang,
+never has to stop one), nothing of the job is left running, and the
 failure names what failed first within its first 1,024 characters, on every host (SDK v2
 local mode keeps only the last host's output/failure). Most run with short timeouts (FAST);
 the *_with_default_settings ones run with the product's defaults (90 s grace period)."""
@@ -23,22 +24,20 @@ def run_with_fault(launcher, hps, inject=None, default_settings=False):
     program, distribution = LAUNCHERS[launcher]
     with EmulatedCluster(HOSTS, job(program, distribution, **hps)) as cluster:
         run = cluster.start_all(ENTRYPOINT, env={}) if default_settings else start(cluster)
-        fault_at = time.monotonic()
         if inject is not None:
             wait_for_files(cluster.model_dir, "started-", 2, timeout=90)
-            fault_at = time.monotonic()
             inject(cluster, run)
         result = run.wait(timeout=120, fail_fast=False)
-        took = time.monotonic() - fault_at
         assert_nothing_left(cluster)
         failures = {h: failure(cluster, h) for h in HOSTS if os.path.exists(os.path.join(cluster.opt_ml(h), "output", "failure"))}
-        return result, took, failures, sorted(os.listdir(cluster.model_dir))
+        return result, failures, sorted(os.listdir(cluster.model_dir))
 
 
-def assert_every_host_failed(result, took):
+def assert_every_host_failed(result):
+    """Every host exited non-zero by itself: the cluster's time limit stopped none."""
     for host, r in result.results.items():
         assert r.returncode != 0, f"{host} exited 0:\n{r.output[-2000:]}"
-    assert took < 60, f"hosts took {took:.0f} s to exit"
+    assert result.stop_reason is None, "\n\n".join(f"{h}:\n{r.output[-2000:]}" for h, r in result.results.items())
 
 
 def assert_every_failure_leads_with(failures, host, rank):
@@ -51,23 +50,23 @@ def assert_every_failure_leads_with(failures, host, rank):
 
 @pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
 def test_rank_raises_on_a_worker_host(launcher):
-    result, took, failures, _ = run_with_fault(launcher, {"fail": "worker"})
-    assert_every_host_failed(result, took)
+    result, failures, _ = run_with_fault(launcher, {"fail": "worker"})
+    assert_every_host_failed(result)
     assert_every_failure_leads_with(failures, "algo-2", 1)
 
 
 @pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
 def test_rank_raises_on_the_leader(launcher):
-    result, took, failures, _ = run_with_fault(launcher, {"fail": "leader"})
-    assert_every_host_failed(result, took)
+    result, failures, _ = run_with_fault(launcher, {"fail": "leader"})
+    assert_every_host_failed(result)
     assert_every_failure_leads_with(failures, "algo-1", 0)
 
 
 @pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
 def test_rank_raises_on_a_worker_host_with_default_settings(launcher):
     """Open MPI's teardown once slept the 90 s grace period four times: 6 minutes."""
-    result, took, failures, _ = run_with_fault(launcher, {"fail": "worker"}, default_settings=True)
-    assert_every_host_failed(result, took)
+    result, failures, _ = run_with_fault(launcher, {"fail": "worker"}, default_settings=True)
+    assert_every_host_failed(result)
     assert_every_failure_leads_with(failures, "algo-2", 1)
 
 
@@ -84,44 +83,44 @@ def assert_every_failure_leads_with_the_signal(failures, host, rank):
 @pytest.mark.parametrize("where, host, rank", [("leader", "algo-1", 0), ("worker", "algo-2", 1)])
 @pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
 def test_a_rank_killed_by_a_signal_is_named_first_on_every_host(launcher, where, host, rank):
-    result, took, failures, _ = run_with_fault(launcher, {"fail": f"abort-{where}"})
-    assert_every_host_failed(result, took)
+    result, failures, _ = run_with_fault(launcher, {"fail": f"abort-{where}"})
+    assert_every_host_failed(result)
     assert_every_failure_leads_with_the_signal(failures, host, rank)
 
 
 @pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
 def test_two_hosts_failing_within_a_second_the_first_leads_everywhere(launcher):
     """The leader's rank raises; 0.4 s later the worker's rank aborts (if it is still running)."""
-    result, took, failures, _ = run_with_fault(launcher, {"fail": "leader-then-abort-worker"})
-    assert_every_host_failed(result, took)
+    result, failures, _ = run_with_fault(launcher, {"fail": "leader-then-abort-worker"})
+    assert_every_host_failed(result)
     assert_every_failure_leads_with(failures, "algo-1", 0)
 
 
 def test_two_hosts_failing_within_a_second_a_signal_death_first_leads_everywhere():
     """The worker's rank aborts; 0.4 s later the leader's rank raises: the abort came first."""
-    result, took, failures, _ = run_with_fault("torchrun", {"fail": "abort-worker-then-leader"})
-    assert_every_host_failed(result, took)
+    result, failures, _ = run_with_fault("torchrun", {"fail": "abort-worker-then-leader"})
+    assert_every_host_failed(result)
     assert_every_failure_leads_with_the_signal(failures, "algo-2", 1)
 
 
 @pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
 def test_worker_host_dies_mid_run(launcher):
-    result, took, failures, _ = run_with_fault(launcher, {"hold": 90}, lambda c, run: c.kill_host("algo-2"))
-    assert_every_host_failed(result, took)
+    result, failures, _ = run_with_fault(launcher, {"hold": 90}, lambda c, run: c.kill_host("algo-2"))
+    assert_every_host_failed(result)
     assert "algo-2" in failures["algo-1"][:1024]
 
 
 @pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
 def test_leader_host_dies_mid_run(launcher):
-    result, took, failures, _ = run_with_fault(launcher, {"hold": 90}, lambda c, run: c.kill_host("algo-1"))
-    assert_every_host_failed(result, took)
+    result, failures, _ = run_with_fault(launcher, {"hold": 90}, lambda c, run: c.kill_host("algo-1"))
+    assert_every_host_failed(result)
     assert "algo-1" in failures["algo-2"][:1024]
 
 
 @pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
 def test_sigterm_to_every_host_reaches_the_script(launcher):
-    result, took, failures, model_files = run_with_fault(launcher, {"hold": 90}, lambda c, run: run.signal(signal.SIGTERM))
-    assert_every_host_failed(result, took)
+    result, failures, model_files = run_with_fault(launcher, {"hold": 90}, lambda c, run: run.signal(signal.SIGTERM))
+    assert_every_host_failed(result)
     # Every rank's SIGTERM handler ran (it would checkpoint there).
     assert [n for n in model_files if n.startswith("sigterm-")] == ["sigterm-0", "sigterm-1"]
     assert "SIGTERM" in failures["algo-1"][:1024]
@@ -130,13 +129,15 @@ def test_sigterm_to_every_host_reaches_the_script(launcher):
 @pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
 def test_sigterm_with_default_settings_gives_every_rank_time_to_checkpoint(launcher):
     """Every host forwards the stop to its own ranks at once; each rank's handler takes 3 s,
-    longer than Open MPI's teardown would give it, and far less than the grace period."""
+    longer than Open MPI's teardown would give it, and far less than the grace period: every
+    rank checkpoints and ends by itself, and no host sends the grace period's SIGKILL."""
     hps = {"hold": 90, "save-s": 3}
-    result, took, failures, model_files = run_with_fault(
+    result, failures, model_files = run_with_fault(
         launcher, hps, lambda c, run: run.signal(signal.SIGTERM), default_settings=True)
-    assert_every_host_failed(result, took)
+    assert_every_host_failed(result)
     assert [n for n in model_files if n.startswith("sigterm-")] == ["sigterm-0", "sigterm-1"]
-    assert took < 20, f"the stop took {took:.0f} s"
+    for host, r in result.results.items():
+        assert "time is up: sending SIGKILL" not in r.output, f"{host}:\n{r.output[-2000:]}"
     for host in HOSTS:
         assert "SIGTERM" in failures[host][:1024], failures[host][:1024]
 
@@ -183,11 +184,11 @@ def test_a_torchrun_worker_whose_leader_never_opens_the_rendezvous_port_fails_na
         leader = cluster.start_all(listener, hosts=["algo-1"])
         started = time.monotonic()
         worker = cluster.start_all(ENTRYPOINT, env={**FAST, "BYOC_PEER_WAIT_TIMEOUT_S": "6"}, hosts=["algo-2"])
-        result = worker.wait(timeout=90, fail_fast=False)
+        result = worker.wait(timeout=90, fail_fast=False)  # a guard against a hang
         took = time.monotonic() - started
         leader.signal(signal.SIGKILL)
         assert result.results["algo-2"].returncode != 0, result.results["algo-2"].output[-2000:]
-        assert took < 45, f"the worker took {took:.0f} s"
+        assert result.stop_reason is None and took >= 6  # it gave up by itself, at its bound, not before
         head = failure(cluster, "algo-2")[:1024]
         assert "host algo-1 never answered on port 7777 (torchrun's rendezvous, BYOC_MASTER_PORT) for 6 s" in head, head
 
@@ -204,7 +205,7 @@ def test_a_worker_is_told_why_the_mpi_leader_could_not_start():
         assert reason in failure(cluster, "algo-2"), failure(cluster, "algo-2")
 
 
-# --- the end of the job, per role (issue 33; each step's deadline: tests/entrypoint/test_roles.py) --
+# --- the end of the job, per role (issue 33; each step's deadline: tests/entrypoint/roles/test_roles.py) --
 
 @pytest.mark.parametrize("launcher", ["mpi", "torch_distributed"])
 def test_a_fifo_in_each_hosts_report_folder_blocks_no_role_at_the_end(launcher):

@@ -10,7 +10,6 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-import time
 import traceback
 from pathlib import Path
 
@@ -59,12 +58,10 @@ def test_a_stuck_rank_fails_the_job_with_every_stack_and_where_it_is_stuck(tmp_p
     script = SCRIPT.replace("algo-1", host).replace("LATER_BY", repr(later_by))
     root = write_tree(tmp_path, script=script, program="hang.py", hosts=(host,), current_host=host,
                       hyperparameters={"sagemaker_mpi_enabled": True, "sagemaker_mpi_num_of_processes_per_host": 2})
-    started = time.monotonic()
+    # The guard against a hang (120 s) is far under a collective's 30 min: only the watchdog ends it in time.
     done = subprocess.run([PYTHON, "-m", "entrypoint", "train"], env=entrypoint_env(root), capture_output=True,
                           text=True, timeout=120)  # fmt: skip
-    elapsed = time.monotonic() - started
     assert done.returncode != 0, done.stderr[-3000:]
-    assert elapsed < 60  # within the timeout and the launcher's teardown, not at a collective's 30 min
     log = done.stdout + done.stderr
     assert f"[hang] no training step finished in 2 s on rank 1 (host {host}); it is stuck in stuck_reading_a_file" in log
     assert "in stuck_reading_a_file" in log and "(most recent call first)" in log  # rank 1's stack

@@ -1,5 +1,5 @@
 """A real TensorBoard server on a finished job's folder, its scalars page screenshotted in
-headless chromium (Debian's, as tests/entrypoint/test_report_html.py uses it): the per-rank
+headless chromium (Debian's, as tests/entrypoint/jobreport/test_report_html.py uses it): the per-rank
 step-time plots are there, checked by their pixels."""
 
 import json

@@ -1,6 +1,6 @@
 """The end of a job through the real entrypoint: nothing a script leaves in a folder it can
 write to blocks it (a FIFO under a name we read or write), and one bad rank file loses only
-itself in the job report. The deadline and the stop while finishing: tests/entrypoint/test_roles.py
+itself in the job report. The deadline and the stop while finishing: tests/entrypoint/roles/test_roles.py
 (each step) and tests/multihost/test_faults.py (each multi-host role)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from support.jobtree import run_entrypoint, write_tree  # noqa: E402
 

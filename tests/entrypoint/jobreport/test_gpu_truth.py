@@ -13,7 +13,7 @@ from entrypoint.jobreport.build import build_report
 from entrypoint.jobreport.figures import build_host_figures, load_rank_files
 from entrypoint.jobreport.gpu_truth import GPU_SOURCE
 
-STEP_FIGURES = Path(__file__).resolve().parents[2] / "entrypoint" / "rank" / "step_figures.py"
+STEP_FIGURES = Path(__file__).resolve().parents[3] / "entrypoint" / "rank" / "step_figures.py"
 
 
 class Clock:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from support.jobtree import failure_text, run_entrypoint, write_tree  # noqa: E402
 
@@ -100,13 +100,13 @@ def test_a_job_is_stopped_before_the_capacity_ends_and_says_why(tmp_path, exit_c
     one that saved and exited 0 is not "killed by SIGTERM"."""
     root = write_tree(tmp_path / "ml", script=CHECKPOINTING.replace("sys.exit(0)", f"sys.exit({exit_code})"))
     ends = time.time() + 1800 + 3  # BYOC_CAPACITY_STOP_LEAD_S=0: the stop is 30 min before the end, 3 s from now
-    started = time.monotonic()
-    done = run_entrypoint(root, timeout=60, **{END: f"{ends:.3f}", "BYOC_CAPACITY_STOP_LEAD_S": "0",
-                                                "BYOC_GRACE_PERIOD_S": "10"})
-    took = time.monotonic() - started
+    done = run_entrypoint(root, timeout=120, **{END: f"{ends:.3f}", "BYOC_CAPACITY_STOP_LEAD_S": "0",
+                                                 "BYOC_GRACE_PERIOD_S": "10"})
     assert done.returncode == exit_code, done.stderr[-2000:]
-    assert (root / "model" / "checkpointed").exists()  # the script had its SIGTERM and its grace period
+    # The script had its SIGTERM at the stop time, not before, and ended itself in its grace period.
+    assert float((root / "model" / "checkpointed").read_text()) >= float(f"{ends:.3f}") - 1800
     assert "finished" not in done.stdout and "killed by SIGTERM" not in done.stderr
+    assert "time is up: sending SIGKILL" not in done.stderr
     if exit_code == 0:
         assert (root / "output" / "success").exists() and not (root / "output" / "failure").exists()
         assert "because the training plan's reserved capacity ends at" in done.stderr
@@ -115,7 +115,6 @@ def test_a_job_is_stopped_before_the_capacity_ends_and_says_why(tmp_path, exit_c
         first = failure_text(root).splitlines()[0]
         assert first.startswith("Stopped at ") and "because the training plan's reserved capacity ends at" in first
         assert "with exit code 3." in failure_text(root) and "killed by" not in failure_text(root)
-    assert took < 15, took
 
 
 def test_the_platforms_stop_reports_the_same_script_the_same_way(tmp_path):

@@ -25,7 +25,7 @@ TORCH = {"sagemaker_torch_distributed_enabled": True}
 
 
 def non_sm_env(plan):
-    """The plan's env but SM_*; the job's report key (a hash: tests/entrypoint/test_job_port.py)
+    """The plan's env but SM_*; the job's report key (a hash: tests/entrypoint/hosts/test_job_port.py)
     is shown as what it must be, 64 hex digits, wherever the ranks report to job ports."""
     env = {k: v for k, v in plan.env if not k.startswith("SM_")}
     # Every rank learns where its host's report figures go: the job's runtime folder's report/.
@@ -46,7 +46,7 @@ RENDEZVOUS_ALGO_1 = {"MASTER_ADDR": "algo-1", "MASTER_PORT": "7777", "NCCL_SOCKE
 # Every GPU job: torch's NCCL watchdog fails a rank stuck in a collective, the flight recorder's
 # trace goes to the job's output (entrypoint/decide/gpu_env.py).
 # Every process's share of the machine's cores (entrypoint/decide/threads.py;
-# tests/entrypoint/test_thread_budget.py): OMP_NUM_THREADS = cores // the processes on the
+# tests/entrypoint/decide/test_thread_budget.py): OMP_NUM_THREADS = cores // the processes on the
 # machine. make_job's resource config names no instance type: local mode's default, in which
 # every host of the job shares this one machine, so its processes count too.
 def threads(n: int) -> dict[str, str]:

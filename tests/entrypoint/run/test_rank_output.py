@@ -1,6 +1,6 @@
 """Each rank's file, followed as Open MPI's daemon writes it (run/rank_output.py): whole lines
 under the rank's tag, a waiting piece written when quiet and at the end, nothing lost. The
-files are written here as the daemon writes them; tests/entrypoint/test_whole_lines.py runs
+files are written here as the daemon writes them; tests/entrypoint/rank/test_whole_lines.py runs
 the real mpirun through the entrypoint."""
 
 import io

@@ -94,10 +94,9 @@ SUPERVISE = textwrap.dedent(
     from entrypoint.decide.specs import ProcessSpec
     from entrypoint.settings import DEFAULTS
     specs = [ProcessSpec(s["name"], tuple(s["argv"]), signal_ranks=s.get("signal_ranks", False)) for s in json.loads(sys.argv[2])]
-    started = time.monotonic()
     hooks = RunHooks(DEFAULTS._replace(grace_period_s=float(sys.argv[4])))
     run = run_processes(tuple(specs), {"PATH": "/usr/bin:/bin"}, sys.argv[3], OutputCollector(), Stop(), hooks)
-    print(json.dumps({"code": run.exit_code, "stopped_by": run.stopped_by, "took": time.monotonic() - started}))
+    print(json.dumps({"code": run.exit_code, "stopped_by": run.stopped_by, "killed_at_deadline": run.killed_at_deadline}))
     """
 )
 
@@ -109,18 +108,21 @@ def supervise(tmp_path, specs, grace_s):
 
 @pytest.mark.slow
 def test_one_failed_process_stops_the_others_within_the_failure_bound_not_the_grace_period(tmp_path):
-    """A parameter-server host: the worker raises, the shard ignores SIGTERM. With the default
-    90 s grace period the host still ends within settings.failure_stop_s (10 s)."""
+    """A parameter-server host: the worker raises, the shard ignores SIGTERM. With a grace
+    period of an hour the host still ends, by our SIGKILL at settings.failure_stop_s (10 s)."""
     specs = [
         {"name": "worker", "argv": [sys.executable, "-c", "import time, sys; time.sleep(1); sys.exit(3)"]},
         {"name": "shard", "argv": [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(300)"]},
     ]
-    proc = supervise(tmp_path, specs, 90)
-    out, err = proc.communicate(timeout=60)
+    proc = supervise(tmp_path, specs, 3600)
+    try:
+        out, err = proc.communicate(timeout=120)  # a guard against a hang: only the failure bound ends it before the hour
+    finally:
+        proc.kill()
     result = json.loads(out.splitlines()[-1])
-    assert result["code"] == 3 and result["stopped_by"] is None
-    assert result["took"] < 15, err
-    assert "worker exited with code 3; stopping the other processes" in err
+    assert result == {"code": 3, "stopped_by": None, "killed_at_deadline": True}, err  # the shard, by our SIGKILL
+    stopping = err.index("worker exited with code 3; stopping the other processes")
+    assert err.index("time is up: sending SIGKILL", stopping) > stopping, err
 
 
 # A stand-in for mpirun: starts a "rank" in a process group of its own, as Open MPI does; on
@@ -295,9 +297,7 @@ def test_a_worker_with_its_outcome_waits_for_the_leaders_session_to_close():
         while not processes.build_descendants(processes.load_process_table(), sshd.pid):
             assert time.monotonic() < deadline
             time.sleep(0.02)
-        started = time.monotonic()
-        assert wait_for_sessions_to_close(sshd.pid, 10.0) is True
-        assert time.monotonic() - started < 5.0
+        assert wait_for_sessions_to_close(sshd.pid, 60.0) is True
         table = processes.load_process_table()  # it returned because the session had ended
         assert all(table[p].state == "Z" for p in processes.build_descendants(table, sshd.pid) if p in table)
     finally:
@@ -308,8 +308,8 @@ def test_a_worker_with_its_outcome_waits_for_the_leaders_session_to_close():
     try:
         time.sleep(0.5)
         started = time.monotonic()
-        assert wait_for_sessions_to_close(stuck.pid, 0.5) is False
-        assert time.monotonic() - started < 2.0
+        assert wait_for_sessions_to_close(stuck.pid, 0.5) is False  # at its bound: the session lives a minute
+        assert time.monotonic() - started >= 0.5  # not before it
     finally:
         for pid in processes.build_descendants(processes.load_process_table(), stuck.pid):
             os.kill(pid, 9)
@@ -340,7 +340,7 @@ def test_the_leaders_sessions_to_workers_run_in_parallel_but_at_most_the_cap_at_
 
 @pytest.mark.parametrize("as_pid_1", [False, True], ids=["plain", "as-pid-1"])
 def test_sigterm_during_start_up_is_honoured_at_once_with_143(tmp_path, as_pid_1):
-    """Start-up here is the wait for the other host's name to resolve (60 s allowed). As PID 1
+    """Start-up here is the wait for the other host's name to resolve (an hour allowed). As PID 1
     (a container) a process without a handler never sees SIGTERM: it was dropped."""
     import shutil
 
@@ -353,7 +353,7 @@ def test_sigterm_during_start_up_is_honoured_at_once_with_143(tmp_path, as_pid_1
     argv = [PYTHON, "-m", "entrypoint", "train"]
     if as_pid_1:
         argv = ["unshare", "--pid", "--fork", "--kill-child", "--", *argv]
-    env = entrypoint_env(root, BYOC_HOST_RESOLUTION_TIMEOUT_S="60")
+    env = entrypoint_env(root, BYOC_HOST_RESOLUTION_TIMEOUT_S="3600")
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 30
@@ -364,12 +364,10 @@ def test_sigterm_during_start_up_is_honoured_at_once_with_143(tmp_path, as_pid_1
                 break
         else:
             pytest.fail("the entrypoint never installed its SIGTERM handler")
-        sent = time.monotonic()
         os.kill(target, signal.SIGTERM)
-        out, err = proc.communicate(timeout=20)
+        out, err = proc.communicate(timeout=60)  # a guard against a hang: the DNS wait alone is an hour
     finally:
         proc.kill()
-    assert time.monotonic() - sent < 10  # at once, not after the 60 s DNS wait
     assert proc.returncode == 143, err[-2000:]
     assert "must not run" not in out
     assert failure_text(root).startswith("Stopped by SIGTERM during start-up, before the training processes started")

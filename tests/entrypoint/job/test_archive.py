@@ -132,7 +132,7 @@ def test_nothing_else_in_the_repository_extracts_tar_archives_itself():
     import re
     from pathlib import Path
 
-    repo = Path(__file__).resolve().parents[2]
+    repo = Path(__file__).resolve().parents[3]
     calls = re.compile(r"\.extractall\(|\.extract\(")
     offenders = []
     for folder in ("entrypoint", "train", "localcluster", "tests", "benchmarks", "scripts", "docker"):

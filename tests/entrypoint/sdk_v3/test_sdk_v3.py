@@ -19,7 +19,7 @@ from entrypoint.sdk_v3 import peer_trust as v3ssh
 from entrypoint.job.config import parse_resource_config
 from support.ports import free_port
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 # The argv SDK v3 3.27.0's mpi_utils.get_mpirun_command builds for 2 hosts, 2 processes each,
 # in local mode (resourceconfig.json says "ethwe"), up to the program.
@@ -232,11 +232,23 @@ def test_trust_exchange_authorizes_the_peers_host_key_from_its_address_only(tmp_
 
 
 @needs_sshd
-def test_a_peer_that_never_serves_ssh_is_reported_after_the_deadline(tmp_path):
+def test_a_peer_that_never_serves_ssh_is_reported_after_the_deadline(tmp_path, monkeypatch):
+    """The exchange asks again until its deadline, and gives up at the first round that ends
+    after it: its deadline is set before its first round, so at most one round can start at or
+    after (first round + timeout). A second one means it ignored its deadline."""
     here = _paths(tmp_path)
+    rounds: list[float] = []
+    scan = v3ssh.ssh.scan_host_key
+
+    def scan_and_note(host, port, timeout_s):
+        rounds.append(time.monotonic())
+        assert len([t for t in rounds if t >= rounds[0] + 1]) <= 1, "a round after the one past the deadline"
+        return scan(host, port, timeout_s=timeout_s)
+
+    monkeypatch.setattr(v3ssh.ssh, "scan_host_key", scan_and_note)
     started = time.monotonic()
     assert v3ssh.run_trust_exchange(here, ["localhost"], 1, lambda line: None, port=free_port()) == ["localhost"]
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started >= 1  # not before its deadline
     assert not os.path.exists(here.authorized_keys)
 
 

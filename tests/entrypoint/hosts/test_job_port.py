@@ -13,6 +13,7 @@ from entrypoint.hosts.job_port import parse_root_cause_line
 from entrypoint.hosts.job_port import JobPort
 from entrypoint.decide.plan import RECORD_ERRORS
 from entrypoint.hosts.net import can_connect
+from support.deadlines import DeadlineStop
 
 
 def free_port() -> int:
@@ -56,17 +57,22 @@ def test_worker_waits_until_the_leaders_job_port_closes():
 
     port = free_port()
     leader = JobPort(port)
-    closer = threading.Timer(1.5, leader.close)
-    start = time.monotonic()
-    closer.start()
-    assert wait_until_port_closes("127.0.0.1", port, timeout_s=30) == "closed"
-    assert 1.4 <= time.monotonic() - start < 5
+    closing = threading.Event()
+
+    def close_leader() -> None:
+        closing.set()
+        leader.close()
+
+    threading.Timer(0.5, close_leader).start()
+    assert wait_until_port_closes("127.0.0.1", port, timeout_s=60) == "closed"  # the close ended it, not the bound
+    assert closing.is_set()  # and not before the leader closed
 
     still_running = JobPort(port)
     try:
+        stop = DeadlineStop(timeout_s=1.0)
         start = time.monotonic()
-        assert wait_until_port_closes("127.0.0.1", port, timeout_s=1.0) == "timeout"
-        assert time.monotonic() - start < 4
+        assert wait_until_port_closes("127.0.0.1", port, timeout_s=1.0, stopped=stop) == "timeout"
+        assert time.monotonic() - start >= 1.0  # not before its deadline (nor on past it: that would be "stopped")
         assert wait_until_port_closes("127.0.0.1", port, timeout_s=30, stopped=lambda: True) == "stopped"
     finally:
         still_running.close()
@@ -113,7 +119,7 @@ def test_the_job_port_takes_reports_only_from_this_jobs_ranks(tmp_path):
 def test_the_report_key_is_the_same_on_every_host_and_differs_between_jobs(tmp_path):
     """Derived with no message between the hosts: from the job's name, hosts and
     hyperparameters, and BYOC_JOB_SECRET; in the plan's env (masked in the dry run: a *KEY)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from support.jobtree import run_entrypoint, write_tree
 
     def key(host: str, **env: str) -> str:
@@ -221,13 +227,24 @@ def test_the_leader_waits_for_every_worker_host_or_its_silence():
     quiet = socket.create_server(("127.0.0.1", 0))  # a worker host still running: answers, no word yet
     port = quiet.getsockname()[1]
     try:
-        threading.Timer(0.5, outcomes.add, args=("127.0.0.1", 0)).start()
-        started = time.monotonic()
-        assert outcomes.wait_for(["127.0.0.1"], port, timeout_s=30) == ({"127.0.0.1": 0}, [], "all")
-        assert time.monotonic() - started < 5
+        added = threading.Event()
+
+        def add() -> None:
+            outcomes.add("127.0.0.1", 0)
+            added.set()
+
+        def stopped_after_the_word() -> bool:
+            return added.is_set()  # a wait that looks again after the word missed it: "stopped"
+
+        threading.Timer(0.5, add).start()
+        assert outcomes.wait_for(["127.0.0.1"], port, timeout_s=3600, stopped=stopped_after_the_word) == \
+            ({"127.0.0.1": 0}, [], "all")
 
         later = HostOutcomes()
-        assert later.wait_for(["127.0.0.1"], port, timeout_s=1.0) == ({}, [], "timeout")
+        stop = DeadlineStop(timeout_s=1.0)
+        started = time.monotonic()
+        assert later.wait_for(["127.0.0.1"], port, timeout_s=1.0, stopped=stop) == ({}, [], "timeout")
+        assert time.monotonic() - started >= 1.0  # not before its deadline (nor on past it: that would be "stopped")
         assert later.wait_for(["127.0.0.1"], port, timeout_s=30, stopped=lambda: True) == ({}, [], "stopped")
         later.add("127.0.0.1", 2)
         later.add("127.0.0.1", 0)  # the first word stands

@@ -9,6 +9,7 @@ each rank's own file: entrypoint/run/rank_output.py).
 
 import os
 import re
+import select
 import shutil
 import socket
 import subprocess
@@ -170,16 +171,23 @@ def test_ranks_sharing_one_pipe_write_whole_lines(tmp_path, unbuffered):
 
 
 def test_a_partial_line_shows_soon_and_text_without_a_newline_shows_at_exit(tmp_path):
+    """The script prints a prompt and then waits for a line from us: the prompt must reach us
+    while the script still waits (a wrapper that held it until a newline never would)."""
     script = tmp_path / "prompt.py"
-    script.write_text("import sys, time\nprint('waiting for data...', end='')\ntime.sleep(3)\nprint(' done')\n"
+    script.write_text("import sys\nprint('waiting for data...', end='')\nsys.stdin.readline()\nprint(' done')\n"
                       "sys.stdout.write('last words without a newline')\n")
-    proc = subprocess.Popen([PYTHON, RECORD_ERRORS, str(script)], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([PYTHON, RECORD_ERRORS, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    started = time.monotonic()
-    first = os.read(proc.stdout.fileno(), 100)
-    assert first == b"waiting for data..." and time.monotonic() - started < 2.5  # before the sleep ends
-    assert proc.stdout.read() == b" done\nlast words without a newline"
-    assert proc.wait(timeout=30) == 0
+    try:
+        ready, _, _ = select.select([proc.stdout], [], [], 60)  # a guard against a hang, not a speed bound
+        assert ready, "the prompt never arrived while the script waited for its input"
+        assert os.read(proc.stdout.fileno(), 100) == b"waiting for data..."
+        proc.stdin.write(b"go\n")
+        proc.stdin.close()
+        assert proc.stdout.read() == b" done\nlast words without a newline"
+        assert proc.wait(timeout=30) == 0
+    finally:
+        proc.kill()
 
 
 @needs_mpirun
