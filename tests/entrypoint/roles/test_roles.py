@@ -335,6 +335,21 @@ def test_a_sigterm_while_finishing_cuts_the_step_and_the_close_still_sees_it(sto
     assert f"{'job report' if step == 'report' else 'closing'}: cut short: stopped by SIGTERM" in capfd.readouterr().err
 
 
+def test_a_sigterm_at_the_first_moment_of_start_up_ends_in_the_start_up_outcome(job, monkeypatch):
+    """The token is the handler from its first moment inside cli.main's try: a stop while the
+    previous outcome is cleared (before the plan is read) is an outcome, not a traceback."""
+    start, events, root = job
+
+    def clear_with_a_stop(paths):
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGTERM)  # a second while the first unwinds: only noted
+
+    monkeypatch.setattr(cli, "clear_previous_outcome", clear_with_a_stop)
+    assert start("open('ran', 'w')\n") == 143
+    assert (root / "output/failure").read_text().startswith("Stopped by SIGTERM during start-up")
+    assert events == [] and not (root / "code/ran").exists()
+
+
 def test_the_entrypoint_constructs_one_stop_token():
     """Every wait reads the token cli.main made; none makes its own (run/stop.py)."""
     import ast
