@@ -62,7 +62,9 @@ DISTRIBUTIONS = {
     "mpi": {"mpi": {"enabled": True, "processes_per_host": 1}},
     "torch_distributed": {"torch_distributed": {"enabled": True}},
 }
-FIT_BOUND_S = 60
+# A host that outlived the failure by waiting for a peer until a setting ran out says so in the
+# log: fit() failing fast means none of these (not a wall-time bound: a loaded machine is slow).
+WAITED_OUT = ("(BYOC_PEER_WAIT_TIMEOUT_S)", "time is up: sending SIGKILL")
 
 
 def run_fault_job(tmp_path, image, launcher, fail_host, name, hold=0.0, abort=False, **kwargs):
@@ -82,7 +84,7 @@ def test_a_failing_rank_fails_fit_fast_and_the_merged_failure_names_it(tmp_path,
     result = run_fault_job(tmp_path, byoc_image, launcher, fail_host, f"{launcher}-{fail_host}")
     assert not result.ok, result.log_tail()
     assert not result.timed_out, result.log_tail()
-    assert result.fit_seconds < FIT_BOUND_S, f"fit() took {result.fit_seconds} s\n{result.log_tail()}"
+    assert [w for w in WAITED_OUT if w in result.log] == [], result.log_tail()
     failing = result.hosts[fail_host]
     head = result.output_text("failure")[:1024]
     assert head.startswith(f"RuntimeError: injected failure on {failing}\n"), head
