@@ -26,7 +26,7 @@ from entrypoint.outcome.writer import clear_previous_outcome
 from entrypoint.run import runtime_dirs
 from entrypoint.roles.base import HostRole
 from entrypoint.roles.choose import choose_role
-from entrypoint.run.stop import StartupStopped, Stop
+from entrypoint.run.stop import Stop
 from entrypoint.run.supervise import OutputCollector, RunHooks, RunResult, run_processes
 
 
@@ -49,7 +49,7 @@ class Launch:
             return
         try:
             self.role.job_report(outcome)
-        except (Exception, StartupStopped) as exc:  # noqa: BLE001 - the report is a bonus; a stop keeps the outcome
+        except Exception as exc:  # noqa: BLE001 - the report is a bonus (a stop while finishing cuts it: finishing.py)
             log(f"job report: not written: {type(exc).__name__}: {exc}")
 
     def close(self, outcome: Outcome) -> None:
