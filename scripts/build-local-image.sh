@@ -41,30 +41,13 @@ if ! docker image inspect "$base" >/dev/null 2>&1; then
     stage base-image "the Debian 12 base image $base (debootstrap)" bash docker/local/make-debian-base.sh "$base"
 fi
 
-# docker/build-local/: rebuilt from this machine's pip settings each time (cheap; an
-# unchanged result keeps Docker's cache for every later layer).
-local_dir=docker/build-local
-find "$local_dir" -mindepth 1 ! -name README.md -delete
+# docker/build-local/: this machine's CA bundle and the local CPU torch wheel.
+# shellcheck source=scripts/lib/build-local.sh
+source scripts/lib/build-local.sh
 torch_version=$(sed -n 's/^CPU_TORCH_VERSION=//p' docker/versions.env)
-cert=${PIP_CERT:-$(python3 -m pip config get global.cert 2>/dev/null || true)}
-find_links=${PIP_FIND_LINKS:-$(python3 -m pip config get global.find-links 2>/dev/null || true)}
-{
-    echo "[global]"
-    if [ -n "$cert" ] && [ -f "$cert" ]; then
-        cp "$cert" "$local_dir/ca.crt"
-        echo "cert = /opt/byoc-build-local/ca.crt"
-    fi
-} >"$local_dir/pip.conf"
+write_build_local "torch-$torch_version+cpu-*.whl"
 set_args=()
-for folder in $find_links; do
-    for wheel in "$folder"/torch-"$torch_version"+cpu-*.whl; do
-        [ -f "$wheel" ] || continue
-        mkdir -p "$local_dir/wheels"
-        ln -f "$wheel" "$local_dir/wheels/" 2>/dev/null || cp "$wheel" "$local_dir/wheels/"
-    done
-done
-if [ -d "$local_dir/wheels" ]; then
-    echo "find-links = /opt/byoc-build-local/wheels" >>"$local_dir/pip.conf"
+if ((BUILD_LOCAL_HAS_WHEELS)); then
     # PyTorch's CPU index is not reachable from machines that reach only PyPI; the local
     # wheel is the same CPU build.
     set_args=(--set CPU_TORCH_INDEX_URL=)

@@ -4,12 +4,35 @@
 # Brings libfabric, rdma-core, Open MPI (/opt/amazon/openmpi) and, on CUDA images, the
 # aws-ofi-nccl plugin. Container flags: no kernel module, no limits.conf, no self-test
 # (no EFA device at build time); --disable-ngc keeps the NCCL plugin on nvidia/cuda bases.
-# usage: install-efa.sh [--with-nccl-plugin]
+# usage: install-efa.sh [--with-nccl-plugin] [--mpi-headers]
 # Needs curl and gnupg (installed by the stage's apt step) and install-apt-packages.sh.
+#
+# EFA_INSTALLER_VERSION=none builds without EFA, for instance types without it (g5, g6, …)
+# and for machines that cannot download the installer: Open MPI then comes from the
+# distribution (openmpi-bin; with --mpi-headers, for the builder stage, libopenmpi-dev), and
+# the image has no libfabric and no aws-ofi-nccl plugin. record-versions.py writes
+# EFA_INSTALLER=none, and the launcher's EFA pre-flight names what such an image lacks when a
+# multi-host job runs on an instance with EFA (docs/images.md).
 set -euo pipefail
-: "${EFA_INSTALLER_VERSION:?from docker/versions.env}"
+: "${EFA_INSTALLER_VERSION:?from docker/versions.env (none: no EFA)}"
+with_plugin='' mpi_headers=0
+for arg in "$@"; do
+    case "$arg" in
+        --with-nccl-plugin) with_plugin=$arg ;;
+        --mpi-headers) mpi_headers=1 ;;
+        *) echo "install-efa: unknown argument $arg" >&2; exit 2 ;;
+    esac
+done
+
+if [ "$EFA_INSTALLER_VERSION" = none ]; then
+    packages=(openmpi-bin)
+    ((mpi_headers)) && packages+=(libopenmpi-dev)
+    /usr/local/byoc/build/install-apt-packages.sh "${packages[@]}"
+    echo "install-efa: EFA_INSTALLER_VERSION=none: no EFA, no libfabric, no aws-ofi-nccl plugin;" \
+         "Open MPI from the distribution: $(mpirun --version | head -n1)"
+    exit 0
+fi
 : "${EFA_GPG_FINGERPRINT:?from docker/versions.env}"
-with_plugin=${1:-}
 
 base_url=https://efa-installer.amazonaws.com
 work=$(mktemp -d)

@@ -188,13 +188,26 @@ def decide_efa_findings(facts: PreflightFacts) -> list[Finding]:
         found.append(Finding(True, f"{where} has {facts.efa_devices} EFA device(s) but the container was given no "
                                    f"/dev/infiniband/uverbs*: libfabric finds no EFA (fi_getinfo: No data "
                                    f"available) and {users} would fail or fall back; {give}."))
-    if (facts.efa_devices or facts.efa_uverbs) and not facts.libfabric:
+    if expected and versions.get("EFA_INSTALLER") == "none" and not (facts.efa_devices or facts.efa_uverbs):
+        found.append(Finding(False, f"{where}: {describe_image_without_efa(users, facts.host_count)}."))
+    if (facts.efa_devices or facts.efa_uverbs) and versions.get("EFA_INSTALLER") == "none":
+        found.append(Finding(not own, f"{where} has EFA but {describe_image_without_efa(users, facts.host_count)}"
+                                      + (f"; the job chose its network ({own})" if own else "") + "."))
+    elif (facts.efa_devices or facts.efa_uverbs) and not facts.libfabric:
         found.append(Finding(True, f"{where} has EFA but this image has no libfabric (/opt/amazon/efa): {users} "
                                    f"cannot use it; use this project's gpu or trn1 image, or install AWS's EFA "
                                    f"(docker/scripts/install-efa.sh)."))
     elif facts.gpu_count and (facts.efa_devices or facts.efa_uverbs) and not own:
         found += decide_efa_image_findings(facts, where, versions, job, built)
     return found
+
+
+def describe_image_without_efa(users: str, host_count: int) -> str:
+    """What an image built with GPU_EFA_INSTALLER_VERSION=none lacks, and the two ways on."""
+    return (f"this image was built without EFA (GPU_EFA_INSTALLER_VERSION=none: no libfabric, no aws-ofi-nccl "
+            f"plugin, the distribution's Open MPI): {users} between the {host_count} hosts uses TCP sockets at a "
+            f"fraction of EFA's bandwidth; build the image with EFA (the default GPU_EFA_INSTALLER_VERSION in "
+            f"docker/versions.env), or set NCCL_NET=Socket to choose sockets knowingly")
 
 
 def decide_efa_image_findings(facts: PreflightFacts, where: str, versions: dict[str, str],
