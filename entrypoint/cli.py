@@ -85,7 +85,8 @@ def load_plan(job: JobConfig, facts: MachineFacts, runtime: Runtime) -> LaunchPl
     return decide(job, dist, facts, settings, runtime, code, inspect_code(code, code_dir, program), program)
 
 
-def render_plan(plan: LaunchPlan, environ: dict[str, str]) -> str:
+def render_plan(plan: LaunchPlan, environ: dict[str, str], preflight: list | None = None) -> str:
+    """The plan as --dry-run prints it; with PREFLIGHT (findings), the pre-flight's verdict too."""
     secrets = secret_values({**environ, **plan.env_dict})
     doc = {
         "role": plan.role,
@@ -106,6 +107,8 @@ def render_plan(plan: LaunchPlan, environ: dict[str, str]) -> str:
         "grace_period_s": plan.settings.grace_period_s,
         "notes": list(plan.notes),
     }
+    if preflight is not None:
+        doc["preflight"] = [{"fatal": finding.fatal, "text": finding.text} for finding in preflight]
     if plan.health_check is not None:
         check = plan.health_check
         doc["health_check"] = {
@@ -204,13 +207,14 @@ def start_v3_drivers(environ: dict[str, str], why: str, dry_run: bool) -> int:
 def print_plan(environ: dict[str, str], paths: MlPaths) -> int:
     """--dry-run: the plan as JSON on stdout; nothing is written, nothing runs."""
     try:
-        job, _facts, _runtime, plan = load_job_and_plan(environ, paths)
+        job, facts, _runtime, plan = load_job_and_plan(environ, paths)
     except JobDefinitionError as exc:
         log(render_reason(describe_bad_definition(str(exc)), secret_values(environ)).strip())
         return EXIT_BAD_JOB
     for note in plan.notes:
         log(f"note: {note}")
-    print(render_plan(plan, environ))
+    # The pre-flight's verdict as a job on this machine would get it (its probes only read).
+    print(render_plan(plan, environ, load_preflight_findings(job, facts, plan, paths)))
     return 0
 
 
@@ -290,18 +294,8 @@ def run_preflight(job: JobConfig, facts: MachineFacts, plan: LaunchPlan, paths: 
     starts (exit EXIT_BAD_JOB: the script never ran), with every finding in output/failure."""
     import time
 
-    from entrypoint.decide import preflight
-
     started = time.monotonic()
-    # The folders whose lack of room costs the run: the model (written at the end) and
-    # checkpoints; and output/ (output/failure, output/data), which only warns.
-    folders = [paths.model_dir, paths.output_dir] + ([job.checkpoint.local_path] if job.checkpoint else [])
-    found = preflight.decide_preflight(preflight.probe_preflight_facts(
-        plan.current_host, job.resource.current_instance_type, folders, facts.gpu_count, facts.neuron_core_count,
-        facts.efa, plan.processes_per_host, output_dir=paths.output_dir)._replace(
-        host_count=len(plan.hosts), efa_devices=facts.efa_devices, efa_uverbs=facts.efa_uverbs,
-        libfabric=facts.libfabric, ofi_nccl_plugin=facts.ofi_nccl_plugin, build_versions=facts.build_versions,
-        job_settings=tuple((k, job.environ[k]) for k in preflight.EFA_JOB_SETTINGS if k in job.environ)))
+    found = load_preflight_findings(job, facts, plan, paths)
     for finding in found:
         log(f"pre-flight {'FAILED' if finding.fatal else 'warning'}: {finding.text}")
     fatal = [f.text for f in found if f.fatal]
@@ -311,3 +305,19 @@ def run_preflight(job: JobConfig, facts: MachineFacts, plan: LaunchPlan, paths: 
         return None
     return Outcome(EXIT_BAD_JOB, "Pre-flight check failed, the training never started: " + " ".join(fatal) + "\n",
                    logged=True)
+
+
+def load_preflight_findings(job: JobConfig, facts: MachineFacts, plan: LaunchPlan, paths: MlPaths) -> list:
+    """What entrypoint/decide/preflight.py finds on this machine for this plan (its probes only read)."""
+    from entrypoint.decide import preflight
+
+    # The folders whose lack of room costs the run: the model (written at the end) and
+    # checkpoints; and output/ (output/failure, output/data), which only warns.
+    folders = [paths.model_dir, paths.output_dir] + ([job.checkpoint.local_path] if job.checkpoint else [])
+    found = preflight.decide_preflight(preflight.probe_preflight_facts(
+        plan.current_host, job.resource.current_instance_type, folders, facts.gpu_count, facts.neuron_core_count,
+        facts.efa, plan.processes_per_host, output_dir=paths.output_dir)._replace(
+        host_count=len(plan.hosts), efa_devices=facts.efa_devices, efa_uverbs=facts.efa_uverbs,
+        libfabric=facts.libfabric, ofi_nccl_plugin=facts.ofi_nccl_plugin, build_versions=facts.build_versions,
+        job_settings=tuple((k, job.environ[k]) for k in preflight.EFA_JOB_SETTINGS if k in job.environ)))
+    return found

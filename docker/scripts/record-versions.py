@@ -49,18 +49,18 @@ def build_versions_text(found: dict[str, str | None]) -> str:
 
 
 def decide_missing(found: dict[str, str | None], flavor: str) -> list[str]:
-    """The required keys not read. An image built without EFA (EFA_INSTALLER=none) has no
-    libfabric to read."""
+    """The required keys not read. A GPU image built without EFA (EFA_INSTALLER=none) has no
+    libfabric to read; the trn1 image always has EFA."""
     required = REQUIRED[flavor]
-    if found.get("EFA_INSTALLER") == "none":
+    if flavor == "gpu" and found.get("EFA_INSTALLER") == "none":
         required = tuple(key for key in required if key != "LIBFABRIC")
     return [key for key in required if not found.get(key)]
 
 
-def decide_efa_installer(packages_text: str, efa_folder_exists: bool) -> str | None:
-    """The EFA installer's version; "none" for an image built without EFA
-    (EFA_INSTALLER_VERSION=none: install-efa.sh installs no /opt/amazon/efa)."""
-    if not efa_folder_exists and not packages_text:
+def decide_efa_installer(packages_text: str, declared: str | None) -> str | None:
+    """The EFA installer's version as installed; "none" for an image built without EFA (the
+    build argument EFA_INSTALLER_VERSION=none, which the Dockerfile hands this step)."""
+    if declared == "none":
         return "none"
     return parse_efa_installer(packages_text)
 
@@ -98,7 +98,7 @@ def probe_versions() -> dict[str, str | None]:
                  "aws-neuronx-runtime-lib", "aws-neuronx-collectives"])
     neuron = dict(line.split("=", 1) for line in dpkg.splitlines() if "=" in line)
     return {
-        "EFA_INSTALLER": decide_efa_installer(packages, os.path.isdir("/opt/amazon/efa")),
+        "EFA_INSTALLER": decide_efa_installer(packages, os.environ.get("EFA_INSTALLER_VERSION")),
         "LIBFABRIC": parse_fi_info(_run(["/opt/amazon/efa/bin/fi_info", "--version"])),
         "AWS_OFI_NCCL": parse_ofi_nccl(packages) or parse_ofi_nccl(dpkg) or parse_ofi_nccl(_read(plugin, binary=True)),
         "NCCL": nccl,

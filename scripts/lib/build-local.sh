@@ -27,6 +27,7 @@ write_build_local() {
             echo "cert = /opt/byoc-build-local/ca.crt"
         fi
     } >"$dir/pip.conf"
+    # shellcheck disable=SC2034  # read by the scripts that source this file
     BUILD_LOCAL_HAS_WHEELS=0
     [ -n "$want" ] || return 0
     for folder in $find_links; do
@@ -38,6 +39,7 @@ write_build_local() {
     done
     if [ -d "$dir/wheels" ]; then
         echo "find-links = /opt/byoc-build-local/wheels" >>"$dir/pip.conf"
+        # shellcheck disable=SC2034  # read by the scripts that source this file
         BUILD_LOCAL_HAS_WHEELS=1
     fi
 }

@@ -152,3 +152,71 @@ def test_the_images_record_their_versions_last(flavor):
     last = runs[-1]
     assert f"/usr/local/byoc/build/record-versions.py {flavor}" in last
     assert last.index("install-our-packages.sh") < last.index("record-versions.py") < last.index("rm -rf")
+
+
+def test_record_versions_of_a_gpu_image_built_without_efa():
+    """GPU_EFA_INSTALLER_VERSION=none: EFA_INSTALLER=none is recorded and no libfabric is required;
+    the trn1 image still needs its EFA, and an installer that left nothing is still a gap."""
+    rv = _record_versions()
+    assert rv.decide_efa_installer("", "none") == "none"
+    assert rv.decide_efa_installer("# EFA installer version: 1.49.0\n", "1.49.0") == "1.49.0"
+    assert rv.decide_efa_installer("", "1.49.0") is None and rv.decide_efa_installer("", None) is None
+    found = {"EFA_INSTALLER": "none", "NCCL": "2.29.7", "CUDA": "13.0.2", "TORCH": "2.13.0"}
+    assert rv.decide_missing(found, "gpu") == []
+    assert "LIBFABRIC" in rv.decide_missing(found, "trn1")
+    assert rv.decide_missing({**found, "EFA_INSTALLER": None}, "gpu") == ["EFA_INSTALLER", "LIBFABRIC"]
+
+
+def test_record_versions_runs_with_efa_none_and_writes_it(tmp_path):
+    """The script itself, as the build runs it with EFA_INSTALLER_VERSION=none and the base image's
+    CUDA_VERSION: neither EFA nor libfabric is missing (this venv's CPU torch has no NCCL wheel, so
+    here it stops at NCCL; tests/images/test_gpu_image.py reads the built image's file)."""
+    out = tmp_path / "build-versions.env"
+    done = subprocess.run([sys.executable, str(SCRIPTS_DIR / "record-versions.py"), "gpu", str(out)],
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "EFA_INSTALLER_VERSION": "none", "CUDA_VERSION": "13.0.2"})
+    assert "EFA_INSTALLER" not in done.stderr and "LIBFABRIC" not in done.stderr
+    assert done.returncode == 0 or "could not read NCCL" in done.stderr
+
+
+# --- docker/local/lay-out-cuda.py: the stand-in CUDA base's layout --------------------------------
+
+def _script(name: str, path: str):
+    spec = importlib.util.spec_from_file_location(name, REPO_ROOT / path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_stand_in_lays_cuda_out_where_nvidia_cuda_does():
+    lay = _script("lay_out_cuda", "docker/local/lay-out-cuda.py")
+    assert lay.decide_place("nvidia/cu13/bin/nvcc") == "bin/nvcc"
+    assert lay.decide_place("nvidia/cu13/nvvm/libdevice/libdevice.10.bc") == "nvvm/libdevice/libdevice.10.bc"
+    assert lay.decide_place("nvidia/cu13/include/cuda_runtime.h") == "targets/x86_64-linux/include/cuda_runtime.h"
+    assert lay.decide_place("nvidia/cu13/lib/libcudart.so.13") == "targets/x86_64-linux/lib/libcudart.so.13"
+    for left_out in ("nvidia/cu13/.metadata/x", "nvidia_cuda_runtime-13.0.96.dist-info/RECORD", "nvidia/__init__.py",
+                     "nvidia/cu13/lib/", "nvidia/nccl/lib/libnccl.so.2"):
+        assert lay.decide_place(left_out) is None
+
+
+def test_the_stand_ins_driver_stubs_export_every_entry_point_of_the_headers():
+    lay = _script("lay_out_cuda", "docker/local/lay-out-cuda.py")
+    header = ("CUresult CUDAAPI cuInit(unsigned int Flags);\n#define cuCtxCreate cuCtxCreate_v4\n"
+              "CUresult CUDAAPI cuCtxCreate(CUcontext *pctx);\nconst char *cuGetName(void);\n")
+    assert lay.parse_entry_points(header, "CUresult", "cu") == ["cuCtxCreate", "cuCtxCreate_v4", "cuInit"]
+    nvml = "nvmlReturn_t DECLDIR nvmlInit_v2(void);\nnvmlReturn_t DECLDIR nvmlShutdown(void);\n"
+    assert lay.parse_entry_points(nvml, "nvmlReturn_t", "nvml") == ["nvmlInit_v2", "nvmlShutdown"]
+    source = lay.build_stub_source(["cuInit"], 34)
+    assert "int cuInit(void) { return 34; }" in source
+    metadata = "Requires-Dist: nvidia-nvml-dev==13.0.87.*; extra == 'all'\nRequires-Dist: nvidia-cufft==12.0.0.61.*\n"
+    assert lay.parse_pin(metadata, "nvidia-nvml-dev") == "13.0.87.*" and lay.parse_pin(metadata, "x") is None
+
+
+def test_image_sizes_reads_history_and_the_manifest():
+    sizes = _script("image_sizes", "docker/image_sizes.py")
+    history = ("0\tLABEL a=b\n5000000000\t/bin/bash -o pipefail -c #(nop) COPY dir:abc in /opt/venv\n"
+               "120000000\t|3 A=1 /bin/bash -o pipefail -c apt-get install x\n")
+    assert sizes.parse_history(history) == [(5000000000, "#(nop) COPY dir:abc in /opt/venv"),
+                                            (120000000, "3 A=1 apt-get install x")]
+    assert sizes.sum_manifest_layers({"layers": [{"size": 10}, {"size": 32}]}) == 42
+    assert sizes.build_gb(9_870_000_000) == "9.87 GB"

@@ -182,3 +182,29 @@ def test_trainium_multi_host_without_efa_devices_in_the_container_stops(tmp_path
     facts = TRN1_EFA._replace(efa_devices=8, efa_uverbs=0, libfabric=True)
     outcome = run_preflight(job, facts, plan_for(job, facts), MlPaths(str(tmp_path)))
     assert outcome is not None and "the container was given no /dev/infiniband/uverbs*" in outcome.reason
+
+
+# --- an image built without EFA (GPU_EFA_INSTALLER_VERSION=none) ---------------------------------
+
+NO_EFA_IMAGE = P4D._replace(libfabric=False, ofi_nccl_plugin=False,
+                            build_versions=(("EFA_INSTALLER", "none"), ("NCCL", "2.29.7"), ("CUDA", "13.0.2")))
+
+
+def test_an_image_built_without_efa_on_an_efa_instance_is_named_with_both_ways_on():
+    [(fatal, text)] = texts(NO_EFA_IMAGE)
+    assert fatal and "algo-1 (ml.p4d.24xlarge) has EFA but this image was built without EFA" in text
+    assert "GPU_EFA_INSTALLER_VERSION=none: no libfabric, no aws-ofi-nccl plugin" in text
+    assert "NCCL between the 2 hosts uses TCP sockets" in text and "set NCCL_NET=Socket" in text
+    # The job chose sockets knowingly: a warning, which says so.
+    [(fatal, text)] = texts(NO_EFA_IMAGE._replace(job_settings=(("NCCL_NET", "Socket"),)))
+    assert not fatal and "the job chose its network ({'NCCL_NET': 'Socket'})" in text
+
+
+def test_an_image_built_without_efa_where_no_efa_shows_adds_what_it_lacks():
+    found = texts(NO_EFA_IMAGE._replace(efa_devices=0, efa_uverbs=0))
+    assert [fatal for fatal, _ in found] == [True, False]
+    assert "shows none of its 4 EFA devices" in found[0][1]
+    assert "this image was built without EFA" in found[1][1] and found[1][1].endswith(".")
+    # One host, or an instance type without EFA: nothing to say.
+    assert texts(NO_EFA_IMAGE._replace(host_count=1)) == []
+    assert texts(NO_EFA_IMAGE._replace(instance_type="ml.g5.48xlarge", efa_devices=0, efa_uverbs=0)) == []
