@@ -23,7 +23,8 @@
 # usage: scripts/check-gpu-image.sh [--tag TAG] [--skip-localmode] [--no-cache]
 #   --tag TAG          the image's tag (default byoc-training:gpu-local)
 #   --skip-localmode   leave out step 5 (the longest after an uncached build)
-#   --no-cache         build without Docker's layer cache (the kept Horovod wheel is still used)
+#   --no-cache         build the stand-ins and the image without Docker's layer cache (a Horovod
+#                      wheel kept in docker/wheelhouse/gpu is still used: move it away to time a compile)
 # Logs: .work/setup-logs/ (the build's), .work/gpu-check/ (each step's).
 set -euo pipefail
 repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -73,7 +74,7 @@ bases() {
             "base "*) base_image=${line#base } ;;
             "devel "*) builder_image=${line#devel } ;;
         esac
-    done < <(bash docker/local/make-cuda-base.sh --flavor base --flavor devel)
+    done < <(bash docker/local/make-cuda-base.sh --flavor base --flavor devel "${no_cache[@]}")
     if [ -z "${base_image:-}" ] || [ -z "${builder_image:-}" ]; then
         echo "make-cuda-base.sh named no base or no devel image"
         return 1
@@ -95,7 +96,7 @@ build() {
         -- --network host "${no_cache[@]}"
 }
 built=0
-if [ -n "$base_image" ] && step build "docker/build.sh --flavor gpu as $tag (uncached: tens of minutes; log: $BYOC_SETUP_LOGS/image-build-gpu.log)" build; then
+if [ -n "$base_image" ] && step build "docker/build.sh --flavor gpu as $tag (uncached: ~10 min; log: $BYOC_SETUP_LOGS/image-build-gpu.log)" build; then
     built=1
 fi
 

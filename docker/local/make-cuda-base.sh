@@ -6,17 +6,18 @@
 # release is the one docker/versions.env's GPU_BASE_IMAGE names (nvidia/cuda:13.0.2-… →
 # cuda-toolkit==13.0.2). What differs from the real bases: docs/images.md.
 #
-# usage: make-cuda-base.sh [--flavor base|devel|runtime]...   (default: base and devel)
+# usage: make-cuda-base.sh [--flavor base|devel|runtime]... [--no-cache]   (default: base and devel)
 # Prints one line per flavour, `FLAVOR TAG`, on stdout: byoc-local/cuda:<version>-<flavor>-debian12.
 # Docker's layer cache makes a second run seconds. Env: DOCKER_HOST (the engine to use).
 set -euo pipefail
 repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$repo_root"
 
-flavors=()
+flavors=() no_cache=()
 while (($#)); do
     case "$1" in
         --flavor) flavors+=("${2:?--flavor needs base, devel or runtime}"); shift 2 ;;
+        --no-cache) no_cache=(--no-cache); shift ;;
         *) echo "make-cuda-base: unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -42,6 +43,6 @@ for flavor in "${flavors[@]}"; do
     # The legacy builder, as docker/build.sh uses here; the host network (no iptables here).
     DOCKER_BUILDKIT=0 docker build -q --network host --file docker/local/Dockerfile.cuda-base \
         --target "$flavor" --build-arg "DEBIAN_IMAGE=$debian" --build-arg "CUDA_TOOLKIT_VERSION=$version" \
-        --tag "$tag" . >&2
+        --tag "$tag" "${no_cache[@]}" . >&2
     echo "$flavor $tag"
 done

@@ -88,17 +88,20 @@ def test_dry_run_on_two_p4d_hosts_plans_eight_ranks_nccl_and_the_efa_verdict(gpu
         f"echo 'GPU {i}: NVIDIA A100-SXM4-40GB (UUID: GPU-0000000{i})'\n" for i in range(8)))
     (tools / "nvidia-smi").chmod(0o755)
     root = _p4d_tree(tmp_path / "ml")
-    ran = run_docker(build_run_argv(gpu_image, mounts=[(root, "/opt/ml"), (tools, "/usr/local/nvidia/bin")],
-                                    hostname="algo-1", command=["train", "--dry-run"]))
+    argv = build_run_argv(gpu_image, mounts=[(root, "/opt/ml"), (tools, "/usr/local/nvidia/bin")],
+                          hostname="algo-1", command=["train", "--dry-run"])
+    # SageMaker sizes /dev/shm from the instance; Docker's 64 MB would be a finding of its own.
+    ran = run_docker([*argv[:3], "--shm-size=2g", *argv[3:]])
     assert ran.returncode == 0, ran.stderr
     plan = json.loads(ran.stdout)
-    assert plan["launcher"] == "torchrun" and plan["processes_per_host"] == 8
-    argv = plan["processes"][0]["argv"]
-    assert "--nproc_per_node" in argv and argv[argv.index("--nproc_per_node") + 1] == "8"
+    assert plan["launcher"] == "torch_distributed" and plan["processes_per_host"] == 8
+    torchrun = plan["processes"][0]["argv"]
+    assert torchrun[torchrun.index("--nproc_per_node") + 1] == "8" and torchrun[torchrun.index("--nnodes") + 1] == "2"
     env = plan["env"]
     assert env["SM_NUM_GPUS"] == "8" and env["NCCL_SOCKET_IFNAME"] == "eth0"
     assert env["NCCL_NET_PLUGIN"] == "none"  # no EFA device: NCCL's own sockets, the plugin not loaded
-    assert any(n.startswith("NCCL network:") for n in plan["notes"])
+    assert any(n.startswith("NCCL network: TCP sockets on eth0; no EFA device here") and "image built with NCCL" in n
+               for n in plan["notes"])
     verdict = plan["preflight"]
     assert [f["fatal"] for f in verdict] == [True, False]
     assert "shows none of its 4 EFA devices" in verdict[0]["text"]
