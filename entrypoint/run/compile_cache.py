@@ -482,7 +482,10 @@ def write_archive(cache: CompileCache, stamp: dict, entries: list[tuple[str, int
     under a new name in it (never through whatever stood there)."""
     kept, _ = decide_kept([e for e in entries if not e[0].startswith(LOCKS)], cache.max_bytes)
     os.makedirs(cache.archive_folder, exist_ok=True)
-    folder = os.open(cache.archive_folder, FOLDER)
+    try:
+        folder = os.open(cache.archive_folder, FOLDER)
+    except OSError as exc:
+        raise OSError(exc.errno, f"{cache.archive_folder}: {describe_os_error(exc)}") from exc
     try:
         root = os.open(cache.folder, FOLDER)
         try:
