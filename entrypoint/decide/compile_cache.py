@@ -89,3 +89,19 @@ def describe_header(environ: Mapping[str, str]) -> str:
         return f"{HEADER_ENV}={environ[HEADER_ENV]} (the job's own)"
     return (f"{HEADER_ENV}=0: no precompiled header, which torch would rebuild outside the kept folder in each "
             f"new container, hit or miss")
+
+
+def decide_folder_env(plan_env: Mapping[str, str], wanted: str, folder: str | None) -> dict[str, str]:
+    """The plan's environment once the cache folder `wanted` turned out unusable on this host
+    (run/compile_cache.py): the variables the launcher pointed at it point at `folder` instead,
+    or, with None, are left out (torch's own default). A job's own values are not touched."""
+    env = dict(plan_env)
+    ours = {INDUCTOR_ENV: wanted, TRITON_ENV: os.path.join(wanted, "triton")}
+    for name, value in ours.items():
+        if env.get(name) != value:
+            continue
+        if folder is None:
+            del env[name]
+        else:
+            env[name] = folder if name == INDUCTOR_ENV else os.path.join(folder, "triton")
+    return env

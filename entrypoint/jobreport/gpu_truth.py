@@ -21,9 +21,16 @@ from entrypoint.jobreport.stragglers import MIN_STEPS
 GPU_SOURCE = "GPU: step minus collectives (CUDA events)"
 
 
+def _number(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if isinstance(value, int):  # math.isfinite of a 400-digit int raises OverflowError
+        return value if abs(value) <= 1e12 else None
+    return value if math.isfinite(value) else None
+
+
 def _numbers(values) -> list:
-    return [v if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
-            for v in (values if isinstance(values, list) else [])]
+    return [_number(v) for v in (values if isinstance(values, list) else [])]
 
 
 def build_gpu_steps(raw: dict) -> dict[int, tuple[float | None, float | None]]:

@@ -9,8 +9,11 @@ TensorBoard scalars (tb_events.py) and, every BYOC_STATUS_INTERVAL_S, logs the s
                           -> LiveView.take -> events file, status line
 
 Whatever a figure holds (a rank file is the script's process's; a worker's words come over the
-network), a value that is not a finite number of sensible size is left out with a note, and a
-rank file too large is skipped with a note (one that does not parse, being replaced, is read
+network), one rule: a figure outside what the writer can hold (a value that is not a finite
+number of sensible size, a step that is not a whole number from 0 to 2**63-1, TensorBoard's
+int64) is left out with a note, and the view goes on; a rank's name is cut to MAX_NAME
+characters the same way wherever it is used (a long one keeps a hash of the whole, so two
+stay two). A rank file too large is skipped with a note (one that does not parse, being replaced, is read
 again at the next interval): never a crash, never a lost report. The traffic is bounded: one
 message a worker an interval, at most settings.live_figures_bytes (the newest points kept when
 it must be cut); the bytes sent are counted and logged at the end. The thread's own CPU time is
@@ -31,15 +34,39 @@ RANK_FIELDS = ("step_ms", "wait_ms", "backward_ms", "data_wait_ms", "samples")
 MAX_RANK_FILE_BYTES = 4_000_000
 MAX_POINTS = 256  # a rank's or a host's new points an interval, at most (the newest)
 MAX_ABS = 1e12
+MAX_STEP = (1 << 63) - 1  # an event's step is an int64
+MAX_NAME = 40  # a rank's name, at most (build_rank_name)
 RECENT = 64  # the steps a rank's recent medians cover (status line, stragglers)
 MAX_NOTES = 20
 
 
 def finite(value):
-    """A number the events can carry (finite, not a bool, not absurdly large), or None."""
+    """A number the events can carry (finite, not a bool, not absurdly large), or None. An int
+    is compared as it is: a float of a 400-digit one raises OverflowError."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
+    if isinstance(value, int):
+        return value if abs(value) <= MAX_ABS else None
     return value if math.isfinite(value) and abs(value) <= MAX_ABS else None
+
+
+def build_step(value) -> int | None:
+    """A step an event can carry (a whole number from 0 to MAX_STEP), or None."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_STEP:
+        return None
+    return value
+
+
+def build_rank_name(rank) -> str:
+    """A rank's name as the live view keeps it, the same wherever it is looked up: at most
+    MAX_NAME characters; a longer one is its start and a hash of the whole."""
+    text = str(rank)
+    if len(text) <= MAX_NAME:
+        return text
+    import hashlib  # only for such a name (tests/entrypoint/test_startup_imports.py)
+
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+    return f"{text[:MAX_NAME - 9]}~{digest}"
 
 
 class Notes:
@@ -48,8 +75,10 @@ class Notes:
     def __init__(self) -> None:
         self.seen: list[str] = []
 
-    def add(self, text: str) -> bool:
-        if text in self.seen or len(self.seen) >= MAX_NOTES:
+    def add(self, text: str, always: bool = False) -> bool:
+        """always: past the bound too (the writer's own, said once each: a hostile rank file
+        must not hide that the folder cannot be written)."""
+        if text in self.seen or (len(self.seen) >= MAX_NOTES and not always):
             return False
         self.seen.append(text)
         return True
@@ -90,19 +119,23 @@ def build_rank_update(raw: dict, after_step: int, notes: Notes) -> dict | None:
     rank = raw.get("rank")
     if not isinstance(series, dict) or not isinstance(rank, (str, int)) or isinstance(rank, bool):
         return None
+    name = build_rank_name(rank)
     columns = [series.get("step")] + [series.get(n) for n in RANK_FIELDS]
     if not all(isinstance(c, list) for c in columns):
-        notes.add(f"rank {str(rank)[:40]!r}: a series that is not a list, left out")
+        notes.add(f"rank {name!r}: a series that is not a list, left out")
         return None
     # The series are written in step (index by index); a column shorter than the steps (not a
     # file of ours) lacks those values: None there. A huge series: only its end can be new.
     count = len(columns[0])
     start = max(0, count - 4 * MAX_POINTS)
     columns = [(c[:count] + [None] * (count - len(c)))[start:] for c in columns]
-    points, dropped = [], 0
+    points, dropped, bad_steps = [], 0, 0
     for values in zip(*columns):
-        step = values[0]
-        if isinstance(step, bool) or not isinstance(step, int) or step <= after_step:
+        step = build_step(values[0])
+        if step is None:
+            bad_steps += 1
+            continue
+        if step <= after_step:
             continue
         clean = [finite(v) for v in values[1:]]
         if clean[0] is None:
@@ -110,9 +143,11 @@ def build_rank_update(raw: dict, after_step: int, notes: Notes) -> dict | None:
             continue
         points.append([step] + clean)
     if dropped:
-        notes.add(f"rank {str(rank)[:40]!r}: steps whose time is not a finite number, left out")
+        notes.add(f"rank {name!r}: steps whose time is not a finite number, left out")
+    if bad_steps:
+        notes.add(f"rank {name!r}: steps that are not whole numbers from 0 to {MAX_STEP}, left out")
     steps = finite(raw.get("steps"))
-    return {"rank": str(rank)[:40], "steps": int(steps) if steps is not None else 0, "ddp": raw.get("ddp") is True,
+    return {"rank": name, "steps": int(steps) if steps is not None else 0, "ddp": raw.get("ddp") is True,
             "points": points[-MAX_POINTS:]}
 
 
@@ -125,7 +160,11 @@ def build_update(host: str, points: list[dict], raws: list[dict], sent: dict, sa
         sent["time"] = new_points[-1]["time"]
     ranks = []
     for raw in raws:
-        update = build_rank_update(raw, sent.get(("rank", str(raw.get("rank"))), 0), notes)
+        try:
+            update = build_rank_update(raw, sent.get(("rank", build_rank_name(raw.get("rank"))), 0), notes)
+        except Exception as exc:  # noqa: BLE001 - one rank's odd file never costs the others or the hosts
+            notes.add(f"a rank file whose figures could not be read ({type(exc).__name__}), left out")
+            continue
         if update is not None:
             ranks.append(update)
             if update["points"]:

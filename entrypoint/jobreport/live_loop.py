@@ -47,7 +47,8 @@ class LiveLoop:
         if spec.tensorboard_dir and send is None:
             from entrypoint.jobreport.tb_events import EventsFile
 
-            self.events = EventsFile(spec.tensorboard_dir, log)
+            # what it leaves out, and a folder it cannot write, are notes: logged and in the report
+            self.events = EventsFile(spec.tensorboard_dir, lambda text: self.notes.add(text, always=True))
         self.tick_s = decide_tick_s(spec.tensorboard_dir, spec.live_interval_s, spec.status_interval_s, send is not None)
         self.inbox: deque = deque()  # (host, text) from the job port's threads (deque: thread-safe ends)
         self.messages = self.bytes_sent = self.largest = 0  # a worker's traffic to the leader
@@ -84,6 +85,9 @@ class LiveLoop:
                 self.take_updates(own)
         except Exception as exc:  # noqa: BLE001 - the live view is a bonus: never the job's failure
             self.notes.add(f"live figures: {type(exc).__name__}: {exc}"[:300])
+        if self.send is None and self.spec.status_interval_s > 0 and time.monotonic() >= self.next_status:
+            self.next_status = time.monotonic() + self.spec.status_interval_s
+            self.log(self.status_line())  # whatever this tick's figures did
         self.log_notes()
         self.cpu_s += time.thread_time() - started
 
@@ -111,9 +115,6 @@ class LiveLoop:
         texts.extend(self.phase_texts())
         if self.events is not None:
             self.events.write(scalars, texts)
-        if self.spec.status_interval_s > 0 and time.monotonic() >= self.next_status:
-            self.next_status = time.monotonic() + self.spec.status_interval_s
-            self.log(self.status_line())
 
     def status_line(self) -> str:
         util, mem = self.view.gpu_now()

@@ -44,8 +44,8 @@ def build_rank_values(point: list, ddp: bool, shortest_backward: float | None) -
     if wait_ms is not None:
         values["compute_ms"] = max(0.0, step_ms - wait_ms)
     if samples and step_ms > 0:
-        values["samples_per_s"] = samples * 1e3 / step_ms
-    return {k: round(v, 3) for k, v in values.items() if v is not None}
+        values["samples_per_s"] = samples * 1e3 / step_ms  # a tiny step time: beyond what is sensible
+    return {k: round(v, 3) for k, v in values.items() if v is not None and finite(v) is not None}
 
 
 def decide_points_per_rank(ranks: int) -> int:

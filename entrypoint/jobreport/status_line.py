@@ -30,9 +30,13 @@ class RankNow(NamedTuple):
 
 
 def _number(value) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return float(value)
+    try:
+        value = float(value)  # a 400-digit int: OverflowError
+    except OverflowError:
+        return None
+    return value if math.isfinite(value) else None
 
 
 def _cell(value, digits: int) -> str:

@@ -2,18 +2,37 @@
 tensorboardX's event writer (imported only when TensorBoard is on; not named after it, so it
 shadows nothing).
 
-A folder that cannot be made or written (read-only, full) is a note in the log, once, and the
-job goes on without its events: they are a view of the job, never its failure. The file is
-written from the live thread only (jobreport/live.py), so it needs no lock.
+A folder that cannot be made or written (read-only, full) is a note (the log and the report's
+notes), once, and the job goes on without its events: they are a view of the job, never its
+failure. A figure the writer cannot hold (a step outside int64, a value that is not a finite
+number within a 32-bit float) is not the folder's fault: that figure is left out with a note,
+once, and the rest are written. The file is written from the live thread only
+(jobreport/live.py), so it needs no lock.
 """
 
 from __future__ import annotations
 
+import math
 import os
 
 
 # The record writer's optional S3 and GCS clients, for s3:// and gs:// folders: ours is local.
 NOT_NEEDED = ("boto3", "google.cloud")
+INT64 = (-(1 << 63), (1 << 63) - 1)  # an event's step
+FLOAT32_MAX = 3.4028234663852886e38  # a scalar's simple_value (a larger one would become inf)
+
+
+def decide_unholdable(value, step, wall) -> str | None:
+    """Why the events cannot hold this scalar (pure), or None."""
+    if isinstance(step, bool) or not isinstance(step, int) or not INT64[0] <= step <= INT64[1]:
+        return f"step {step!r} is not a 64-bit integer"[:120]
+    for what, number, largest in (("value", value, FLOAT32_MAX), ("wall time", wall, float("inf"))):
+        if isinstance(number, bool) or not isinstance(number, (int, float)):
+            return f"{what} {number!r} is not a number"[:120]
+        if isinstance(number, int) and abs(number) > FLOAT32_MAX or \
+                isinstance(number, float) and not (math.isfinite(number) and abs(number) <= largest):
+            return f"{what} {number!r} is not a finite number the writer holds"[:120]
+    return None
 
 
 def load_writer():
@@ -49,11 +68,12 @@ def build_utf8(text: str) -> str:
 
 
 class EventsFile:
-    def __init__(self, folder: str, log):
+    def __init__(self, folder: str, note):
         self.folder = folder
-        self.log = log
+        self.note = note  # text -> None: what was left out, and why the folder failed (the live notes)
         self.problem: str | None = None  # why no more events are written, once that happened
         self.written = 0  # events written
+        self.left_out = 0  # scalars the writer cannot hold
         self._writer = None
         self._modules = None
 
@@ -75,15 +95,21 @@ class EventsFile:
                 self._open()
             self._write_events(scalars, texts)
             self._writer.flush()
-        except Exception as exc:  # noqa: BLE001 - OSError mostly; never the job's failure
+        except (OSError, ImportError) as exc:  # the folder (or the writer) is not there for us: never again
             self.fail(exc)
             return False
+        except Exception as exc:  # noqa: BLE001 - a figure, not the folder: this tick's rest is left out
+            self.leave_out("this tick's figures", f"{type(exc).__name__}: {exc}"[:120])
         return True
 
     def _write_events(self, scalars, texts) -> None:
         _, event_pb2, summary_pb2, tensor_pb2, shape_pb2, text_pb2 = self._modules
         Event, Summary = event_pb2.Event, summary_pb2.Summary
         for tag, value, step, wall in scalars:
+            why = decide_unholdable(value, step, wall)
+            if why is not None:
+                self.leave_out(tag, why)
+                continue
             summary = Summary(value=[Summary.Value(tag=tag, simple_value=value)])
             self._writer.write_event(Event(wall_time=wall, step=step, summary=summary))
             self.written += 1
@@ -91,16 +117,27 @@ class EventsFile:
         metadata = summary_pb2.SummaryMetadata(plugin_data=summary_pb2.SummaryMetadata.PluginData(
             plugin_name="text", content=text_pb2.TextPluginData(version=0).SerializeToString()))
         for tag, value, step, wall in texts:
+            why = decide_unholdable(0.0, step, wall)
+            if why is not None:
+                self.leave_out(tag, why)
+                continue
             tensor = tensor_pb2.TensorProto(dtype="DT_STRING", string_val=[build_utf8(value).encode("utf-8")],
                                             tensor_shape=shape_pb2.TensorShapeProto(dim=[shape_pb2.TensorShapeProto.Dim(size=1)]))
             summary = Summary(value=[Summary.Value(tag=tag, metadata=metadata, tensor=tensor)])
             self._writer.write_event(Event(wall_time=wall, step=step, summary=summary))
             self.written += 1
 
+    def leave_out(self, tag: str, why: str) -> None:
+        """A figure the writer cannot hold: left out, said once (the first's words)."""
+        self.left_out += 1
+        if self.left_out == 1:
+            self.note(f"TensorBoard events: figures the writer cannot hold are left out (the first: "
+                      f"{build_utf8(tag)[:80]}: {why})")
+
     def fail(self, exc: Exception) -> None:
         what = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
         self.problem = f"TensorBoard events: cannot write {self.folder}: {what}; the job goes on without them"
-        self.log(f"job report: {self.problem}")
+        self.note(self.problem)
         self.close()
 
     def close(self) -> None:

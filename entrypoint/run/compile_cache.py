@@ -12,10 +12,22 @@ Safety, in order of what can go wrong:
   - Ranks writing at once: torch writes each entry whole (a temporary file, then a rename) and
     holds locks/<key>.lock while it builds a kernel; an archive leaves out temporary files and
     any kernel whose lock is held. Each host writes only its own archive, whole, then renames it.
+  - Links: the cache folder is left as the last attempt left it, and the checkpoint folder is
+    the script's too, so a link may stand anywhere in them. Nothing is written, moved or removed
+    through one: every folder below the cache folder (and the cache folder itself, and the
+    archives' folder) is opened with O_NOFOLLOW and every write is relative to its folder's
+    descriptor (open_folders); an entry whose way is a link or a file is not restored, and a
+    link at an entry's name is left as it is. (The folders above the cache folder are the
+    user's path, BYOC_COMPILE_CACHE_DIR, and followed.)
+  - An unusable folder (a link, a file, read-only, not makeable): the ranks get a private
+    folder instead (write_ready_folder, CacheKeeper.use_private_folder), never a path torch
+    cannot write; a folder that fills up during a restore is said to be full, not the archive
+    corrupt.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -29,6 +41,10 @@ from entrypoint.log import log
 
 STAMP_NAME = "byoc-compile-cache.json"  # the archive's first member
 STAGING_PREFIX = ".byoc-restore-"
+PROBE_PREFIX = ".byoc-probe-"  # the write check's empty file, removed at once
+PRIVATE_PREFIX = "byoc-compile-cache-"  # an unusable folder's stand-in, in the temporary folder
+FOLDER = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC  # a folder, never through a link
+NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 ARCHIVE_NAME = re.compile(r"host-\d+\.tar\.gz\Z")
 LOCKS = "locks" + os.sep  # torch's lock files: never archived
 _VERSION = re.compile(r"""^(__version__|version|cuda|hip|git_version)\s*(?::\s*\w+\s*)?=\s*['"]([^'"]*)['"]""", re.M)
@@ -59,22 +75,103 @@ def describe_mb(size: int) -> str:
     return f"{size / (1 << 20):.1f} MB"
 
 
+class FolderUnwritable(Exception):
+    """The cache folder did not take a write (full, read-only): the folder's problem, not the
+    archive's."""
+
+
+IN_THE_WAY = (errno.ENOTDIR, errno.ELOOP)  # O_DIRECTORY | O_NOFOLLOW on a link or a file
+
+
+def describe_os_error(exc: OSError) -> str:
+    if exc.errno in IN_THE_WAY:
+        return "a symbolic link or a file in the way"
+    return exc.strerror or str(exc) or type(exc).__name__
+
+
+def open_folders(top: int, parts, make: bool = False) -> int:
+    """The folder top/parts[0]/parts[1]/…, each part opened without following a link
+    (O_NOFOLLOW) and made first when missing if make: a descriptor the caller closes. Raises
+    OSError: ENOTDIR (IN_THE_WAY) when a part is a link or a file."""
+    fd = os.dup(top)
+    try:
+        for part in parts:
+            if make:
+                try:
+                    os.mkdir(part, dir_fd=fd)
+                except FileExistsError:  # a folder, or a link or a file (then the open refuses it)
+                    pass
+            inner = os.open(part, FOLDER, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def remove_any(parent: int, name: str) -> None:
+    """Whatever is at parent/name: a link itself (never what it points to), a file, or a
+    folder's whole tree (shutil.rmtree with a descriptor never follows a link inside it)."""
+    try:
+        info = os.stat(name, dir_fd=parent, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(info.st_mode):
+        import shutil  # only here: it imports bz2 and lzma (tests/entrypoint/test_startup_imports.py)
+
+        shutil.rmtree(name, dir_fd=parent)
+    else:
+        os.unlink(name, dir_fd=parent)
+
+
+def write_ready_folder(folder: str) -> str | None:
+    """Make the cache folder when it is missing, and check that torch can write in it (an empty
+    file made and removed): None, or why it cannot be used. A link is refused: torch would
+    write wherever it leads."""
+    try:
+        info = os.lstat(folder)
+    except FileNotFoundError:
+        info = None
+    except OSError as exc:
+        return f"cannot be used ({describe_os_error(exc)})"
+    if info is not None and stat.S_ISLNK(info.st_mode):
+        return "is a symbolic link"
+    if info is not None and not stat.S_ISDIR(info.st_mode):
+        return "is not a folder"
+    probe = f"{PROBE_PREFIX}{os.uname().nodename}-{os.getpid()}"
+    try:
+        if info is None:
+            os.makedirs(folder)
+        root = os.open(folder, FOLDER)
+        try:
+            remove_any(root, probe)  # left by an entrypoint that was killed
+            os.close(os.open(probe, NEW_FILE, 0o600, dir_fd=root))
+            os.unlink(probe, dir_fd=root)
+        finally:
+            os.close(root)
+    except OSError as exc:
+        return f"cannot be {'made' if info is None else 'written'} ({describe_os_error(exc)})"
+    return None
+
+
 def load_entries(folder: str) -> list[tuple[str, int, float]]:
     """(path relative to folder, bytes, last use) of every cache file; what torch is still
-    writing (dot files, *.tmp) and our staging folders are not entries."""
+    writing (dot files, *.tmp) and our staging folders are not entries. os.fwalk never goes
+    through a link (nor into a folder that is one)."""
     found = []
-    for root, dirs, files in os.walk(folder):
+    for root, dirs, files, root_fd in os.fwalk(folder):
         dirs[:] = [d for d in dirs if not d.startswith((".", "tmp.pid_"))]  # Triton's, while it writes
         for name in files:
             if name.startswith(".") or name.endswith(".tmp"):
                 continue
-            path = os.path.join(root, name)
             try:
-                info = os.lstat(path)
+                info = os.stat(name, dir_fd=root_fd, follow_symlinks=False)
             except OSError:
                 continue
             if stat.S_ISREG(info.st_mode):
-                found.append((os.path.relpath(path, folder), info.st_size, max(info.st_atime, info.st_mtime)))
+                found.append((os.path.relpath(os.path.join(root, name), folder), info.st_size,
+                              max(info.st_atime, info.st_mtime)))
     return found
 
 
@@ -92,13 +189,30 @@ def decide_kept(entries: list[tuple[str, int, float]], max_bytes: int) -> tuple[
 
 def run_eviction(folder: str, entries: list[tuple[str, int, float]], max_bytes: int) -> tuple[list, list]:
     """Remove the oldest of the folder's entries (as load_entries read them) until the rest fit
-    max_bytes: (kept, evicted), so the caller need not walk the folder again."""
+    max_bytes: (kept, evicted), so the caller need not walk the folder again. Each is removed
+    in its own folder, reached without following a link."""
     kept, evicted = decide_kept(entries, max_bytes)
-    for name, _, _ in evicted:
-        try:
-            os.unlink(os.path.join(folder, name))
-        except OSError:
-            pass
+    if not evicted:
+        return kept, evicted
+    try:
+        root = os.open(folder, FOLDER)
+    except OSError:
+        return kept, evicted
+    try:
+        for name, _, _ in evicted:
+            *parents, last = name.split(os.sep)
+            try:
+                parent = open_folders(root, parents)
+            except OSError:
+                continue
+            try:
+                os.unlink(last, dir_fd=parent)
+            except OSError:
+                pass
+            finally:
+                os.close(parent)
+    finally:
+        os.close(root)
     return kept, evicted
 
 
@@ -111,15 +225,6 @@ def probe_empty(folder: str) -> bool:
         return True
 
 
-def _remove_tree(path: str) -> None:
-    for root, dirs, files in os.walk(path, topdown=False):
-        for name in files:
-            os.unlink(os.path.join(root, name))
-        for name in dirs:
-            os.rmdir(os.path.join(root, name))
-    os.rmdir(path)
-
-
 def _safe_member_path(name: str) -> str | None:
     parts = [p for p in name.split("/") if p not in ("", ".")]
     if not parts or name.startswith("/") or ".." in parts or any(p.startswith(".") for p in parts):
@@ -127,10 +232,46 @@ def _safe_member_path(name: str) -> str | None:
     return os.path.join(*parts)
 
 
-def _unpack(archive: str, staging: str, stamp: dict, max_bytes: int) -> tuple[list, bool, str | None]:
-    """Unpack one archive into staging: (the entries unpacked, whether that was every member,
-    why it is not used or None). Raises on a corrupt or truncated archive (the caller discards
-    staging)."""
+def write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def write_member(staging: int, path: str, source, mtime: float) -> bool:
+    """One member into the staging folder (this restore's own): False when another member is in
+    its way (an archive that names a file twice, or as a folder too). A write that fails is the
+    folder's (FolderUnwritable); a read that fails is the archive's (raised as it is)."""
+    *parents, last = path.split(os.sep)
+    try:
+        folder = open_folders(staging, parents, make=True)
+        try:
+            out = os.open(last, NEW_FILE, 0o644, dir_fd=folder)
+        finally:
+            os.close(folder)
+    except OSError as exc:
+        if exc.errno in IN_THE_WAY + (errno.EEXIST, errno.EISDIR):
+            return False
+        raise FolderUnwritable(describe_os_error(exc)) from exc
+    try:
+        while chunk := source.read(1 << 20):
+            try:
+                write_all(out, chunk)
+            except OSError as exc:
+                raise FolderUnwritable(describe_os_error(exc)) from exc
+        try:
+            os.utime(out, (mtime, mtime))
+        except (OSError, OverflowError, ValueError):
+            pass  # an age out of range: the entry is as new as now
+    finally:
+        os.close(out)
+    return True
+
+
+def _unpack(archive: str, staging: int, stamp: dict, max_bytes: int) -> tuple[list, bool, str | None]:
+    """Unpack one archive into the staging folder (a descriptor): (the entries unpacked, whether
+    that was every member, why it is not used or None). Raises on a corrupt or truncated archive
+    (the caller discards staging), FolderUnwritable when the folder takes no more."""
     import gzip
     import tarfile
 
@@ -148,16 +289,10 @@ def _unpack(archive: str, staging: str, stamp: dict, max_bytes: int) -> tuple[li
                     stamped = True
                     continue
                 path = _safe_member_path(member.name)
-                if path is None or not member.isreg() or size + member.size > max_bytes:
+                if path is None or not member.isreg() or size + member.size > max_bytes or \
+                        not write_member(staging, path, tar.extractfile(member), member.mtime):
                     whole = False
                     continue
-                target = os.path.join(staging, path)
-                os.makedirs(os.path.dirname(target), exist_ok=True)
-                source = tar.extractfile(member)
-                with open(target, "wb") as out:
-                    while chunk := source.read(1 << 20):
-                        out.write(chunk)
-                os.utime(target, (member.mtime, member.mtime))
                 unpacked.append((path, member.size, float(member.mtime)))
                 size += member.size
         while raw.read(1 << 20):  # to the end: gzip checks the whole stream's CRC there
@@ -172,17 +307,46 @@ def describe_stamp_difference(found, stamp: dict) -> str:
     return ", ".join(f"{k} {found.get(k)!r} (this job: {stamp.get(k)!r})" for k in keys[:4])
 
 
-def _move_into_place(staging: str, folder: str, unpacked: list) -> list:
-    """The unpacked entries that are not in the folder yet (a name is its content's key: one
-    that is there is the same entry, which a rank may be reading): those moved."""
-    moved = []
+def _move_entry(staging: int, root: int, name: str) -> bool | None:
+    """One unpacked entry from staging to its place in the folder, its folders reached (and made)
+    without following a link: True when moved, False when the name is taken (a name is its
+    content's key: what is there is the same entry, which a rank may be reading; a link there
+    is left as it is), None when a link or a file stands in its way."""
+    *parents, last = name.split(os.sep)
+    try:
+        target = open_folders(root, parents, make=True)
+    except OSError as exc:
+        if exc.errno in IN_THE_WAY:
+            return None
+        raise FolderUnwritable(describe_os_error(exc)) from exc
+    try:
+        source = open_folders(staging, parents)
+        try:
+            try:
+                os.stat(last, dir_fd=target, follow_symlinks=False)
+                return False
+            except FileNotFoundError:
+                pass
+            os.replace(last, last, src_dir_fd=source, dst_dir_fd=target)
+            return True
+        finally:
+            os.close(source)
+    except OSError as exc:
+        raise FolderUnwritable(describe_os_error(exc)) from exc
+    finally:
+        os.close(target)
+
+
+def _move_into_place(staging: int, root: int, unpacked: list) -> tuple[list, int]:
+    """(the unpacked entries moved into the folder, how many a link or a file kept out)."""
+    moved, blocked = [], 0
     for entry in unpacked:
-        target = os.path.join(folder, entry[0])
-        if not os.path.exists(target):
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            os.replace(os.path.join(staging, entry[0]), target)
+        done = _move_entry(staging, root, entry[0])
+        if done is None:
+            blocked += 1
+        elif done:
             moved.append(entry)
-    return moved
+    return moved, blocked
 
 
 def list_archives(cache: CompileCache) -> list[str]:
@@ -197,16 +361,18 @@ def list_archives(cache: CompileCache) -> list[str]:
 
 class Restored(NamedTuple):
     """One archive's restore: the log line, the entries it held (whole: all of its members),
-    and those of them now in the folder that were not there before."""
+    those of them now in the folder that were not there before, and whether the folder took no
+    more (full, read-only: the next archives would not fit either)."""
 
     line: str
     entries: list | tuple = ()
     whole: bool = False
     moved: list | tuple = ()
+    unwritable: bool = False
 
 
 def restore_archive(archive: str, cache: CompileCache, stamp: dict) -> Restored:
-    """Unpack one archive into the cache folder."""
+    """Unpack one archive into the cache folder (opened without following a link)."""
     try:
         info = os.stat(archive)
     except OSError as exc:
@@ -215,24 +381,48 @@ def restore_archive(archive: str, cache: CompileCache, stamp: dict) -> Restored:
         return Restored(f"torch.compile cache: {archive} is not a regular file: not used")
     # Named by host and process: in containers every entrypoint is PID 1, and a folder the user
     # points several hosts at (BYOC_COMPILE_CACHE_DIR on a shared file system) is shared.
-    staging = os.path.join(cache.folder, f"{STAGING_PREFIX}{os.uname().nodename}-{os.getpid()}")
+    staging = f"{STAGING_PREFIX}{os.uname().nodename}-{os.getpid()}"
     try:
-        if os.path.isdir(staging):  # left by an entrypoint that was killed
-            _remove_tree(staging)
-        os.makedirs(staging)
-        unpacked, whole, why = _unpack(archive, staging, stamp, cache.max_bytes)
-        moved = _move_into_place(staging, cache.folder, unpacked) if why is None else []
-    except Exception as exc:  # noqa: BLE001 - a bad archive is a cold start, never a failed job
-        unpacked, whole, moved, why = [], False, [], f"unreadable ({type(exc).__name__}: {exc}), corrupt or truncated"
+        root = os.open(cache.folder, FOLDER)
+    except OSError as exc:
+        return Restored(f"torch.compile cache: {archive} not unpacked: {cache.folder}: {describe_os_error(exc)}; the "
+                        f"ranks compile what they need", unwritable=True)
+    try:
+        return _restore_into(archive, cache, stamp, root, staging)
     finally:
-        if os.path.isdir(staging):
-            _remove_tree(staging)
+        try:
+            remove_any(root, staging)
+        except OSError:
+            pass
+        os.close(root)
+
+
+def _restore_into(archive: str, cache: CompileCache, stamp: dict, root: int, staging: str) -> Restored:
+    try:
+        try:
+            remove_any(root, staging)  # left by an entrypoint that was killed (a link: only the link)
+            os.mkdir(staging, 0o700, dir_fd=root)
+            folder = os.open(staging, FOLDER, dir_fd=root)
+        except OSError as exc:
+            raise FolderUnwritable(describe_os_error(exc)) from exc
+        try:
+            unpacked, whole, why = _unpack(archive, folder, stamp, cache.max_bytes)
+            moved, blocked = _move_into_place(folder, root, unpacked) if why is None else ([], 0)
+        finally:
+            os.close(folder)
+    except FolderUnwritable as exc:
+        return Restored(f"torch.compile cache: {archive} not unpacked: {cache.folder} could not be written ({exc}); "
+                        f"nothing of it is used, the ranks compile what they need", unwritable=True)
+    except Exception as exc:  # noqa: BLE001 - a bad archive is a cold start, never a failed job
+        why = f"unreadable ({type(exc).__name__}: {exc}), corrupt or truncated"
     if why is not None:
         return Restored(f"torch.compile cache: {archive} not used: {why}; the ranks compile what they need (a cold "
                         f"start)")
     line = f"torch.compile cache: restored {len(unpacked)} file(s), {describe_mb(sum(e[1] for e in unpacked))}, " \
         f"from {archive}"
-    return Restored(line, unpacked, whole, moved)
+    if blocked:
+        line += f"; {blocked} of them not put in place: a symbolic link or a file in the way (never written through)"
+    return Restored(line, unpacked, whole and not blocked, moved)
 
 
 def build_signature(entries: list[tuple[str, int, float]]) -> frozenset:
@@ -240,15 +430,21 @@ def build_signature(entries: list[tuple[str, int, float]]) -> frozenset:
     return frozenset((name, size) for name, size, _ in entries if not name.startswith(LOCKS))
 
 
-def probe_kernel_locked(folder: str, name: str) -> bool:
+def probe_kernel_locked(root: int, name: str) -> bool:
     """Whether torch holds the lock of the kernel this file belongs to (it is being built)."""
     import fcntl
 
     key = os.path.basename(name).split(".", 1)[0]
     try:
-        fd = os.open(os.path.join(folder, "locks", f"{key}.lock"), os.O_RDONLY)
+        locks = open_folders(root, ["locks"])
     except OSError:
         return False
+    try:
+        fd = os.open(f"{key}.lock", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=locks)
+    except OSError:
+        return False
+    finally:
+        os.close(locks)
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         fcntl.flock(fd, fcntl.LOCK_UN)
@@ -259,38 +455,71 @@ def probe_kernel_locked(folder: str, name: str) -> bool:
         os.close(fd)
 
 
+def add_entry(tar, root: int, name: str) -> bool:
+    """One entry into the archive, read without following a link on its way: False when it is
+    gone (evicted or replaced meanwhile) or not a regular file."""
+    *parents, last = name.split(os.sep)
+    try:
+        folder = open_folders(root, parents)
+        try:
+            fd = os.open(last, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=folder)
+        finally:
+            os.close(folder)
+    except OSError:
+        return False
+    with os.fdopen(fd, "rb") as f:
+        info = tar.gettarinfo(arcname=name.replace(os.sep, "/"), fileobj=f)
+        if not info.isreg():
+            return False
+        tar.addfile(info, f)
+    return True
+
+
 def write_archive(cache: CompileCache, stamp: dict, entries: list[tuple[str, int, float]]) -> tuple[list, int]:
     """This host's archive of the entries that fit the bound, written whole and renamed into
     place (SageMaker's upload and other hosts never see half of one): (entries written, archive
-    bytes)."""
-    import tarfile
-
+    bytes). The archives' folder is opened without following a link, and the archive is written
+    under a new name in it (never through whatever stood there)."""
     kept, _ = decide_kept([e for e in entries if not e[0].startswith(LOCKS)], cache.max_bytes)
     os.makedirs(cache.archive_folder, exist_ok=True)
-    tmp = os.path.join(cache.archive_folder, f".{os.path.basename(cache.archive)}.{os.getpid()}.tmp")
+    try:
+        folder = os.open(cache.archive_folder, FOLDER)
+    except OSError as exc:
+        raise OSError(exc.errno, f"{cache.archive_folder}: {describe_os_error(exc)}") from exc
+    try:
+        root = os.open(cache.folder, FOLDER)
+        try:
+            return _write_archive_in(folder, root, os.path.basename(cache.archive), stamp, kept)
+        finally:
+            os.close(root)
+    finally:
+        os.close(folder)
+
+
+def _write_archive_in(folder: int, root: int, name: str, stamp: dict, kept: list) -> tuple[list, int]:
+    import io
+    import tarfile
+
+    tmp = f".{name}.{os.getpid()}.tmp"
     stamp_bytes = json.dumps(stamp, sort_keys=True).encode("utf-8")
     written = []
+    remove_any(folder, tmp)  # left by a writer that was killed, or a link put there
     try:
-        with tarfile.open(tmp, "w:gz", compresslevel=1) as tar:
-            info = tarfile.TarInfo(STAMP_NAME)
-            info.size, info.mtime = len(stamp_bytes), time.time()
-            import io
-
-            tar.addfile(info, io.BytesIO(stamp_bytes))
-            for entry in kept:
-                if probe_kernel_locked(cache.folder, entry[0]):
-                    continue
-                try:
-                    tar.add(os.path.join(cache.folder, entry[0]), arcname=entry[0].replace(os.sep, "/"),
-                            recursive=False)
-                except OSError:
-                    continue  # evicted or replaced meanwhile
-                written.append(entry)
-        os.replace(tmp, cache.archive)
+        with os.fdopen(os.open(tmp, NEW_FILE, 0o644, dir_fd=folder), "wb") as raw:
+            with tarfile.open(fileobj=raw, mode="w:gz", compresslevel=1) as tar:
+                info = tarfile.TarInfo(STAMP_NAME)
+                info.size, info.mtime = len(stamp_bytes), time.time()
+                tar.addfile(info, io.BytesIO(stamp_bytes))
+                for entry in kept:
+                    if not probe_kernel_locked(root, entry[0]) and add_entry(tar, root, entry[0]):
+                        written.append(entry)
+        os.replace(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return written, os.path.getsize(cache.archive)
+        try:
+            os.unlink(tmp, dir_fd=folder)
+        except FileNotFoundError:
+            pass
+    return written, os.stat(name, dir_fd=folder, follow_symlinks=False).st_size
 
 
 def describe_graphs(before: list, after: list) -> str:
@@ -317,6 +546,8 @@ class CacheKeeper:
         self.lock = threading.Lock()  # owns saved and the archive file
         self.done = threading.Event()
         self.thread: threading.Thread | None = None
+        self.folder: str | None = cache.folder  # what the ranks get (use_private_folder); None: torch's default
+        self.private: str | None = None  # the private folder made for this job, removed by close()
 
     def say(self, line: str) -> None:
         log(line)
@@ -324,16 +555,20 @@ class CacheKeeper:
 
     def start(self) -> None:
         """Restore, bound, and note what the folder holds. The folder is walked at most once: on
-        a new instance it was empty, and what the archives held is what it holds."""
+        a new instance it was empty, and what the archives held is what it holds. A folder torch
+        could not write is replaced by a private one first (self.folder says which the ranks get)."""
+        why = write_ready_folder(self.cache.folder)
+        if why is not None and not self.use_private_folder(why):
+            return
         cache = self.cache
         try:
             was_empty = probe_empty(cache.folder)
-            os.makedirs(cache.folder, exist_ok=True)
             restored = self.restore_archives() if cache.archive is not None else []
             entries = restored if was_empty else load_entries(cache.folder)
             self.at_start = self.bound(entries)
         except Exception as exc:  # noqa: BLE001 - never a failed job
-            self.say(f"torch.compile cache: not prepared ({type(exc).__name__}: {exc}); the ranks compile cold")
+            self.say(f"torch.compile cache: not prepared ({type(exc).__name__}: {exc}); the ranks compile what they "
+                     f"need in {cache.folder}")
             return
         size = sum(e[1] for e in self.at_start)
         self.say(f"torch.compile cache: {cache.folder} holds {len(self.at_start)} file(s), {describe_mb(size)}, "
@@ -341,6 +576,28 @@ class CacheKeeper:
         if cache.archive is not None:
             self.thread = threading.Thread(target=self._keep, name="compile-cache", daemon=True)
             self.thread.start()
+
+    def use_private_folder(self, why: str) -> bool:
+        """The folder cannot be used (a link, a file, read-only, not makeable): a new private
+        folder in the temporary folder instead, for this job only (removed by close()), which the
+        archives are restored into and written from. False when none can be made either: then the
+        ranks get no TORCHINDUCTOR_CACHE_DIR at all (torch's own default) and nothing is kept."""
+        import tempfile
+
+        wanted = self.cache.folder
+        try:
+            private = tempfile.mkdtemp(prefix=PRIVATE_PREFIX)
+        except OSError as exc:
+            self.folder = None
+            self.say(f"torch.compile cache: {wanted} {why}, and no private folder could be made "
+                     f"({describe_os_error(exc)}): the ranks get torch's own default folder, nothing is kept")
+            return False
+        self.folder = self.private = private
+        self.cache = self.cache._replace(folder=private)
+        kept = "; the archives are restored into it and written from it" if self.cache.archive is not None else ""
+        self.say(f"torch.compile cache: {wanted} {why}: the ranks use a private folder instead, {private}, removed at "
+                 f"the end{kept}")
+        return True
 
     def restore_archives(self) -> list:
         """Every host's archive, this host's first: the entries moved into the folder. An archive
@@ -351,12 +608,16 @@ class CacheKeeper:
         if not archives:
             self.say(f"torch.compile cache: no archive in {self.cache.archive_folder} yet (a cold start)")
         moved = []
-        for archive in archives:
+        for i, archive in enumerate(archives):
             restored = restore_archive(archive, self.cache, self.stamp)
             self.say(restored.line)
             moved.extend(restored.moved)
             if archive == self.cache.archive and restored.whole:
                 self.saved = build_signature(restored.entries)
+            if restored.unwritable and archives[i + 1:]:
+                self.say(f"torch.compile cache: the other {len(archives) - i - 1} archive(s) not tried: the folder "
+                         f"takes no more")
+                break
         return moved
 
     def bound(self, entries: list) -> list:
@@ -402,17 +663,32 @@ class CacheKeeper:
 
     def finish(self, join_s: float) -> None:
         """After the ranks: the bound, this host's archive, and what the job's graphs did, off
-        one walk of the folder."""
+        one walk of the folder; then close()."""
         self.done.set()
         if self.thread is not None:
             self.thread.join(join_s)
         try:
-            after = self.bound(load_entries(self.cache.folder))
-            if not after and not self.at_start:
-                return  # nothing compiled (no torch.compile here): nothing to say or keep
-            self.say(f"torch.compile cache: {describe_graphs(self.at_start, after)}; {self.cache.folder} holds "
-                     f"{len(after)} file(s), {describe_mb(sum(e[1] for e in after))}")
-            if self.cache.archive is not None:
-                self.save("the end", after)
+            if self.folder is not None:
+                self.write_end()
         except Exception as exc:  # noqa: BLE001 - never a failed job
             self.say(f"torch.compile cache: not written ({type(exc).__name__}: {exc})")
+        finally:
+            self.close()
+
+    def write_end(self) -> None:
+        after = self.bound(load_entries(self.cache.folder))
+        if not after and not self.at_start:
+            return  # nothing compiled (no torch.compile here): nothing to say or keep
+        self.say(f"torch.compile cache: {describe_graphs(self.at_start, after)}; {self.cache.folder} holds "
+                 f"{len(after)} file(s), {describe_mb(sum(e[1] for e in after))}")
+        if self.cache.archive is not None:
+            self.save("the end", after)
+
+    def close(self) -> None:
+        """No more writes (the thread ends); the private folder, if one was made, removed."""
+        self.done.set()
+        private, self.private = self.private, None
+        if private is not None:
+            import shutil
+
+            shutil.rmtree(private, ignore_errors=True)

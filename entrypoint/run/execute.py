@@ -75,7 +75,8 @@ def run_plan(plan: LaunchPlan, paths: MlPaths, environ: dict[str, str], launch: 
     role = launch.role = choose_role(plan, collector, env, paths, stop)
     role.start_report()
     outcome = build_capacity_over(plan) or run_install_steps(plan, env, role) or check_health(plan, env, stop)
-    keeper = start_compile_cache(plan, role) if outcome is None else None
+    keeper = start_compile_cache(plan, role, env) if outcome is None else None
+    plan = role.plan  # the cache's folder may have changed in it (start_compile_cache)
     if outcome is None:
         # From the role's start to the end, a stop is only noted: every wait of the role's polls
         # the token, a run forwards it to its processes, finishing cuts its steps (run/stop.py).
@@ -83,7 +84,7 @@ def run_plan(plan: LaunchPlan, paths: MlPaths, environ: dict[str, str], launch: 
         outcome = role.start() or build_stopped_at_start(stop)
     if outcome is not None:
         if keeper is not None:
-            keeper.done.set()  # no rank ran: nothing new to keep
+            keeper.close()  # no rank ran: nothing new to keep
         return outcome
     try:
         outcome = role.finish(role.run(lambda: run_with_restarts(plan, env, role, paths)))
@@ -96,17 +97,26 @@ def run_plan(plan: LaunchPlan, paths: MlPaths, environ: dict[str, str], launch: 
     return outcome
 
 
-def start_compile_cache(plan: LaunchPlan, role: HostRole):
+def start_compile_cache(plan: LaunchPlan, role: HostRole, env: dict[str, str]):
     """torch.compile's caches (run/compile_cache.py), restored before the role starts the ranks
     (an MPI worker before it lets the leader in); the keeper writes them back meanwhile and at
-    the end."""
+    the end. A folder it could not use is replaced (or left out) in the processes' environment
+    and the role's plan (whose environment an MPI host's ranks get: roles/mpi.write_host_env),
+    so no rank is handed a folder torch cannot write."""
     if plan.compile_cache is None:
         return None
+    from entrypoint.decide.compile_cache import decide_folder_env
     from entrypoint.run.compile_cache import CacheKeeper
 
     keeper = CacheKeeper(plan.compile_cache, lambda: role.supervisor is not None and role.supervisor.stopped_by,
                          plan.settings.stop_check_s)
     keeper.start()
+    if keeper.folder != plan.compile_cache.folder:
+        plan_env = decide_folder_env(plan.env_dict, plan.compile_cache.folder, keeper.folder)
+        for name in set(plan.env_dict) - set(plan_env):
+            env.pop(name, None)
+        env.update(plan_env)
+        role.plan = plan._replace(env=tuple(plan_env.items()), compile_cache=keeper.cache)
     if plan.compile_cache.archive is not None:  # a phase of its own only where archives are unpacked
         role.mark("compile cache restored")
     return keeper
