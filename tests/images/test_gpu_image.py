@@ -106,3 +106,10 @@ def test_dry_run_on_two_p4d_hosts_plans_eight_ranks_nccl_and_the_efa_verdict(gpu
     assert [f["fatal"] for f in verdict] == [True, False]
     assert "shows none of its 4 EFA devices" in verdict[0]["text"]
     assert "this image was built without EFA (GPU_EFA_INSTALLER_VERSION=none" in verdict[1]["text"]
+
+
+def test_the_image_is_at_most_10_gb_uncompressed(gpu_image):
+    """Half of the AWS PyTorch DLC's 15-20 GB: SageMaker pulls the image on every instance at
+    every start (docs/gpu-image.md: where the bytes go)."""
+    size = int(probe_image_config(gpu_image)["Size"])
+    assert size <= 10_000_000_000, f"{size / 1e9:.2f} GB"
