@@ -179,9 +179,11 @@ def decide_v3_fallback(environ: dict[str, str], paths: MlPaths) -> str | None:
     try:
         job = v3.load_handed_v3_job(paths, environ)
         if job is not None:
-            from entrypoint.decide.distribution import decide_v3_distribution
+            from entrypoint.decide.distribution import parse_v3_mpi_options
 
-            decide_v3_distribution(job)  # mpirun options we refuse: v3's own mpirun takes them
+            # mpirun options we refuse: v3's own mpirun takes them. What no launcher can run (a
+            # count that is not one, a -np the plan does not start) the plan refuses instead.
+            parse_v3_mpi_options(job)
     except (v3.V3NotUnderstood, JobDefinitionError) as exc:
         return str(exc)
     return None

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Mapping, NamedTuple
 
 from entrypoint.job.config import GROUP_NAME, HYPERPARAMETERS, JobConfig
 from entrypoint.job.json_text import canonical_json
+from entrypoint.decide.numbers import MAX_PROCESSES_PER_HOST, parse_count
 from entrypoint.errors import JobDefinitionError
 
 if TYPE_CHECKING:
@@ -69,6 +70,9 @@ class Distribution(NamedTuple):
     custom_mpi_options: tuple[str, ...]
     instance_groups: tuple[str, ...] | None
     notes: tuple[str, ...] = ()
+    # SDK v3's `-np N` in MPI.mpi_additional_options, (the option as written, N): the plan must
+    # start exactly N processes (decide/v3_launch.check_v3_process_count).
+    np_option: tuple[str, int] | None = None
 
 
 def _as_bool(key: str, value: Any) -> bool:
@@ -81,21 +85,14 @@ def _as_bool(key: str, value: Any) -> bool:
     )
 
 
-def _as_positive_int(key: str, value: Any) -> int:
-    if isinstance(value, bool):
-        number = None
-    elif isinstance(value, int):
-        number = value
-    elif isinstance(value, str):
-        from entrypoint.decide.numbers import parse_number  # the one rule: no "٣", no "1_0"
-
-        number = parse_number(value, int)
-    else:
-        number = None
-    if number is None or number < 1:
+def _as_count(key: str, value: Any, high: int | None = None) -> int:
+    """A hyperparameter that counts processes, by the one rule (decide/numbers.py): no "٣", no
+    "1_0", no 10**29 per host."""
+    number = parse_count(value, high)
+    if number is None:
+        bound = f"from 1 to {high}" if high is not None else "of at least 1"
         raise JobDefinitionError(
-            f"The hyperparameter {key} must be a whole number of at least 1, but it is "
-            f"{canonical_json(value)}."
+            f"The hyperparameter {key} must be a whole number {bound}, but it is {_shown(canonical_json(value))}."
         )
     return number
 
@@ -252,18 +249,73 @@ def parse_mpi_options(key: str, value: Any) -> tuple[str, ...]:
 # as sagemaker_mpi_custom_mpi_options are.
 V3_LAUNCHERS = {"script": "process", "command": "process", "torchrun": "torch_distributed", "mpi": "mpi"}
 V3_MPI_OPTIONS_KEY = "MPI.mpi_additional_options"
+# mpirun's total process count (Open MPI 4.1: -c, -np, -n, one dash or two). SDK v3 3.27's MPI
+# driver passes one host's count, so v3 users add the job's total in mpi_additional_options.
+PROCESS_COUNT_OPTIONS = frozenset({"c", "n", "np"})
 
 
-def decide_v3_distribution(v3: V3Job) -> Distribution:
-    """Our Distribution for a v3 job; a JobDefinitionError for mpirun options we refuse."""
+def split_process_count_options(tokens: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
+    """tokens without mpirun's total process count options, and those as (option, value) pairs
+    ("" when no value follows), read as mpirun reads them: another option's values are skipped."""
+    rest: list[str] = []
+    counts: list[tuple[str, str]] = []
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        name = token[2:] if token.startswith("--") else token[1:] if token.startswith("-") else ""
+        if name in PROCESS_COUNT_OPTIONS:
+            counts.append((token, tokens[i + 1] if i + 1 < len(tokens) else ""))
+            i += 2
+            continue
+        step = 1 + MPIRUN_OPTION_VALUES.get(name, 0)
+        rest += tokens[i:i + step]
+        i += step
+    return tuple(rest), tuple(counts)
+
+
+def parse_v3_mpi_options(v3: V3Job) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
+    """(v3's mpirun options for our mpirun, its process count options): a JobDefinitionError for
+    an option we refuse, for which v3's own drivers run the job (cli.decide_v3_fallback)."""
+    options, counts = split_process_count_options(v3.mpi_options)
     try:
-        options = parse_mpi_option_tokens(V3_MPI_OPTIONS_KEY, v3.mpi_options)
+        return parse_mpi_option_tokens(V3_MPI_OPTIONS_KEY, build_toolkit_nccl_debug(options)), counts
     except JobDefinitionError as exc:  # its words name a hyperparameter: say what v3 calls it
         raise JobDefinitionError(str(exc).replace(f"The hyperparameter {V3_MPI_OPTIONS_KEY} in hyperparameters.json",
                                                   f"SDK v3's {V3_MPI_OPTIONS_KEY}")) from None
-    return Distribution(launcher=V3_LAUNCHERS[v3.driver], processes_per_host=v3.process_count_per_node,
+
+
+def parse_v3_counts(v3: V3Job, counts: tuple[tuple[str, str], ...]) -> tuple[int | None, tuple[str, int] | None]:
+    """(processes per host, the `-np` the plan must equal) by the one rule for numbers; a
+    JobDefinitionError (the job is refused, not given to v3's drivers) for a count that is not one."""
+    per_host = v3.process_count_per_node
+    if per_host is not None and parse_count(per_host, MAX_PROCESSES_PER_HOST) is None:
+        what = {"torchrun": "Torchrun", "mpi": "MPI"}[v3.driver]
+        raise JobDefinitionError(
+            f"SDK v3's {what}(process_count_per_node=…) is {_shown(str(per_host))}: it must be a whole number from 1 "
+            f"to {MAX_PROCESSES_PER_HOST} (the processes on each host), or left unset for one per GPU or NeuronCore "
+            f"(one on a CPU host).")
+    np_option: tuple[str, int] | None = None
+    for option, raw in counts:
+        number = parse_count(raw)
+        if number is None:
+            what = f"has {option} {_shown(raw)}, which is not" if raw else f"ends with {option} and no number after it:"
+            raise JobDefinitionError(f"SDK v3's {V3_MPI_OPTIONS_KEY} {what} a whole number of at least 1 (the job's "
+                                     f"total number of processes).")
+        if np_option is not None and number != np_option[1]:
+            raise JobDefinitionError(f"SDK v3's {V3_MPI_OPTIONS_KEY} sets {np_option[0]} {np_option[1]} and then "
+                                     f"{option} {number}: give the job's total number of processes once, or not at all.")
+        np_option = (option, number)
+    return per_host, np_option
+
+
+def decide_v3_distribution(v3: V3Job) -> Distribution:
+    """Our Distribution for a v3 job; a JobDefinitionError for what we refuse."""
+    options, counts = parse_v3_mpi_options(v3)
+    per_host, np_option = parse_v3_counts(v3, counts)
+    return Distribution(launcher=V3_LAUNCHERS[v3.driver], processes_per_host=per_host,
                         num_processes=None, custom_mpi_options=options, instance_groups=None,
-                        notes=(f"SDK v3 ModelTrainer job ({describe_v3_job(v3)}): launched by this image",))
+                        notes=(f"SDK v3 ModelTrainer job ({describe_v3_job(v3)}): launched by this image",),
+                        np_option=np_option)
 
 
 def describe_v3_job(v3: V3Job) -> str:
@@ -291,8 +343,8 @@ def parse_distribution(job: JobConfig) -> Distribution:
     groups = parse_instance_groups(job, framework[GROUPS], notes) if GROUPS in framework else None
     return Distribution(
         launcher=launcher,
-        processes_per_host=_as_positive_int(MPI_PPH, framework[MPI_PPH]) if MPI_PPH in framework else None,
-        num_processes=_as_positive_int(MPI_NP, framework[MPI_NP]) if MPI_NP in framework else None,
+        processes_per_host=_as_count(MPI_PPH, framework[MPI_PPH], MAX_PROCESSES_PER_HOST) if MPI_PPH in framework else None,
+        num_processes=_as_count(MPI_NP, framework[MPI_NP]) if MPI_NP in framework else None,
         custom_mpi_options=options,
         instance_groups=groups,
         notes=tuple(notes),

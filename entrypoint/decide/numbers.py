@@ -1,18 +1,21 @@
 """One rule for every number and date a user or the platform sets (pure).
 
-Every BYOC_* number, the hyperparameters that count processes and the capacity's end are read
-here, so that one rule holds for all of them: plain ASCII digits (an optional sign, a
+Every BYOC_* number, the hyperparameters and SDK v3 settings that count processes and the
+capacity's end are read here, so that one rule holds for all of them: plain ASCII digits (an optional sign, a
 fraction and an exponent for a decimal), a finite value. Python's own `float()` and `int()`
 also take "nan", "inf", "1_000" and other scripts' digits ("٣"), and a range check is false
 for NaN, so each of those passed once as a valid timeout. A decimal that overflows ("1e999")
 is infinite, so it is refused too. A date must be one a calendar can hold (the years 1 to
-9999): `time.gmtime` raises OverflowError or OSError past that.
+9999): `time.gmtime` raises OverflowError or OSError past that. A count of processes on one host
+must be one a host can run (MAX_PROCESSES_PER_HOST): 10**29 passed once and reached the plan.
 """
 
 from __future__ import annotations
 
 import math
 import re
+
+from typing import Any
 
 from entrypoint.errors import JobDefinitionError
 
@@ -22,6 +25,9 @@ _DECIMAL = re.compile(r"[+-]?([0-9]{1,400}(\.[0-9]{0,400})?|\.[0-9]{1,400})([eE]
 # not durations: no _S).
 CALENDAR_FIRST = -62135596800.0
 CALENDAR_LAST = 253402300799.0
+# Processes one host may be asked to run: the largest EC2 instances have 896 vCPUs and 128
+# NeuronCores, and a process per vCPU is the most any launch here makes sense of.
+MAX_PROCESSES_PER_HOST = 4096
 
 
 def parse_number(text: str, kind: type) -> int | float | None:
@@ -33,6 +39,17 @@ def parse_number(text: str, kind: type) -> int | float | None:
         return None
     value = float(text)
     return value if math.isfinite(value) else None
+
+
+def parse_count(value: Any, high: int | None = None) -> int | None:
+    """A count a job sets (processes): an int (not a bool) or its text by the one rule, from 1
+    to high (no bound when None); None when it is not one."""
+    if isinstance(value, bool):
+        return None
+    number = value if isinstance(value, int) else parse_number(value, int) if isinstance(value, str) else None
+    if number is None or number < 1 or (high is not None and number > high):
+        return None
+    return number
 
 
 def parse_setting(name: str, raw: str, kind: type, low: float, high: float | None = None) -> int | float:

@@ -528,6 +528,10 @@ def decide_role_plan(shared: _Shared, dist: Distribution, facts: MachineFacts, l
 def decide_mpi_plan(shared: _Shared, dist: Distribution, facts: MachineFacts, launcher_kind: str,
                     program_argv: tuple[str, ...], launcher_env: dict[str, str]) -> LaunchPlan:
     topo, runtime = shared.topo, shared.runtime
+    if dist.np_option is not None:  # SDK v3's -np: the plan's count, or the job is refused (on every host)
+        from entrypoint.decide.v3_launch import check_v3_process_count
+
+        check_v3_process_count(dist.np_option, dist.processes_per_host is not None, topo)
     np_ = topo.world_size
     if dist.num_processes is not None:
         if dist.num_processes > topo.world_size:

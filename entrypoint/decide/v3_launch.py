@@ -4,8 +4,9 @@ What a v3 user's script sees stays what v3's own drivers give it (sagemaker-trai
 container_drivers/):
 - the distribution (distribution.decide_v3_distribution, beside the keys it stands for):
   Torchrun() is our torchrun launch, MPI() our mpirun launch (its mpi_additional_options after
-  ours, checked as sagemaker_mpi_custom_mpi_options are), no `distributed` and `command=` one
-  process on each host, as v3 runs them;
+  ours, checked as sagemaker_mpi_custom_mpi_options are; a `-np N` there, which v3 3.27's own
+  driver needs, must be the plan's hosts x processes per host: check_v3_process_count), no
+  `distributed` and `command=` one process on each host, as v3 runs them;
 - the arguments: every hyperparameter as `--key value`, in hyperparameters.json's order,
   strings as they are and other values as json.dumps writes them (common/utils.py,
   hyperparameters_to_cli_args); none for `command=` (v3 passes SourceCode.args in the command);
@@ -27,6 +28,7 @@ import os
 from typing import Any, Mapping
 
 from entrypoint.decide.topology import Topology
+from entrypoint.errors import JobDefinitionError
 from entrypoint.job.config import JobConfig
 from entrypoint.job.program import CodeFacts, EntryPoint, build_program_argv, decide_entry_point
 from entrypoint.job.v3_definition import LAUNCHED, RUN_ENV, V3Job
@@ -49,12 +51,40 @@ def build_v3_args(hyperparameters: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(args)
 
 
+def check_v3_process_count(np_option: tuple[str, int] | None, per_host_set: bool, topo: Topology) -> None:
+    """SDK v3's `-np N` (MPI.mpi_additional_options) agrees with the plan, or the job is refused
+    naming both numbers: this image starts hosts x processes per host itself, and would
+    neither run another count behind the user's back nor hand the job to v3's drivers."""
+    if np_option is None or np_option[1] == topo.world_size:
+        return
+    option, asked = np_option
+    hosts = len(topo.distribution_hosts)
+    per_host = (f"MPI(process_count_per_node={topo.processes_per_host})" if per_host_set
+                else "process_count_per_node unset: one per GPU or NeuronCore, one on a CPU host")
+    raise JobDefinitionError(
+        f"SDK v3's MPI.mpi_additional_options sets {option} {asked}, but this job runs {topo.world_size} "
+        f"processes: {hosts} host(s) x {topo.processes_per_host} per host ({per_host}). This image starts every "
+        f"host's processes itself: remove {option} {asked} from mpi_additional_options, or make it "
+        f"{topo.world_size}.")
+
+
 def build_v3_install_steps(python: str, code_dir: str, v3: V3Job) -> tuple[tuple[str, ...], ...]:
     """SourceCode.requirements: a file relative to the code folder, installed before the run."""
     if not v3.requirements:
         return ()
     return ((python, "-m", "pip", "install", "--disable-pip-version-check", "--no-input", "-r",
              os.path.join(code_dir, v3.requirements)),)
+
+
+def check_v3_command(command: str) -> str:
+    """SourceCode.command (with SourceCode.args after it) as bash can be given it: a NUL ends an
+    argument for the kernel, so the job is refused naming the command, not a hyperparameter."""
+    if "\0" in command:
+        raise JobDefinitionError(
+            f"SDK v3's SourceCode.command holds a NUL byte (U+0000, character {command.index(chr(0)) + 1} of the "
+            f"command with SourceCode.args after it), which no program can be given as an argument: remove it "
+            f"from SourceCode.command (or SourceCode.args).")
+    return command
 
 
 def decide_v3_program(job: JobConfig, code_facts: CodeFacts, python: str,
@@ -64,7 +94,8 @@ def decide_v3_program(job: JobConfig, code_facts: CodeFacts, python: str,
     code_dir = job.paths.code_dir
     install = build_v3_install_steps(python, code_dir, v3)
     if v3.driver == "command":
-        return EntryPoint("command", v3.command or "", code_dir), ("/bin/bash", "-e", "-c", v3.command or ""), install
+        command = check_v3_command(v3.command or "")
+        return EntryPoint("command", command, code_dir), ("/bin/bash", "-e", "-c", command), install
     facts = code_facts._replace(installable=False, has_requirements=False)
     entry = decide_entry_point(v3.entry_script or "", code_dir, facts)
     return entry, build_program_argv(entry, python, facts, build_v3_args(job.hyperparameters.values),

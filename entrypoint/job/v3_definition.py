@@ -105,11 +105,13 @@ def _optional_str(doc: Mapping[str, Any], key: str) -> str | None:
 
 
 def parse_process_count(distributed: Mapping[str, Any]) -> int | None:
+    """The whole number v3 wrote (its range: decide/distribution.parse_v3_counts, by the one rule
+    for numbers, which refuses the job); None for the devices' count."""
     value = distributed.get("process_count_per_node")
     if value is None or value == 0:  # v3: `process_count_per_node or 0`, then the devices
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise V3NotUnderstood(f"process_count_per_node is {value!r}, not a whole number of at least 1")
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise V3NotUnderstood(f"process_count_per_node is {str(value)[:60]!r}, not a whole number")
     return value
 
 

@@ -49,6 +49,7 @@ total = comm.allreduce(rank + 1, op=MPI.SUM)
 record = {
     "rank": rank, "size": size, "host": host, "allreduce": total, "hosts": comm.allgather(host),
     "address": socket.gethostbyname(host), "tag": args.tag, "option": os.environ.get("BYOC_V3_OPTION"),
+    "mca": os.environ.get("OMPI_MCA_btl_base_verbose"),
     "authorized_keys": read("/root/.ssh/authorized_keys"),
     "host_key": read("/dev/shm/byoc-sshd/ssh_host_ed25519_key.pub"),
 }
@@ -198,6 +199,39 @@ def test_two_hosts_mpi_allreduce_through_our_mpirun(image, tmp_path):
     # our mpirun, with v3's options after ours; v3's driver and its shims never ran
     assert {r["option"] for r in ranks} == {"seen"} and "byoc sdk-v3 mpirun" not in result.log
     assert "Running MPI Driver" not in result.log
+
+
+def test_an_mpi_job_carrying_np_runs_through_our_launcher_and_a_disagreeing_np_is_refused(image, tmp_path):
+    """v3 3.27's own MPI driver passes one host's process count, so v3 users add the job's
+    total as mpi_additional_options=["-np", N]. N = hosts x processes per host (here 2 x 1):
+    our launcher runs the job (its note, its mpirun line, its report), with v3's other options
+    reaching mpirun as sagemaker_mpi_custom_mpi_options do. Any other N is refused on every
+    host, naming both numbers: never v3's own drivers."""
+    options = ["-np", "2", "-x", "BYOC_V3_OPTION=seen", "--mca", "btl_base_verbose", "0"]
+    result = run_v3_job(tmp_path / "agrees", image, {"train.py": MPI_SCRIPT}, instance_count=2,
+                        distributed={"kind": "mpi", "mpi_additional_options": options}, hyperparameters={"tag": "np"})
+    _report("2 hosts, MPI() with -np 2", result)
+    assert result.ok, result.log_tail()
+    assert "SDK v3 ModelTrainer job (MPI(), train.py): launched by this image" in result.log
+    assert "[entrypoint] algo-1: running mpirun on 2 host(s)" in result.log
+    assert "SDK v3's own drivers run this job" not in result.log and "Running MPI Driver" not in result.log
+    ranks = result.model_jsons("mpi-rank-")
+    assert [(r["rank"], r["size"], r["host"]) for r in ranks] == [(0, 2, "algo-1"), (1, 2, "algo-2")], result.log_tail()
+    assert {(r["option"], r["mca"], r["tag"]) for r in ranks} == {("seen", "0", "np")}
+    report = json.loads(result.output_file("data/report/report.json").read_text())
+    assert {h: v["status"] for h, v in report["hosts"].items()} == {"algo-1": "reported", "algo-2": "reported"}
+
+    refused = run_v3_job(tmp_path / "disagrees", image, {"train.py": MPI_SCRIPT}, instance_count=2,
+                         distributed={"kind": "mpi", "mpi_additional_options": ["-np", "3"]})
+    _report("2 hosts, MPI() with -np 3", refused)
+    assert not refused.ok and not refused.timed_out, refused.log_tail()
+    assert refused.exit_codes == {"algo-1": 2, "algo-2": 2}, refused.log_tail()
+    failure = _failure(refused)
+    assert failure.startswith("The training job definition is invalid: SDK v3's MPI.mpi_additional_options sets "
+                              "-np 3, but this job runs 2 processes: 2 host(s) x 1 per host"), failure
+    assert "or make it 2." in failure, failure
+    assert "SDK v3's own drivers run this job" not in refused.log and "Running MPI Driver" not in refused.log
+    assert refused.model_jsons("mpi-rank-") == []
 
 
 @pytest.mark.parametrize(

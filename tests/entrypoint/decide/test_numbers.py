@@ -17,7 +17,8 @@ from support.jobtree import failure_text, run_entrypoint, write_tree  # noqa: E4
 
 from entrypoint.decide.capacity import describe_utc, parse_capacity_end  # noqa: E402
 from entrypoint.decide.distribution import parse_distribution  # noqa: E402
-from entrypoint.decide.numbers import CALENDAR_LAST, parse_epoch_s, parse_number, parse_setting  # noqa: E402
+from entrypoint.decide.numbers import (  # noqa: E402
+    CALENDAR_LAST, MAX_PROCESSES_PER_HOST, parse_count, parse_epoch_s, parse_number, parse_setting)
 from entrypoint.decide.settings import parse_launch_settings  # noqa: E402
 from entrypoint.errors import JobDefinitionError  # noqa: E402
 from entrypoint.sdk_v3.peer_trust import parse_peer_wait_timeout  # noqa: E402
@@ -106,6 +107,35 @@ def test_process_counts_in_hyperparameters_follow_the_same_rule(raw):
     hps = parse_hyperparameters({"sagemaker_mpi_enabled": "true", "sagemaker_mpi_num_of_processes_per_host": raw})
     with pytest.raises(JobDefinitionError, match="sagemaker_mpi_num_of_processes_per_host"):
         parse_distribution(SimpleNamespace(hyperparameters=hps, sdk_v3=None))
+
+
+@pytest.mark.parametrize("raw, ok", [(4096, True), ("4096", True), (4097, False), ("4097", False), (10**29, False),
+                                     ("1" + "0" * 29, False), (True, False)])
+def test_processes_per_host_are_at_most_what_a_host_runs_under_sdk_v2_as_under_v3(raw, ok):
+    """The same bound as SDK v3's process_count_per_node (tests/entrypoint/decide/test_v3_launch.py)."""
+    from types import SimpleNamespace
+
+    from entrypoint.job.config import parse_hyperparameters
+
+    hps = parse_hyperparameters({"sagemaker_mpi_enabled": "true", "sagemaker_mpi_num_of_processes_per_host": raw})
+    job = SimpleNamespace(hyperparameters=hps, sdk_v3=None)
+    if ok:
+        assert parse_distribution(job).processes_per_host == 4096
+    else:
+        with pytest.raises(JobDefinitionError, match="sagemaker_mpi_num_of_processes_per_host must be a whole number "
+                                                     "from 1 to 4096"):
+            parse_distribution(job)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.integers(min_value=-10**40, max_value=10**40), st.booleans(), st.floats(), st.text(max_size=32),
+                 st.integers(min_value=-10**40, max_value=10**40).map(str)))
+def test_any_count_is_a_whole_number_in_range_or_none(value):
+    got = parse_count(value, MAX_PROCESSES_PER_HOST)
+    assert got is None or (type(got) is int and 1 <= got <= MAX_PROCESSES_PER_HOST)
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_PROCESSES_PER_HOST:
+        assert got == value
+    assert parse_count(value) is None or parse_count(value) >= 1
 
 
 @pytest.mark.parametrize("raw", ["nan", "inf", "-5", "1e999"])

@@ -7,11 +7,13 @@ tests/localmode/test_v3_jobs.py."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
-from entrypoint.decide.distribution import decide_v3_distribution
+from entrypoint.decide.distribution import decide_v3_distribution, parse_v3_mpi_options, split_process_count_options
+from entrypoint.decide.plan import RECORD_ERRORS
 from entrypoint.decide.v3_launch import build_v3_args
 from entrypoint.errors import JobDefinitionError
 from entrypoint.job.v3_definition import (
@@ -21,7 +23,8 @@ from entrypoint.job.v3_definition import (
     is_legacy_train_command,
     parse_v3_job,
 )
-from support.jobtree import run_entrypoint, write_tree
+from support.jobs import PY as PYTHON
+from support.jobtree import failure_text, run_entrypoint, write_tree
 
 # sm_train.sh's last part for each way v3 runs a job (templates.py of sagemaker-train 1.27).
 TRAIN_SH = {
@@ -81,7 +84,7 @@ def test_each_driver_is_read_from_sm_train_sh_and_the_two_json_files():
     (SOURCE, {}, "echo a driver this image does not know\n", "no driver"),
     (SOURCE, {}, TRAIN_SH["mpi"] + TRAIN_SH["torchrun"], "torchrun and mpi"),
     ({**SOURCE, "source_dir": "s3://b/src.tar.gz"}, {}, TRAIN_SH["script"], ".tar.gz"),
-    (SOURCE, {"process_count_per_node": -1, "smp": None}, TRAIN_SH["torchrun"], "at least 1"),
+    (SOURCE, {"process_count_per_node": 2.5, "smp": None}, TRAIN_SH["torchrun"], "not a whole number"),
     ({**SOURCE, "command": "python x.py"}, {}, TRAIN_SH["script"], "disagree"),
     ([], {}, TRAIN_SH["script"], "not a JSON object"),
 ])
@@ -107,9 +110,62 @@ def test_arguments_are_v3s_own_rendering_in_the_files_order():
 
 
 def test_mpirun_options_are_checked_as_ours_are_and_named_as_v3_names_them():
-    job = parse_v3_job(SOURCE, {"process_count_per_node": 2, "mpi_additional_options": ["-np", "8"]}, TRAIN_SH["mpi"])
-    with pytest.raises(JobDefinitionError, match=r"SDK v3's MPI.mpi_additional_options sets -np"):
+    job = parse_v3_job(SOURCE, {"process_count_per_node": 2, "mpi_additional_options": ["--hostfile", "h"]},
+                       TRAIN_SH["mpi"])
+    with pytest.raises(JobDefinitionError, match=r"SDK v3's MPI.mpi_additional_options sets --hostfile"):
         decide_v3_distribution(job)
+
+
+def mpi_job(options, per_host=None):
+    return parse_v3_job(SOURCE, {"process_count_per_node": per_host, "mpi_additional_options": options}, TRAIN_SH["mpi"])
+
+
+@pytest.mark.parametrize("options, rest, counts", [
+    (["-np", "4"], (), (("-np", "4"),)),
+    # every spelling of mpirun's total count, among other options, each read as mpirun reads it
+    (["-x", "A=1", "--np", "4", "--mca", "btl_tcp_if_exclude", "lo", "-n", "4", "-c", "4"],
+     ("-x", "A=1", "--mca", "btl_tcp_if_exclude", "lo"), (("--np", "4"), ("-n", "4"), ("-c", "4"))),
+    (["-x", "-np"], ("-x", "-np"), ()),  # -x's value, not an option (mpirun reads it so too)
+    (["--mca", "np", "-np", "-np", "2"], ("--mca", "np", "-np"), (("-np", "2"),)),  # the MCA value is -np
+    (["-x", "A=1", "-np"], ("-x", "A=1"), (("-np", ""),)),  # no value: refused below, not the fallback
+    (["-N", "2"], ("-N", "2"), ()),  # per node: not the total
+])
+def test_v3s_process_count_options_are_taken_out_of_its_mpirun_options(options, rest, counts):
+    assert split_process_count_options(tuple(options)) == (tuple(rest), counts)
+
+
+def test_a_np_is_taken_out_and_the_other_options_reach_mpirun_as_the_toolkits_custom_options_do():
+    dist = decide_v3_distribution(mpi_job(["-np", "4", "-x", "A=1", "--mca", "btl_tcp_if_exclude", "lo",
+                                           "--NCCL_DEBUG", "INFO"], per_host=2))
+    assert dist.np_option == ("-np", 4) and dist.processes_per_host == 2
+    assert dist.custom_mpi_options == ("-x", "A=1", "--mca", "btl_tcp_if_exclude", "lo", "-x", "NCCL_DEBUG=INFO")
+
+
+@pytest.mark.parametrize("options, why", [
+    (["-np", "two"], 'has -np "two", which is not a whole number'),
+    (["-np", "0"], 'has -np "0", which is not a whole number of at least 1'),
+    (["-np", "\u0663"], "which is not a whole number"),  # another script's digit: the one rule
+    (["-np", "1_0"], "which is not a whole number"),
+    (["-x", "A=1", "-np"], "ends with -np and no number after it"),
+    (["-np", "4", "-n", "2"], "sets -np 4 and then -n 2"),
+])
+def test_a_np_that_is_not_one_count_is_refused_not_given_to_v3s_drivers(options, why):
+    job = mpi_job(options)
+    parse_v3_mpi_options(job)  # cli.decide_v3_fallback: nothing here for v3's own drivers
+    with pytest.raises(JobDefinitionError, match=re.escape(why)):
+        decide_v3_distribution(job)
+
+
+@pytest.mark.parametrize("per_host, ok", [(1, True), (4095, True), (4096, True), (4097, False), (10**29, False),
+                                          (-1, False), (0, True)])
+def test_process_count_per_node_follows_the_one_rule_for_numbers(per_host, ok):
+    for driver, distributed in (("mpi", {"mpi_additional_options": None}), ("torchrun", {"smp": None})):
+        job = parse_v3_job(SOURCE, {"process_count_per_node": per_host, **distributed}, TRAIN_SH[driver])
+        if ok:
+            assert decide_v3_distribution(job).processes_per_host == (per_host or None)
+        else:
+            with pytest.raises(JobDefinitionError, match=r"process_count_per_node=…\) is .*from 1 to 4096"):
+                decide_v3_distribution(job)
 
 
 # --- the plan (real `python -m entrypoint train --dry-run`) --------------------------------
@@ -141,6 +197,81 @@ def test_mpi_runs_as_our_mpirun_launch_with_v3s_options_after_ours(tmp_path):
     argv = plan["processes"][0]["argv"]
     assert plan["role"] == "mpi-leader" and argv[argv.index("-np") + 1] == "4"
     assert argv[argv.index("A=1") - 1] == "-x" and argv.index("A=1") < argv.index(str(root / "input/data/code/train.py"))
+
+
+def test_a_np_that_agrees_with_the_plan_is_our_mpirun_launch_exactly_as_without_it():
+    """v3 3.27's own MPI driver needs mpi_additional_options=["-np", N] (it passes one host's
+    count), so v3 users carry it: the argv is the one of the same job without it, v3's other
+    options after ours, one -np (the plan's)."""
+    from support.jobs import CPU
+
+    options = ["-x", "A=1", "--mca", "btl_tcp_if_exclude", "lo"]
+    with_np = mpi_plan("algo-1", CPU, ["-np", "4", *options])
+    without = mpi_plan("algo-1", CPU, options)
+    argv = with_np.processes[0].argv
+    assert argv == without.processes[0].argv
+    assert argv[:6] == ("mpirun", "--host", "algo-1:2,algo-2:2", "-np", "4", "--allow-run-as-root")
+    assert argv.count("-np") == 1 and "4" not in argv[6:]
+    assert argv[-8:] == ("-x", "A=1", "--mca", "btl_tcp_if_exclude", "lo", PYTHON, RECORD_ERRORS, "/opt/ml/code/train.py")
+
+
+def mpi_plan(current, facts, options, per_host=2):
+    from support.jobs import make_job, plan_for
+
+    job = make_job(hosts=("algo-1", "algo-2"), current=current)
+    return plan_for(job._replace(sdk_v3=mpi_job(options, per_host), program="train.py",
+                                 hyperparameters=job.hyperparameters._replace(values={})), facts)
+
+
+@pytest.mark.parametrize("distributed, numbers", [
+    ({"process_count_per_node": None, "mpi_additional_options": ["-np", "3"]},
+     ["sets -np 3, but this job runs 2 processes: 2 host(s) x 1 per host (process_count_per_node unset",
+      "remove -np 3 from mpi_additional_options, or make it 2."]),
+    ({"process_count_per_node": 2, "mpi_additional_options": ["-x", "A=1", "-n", "2"]},  # v3's own: one host's
+     ["sets -n 2, but this job runs 4 processes: 2 host(s) x 2 per host (MPI(process_count_per_node=2))",
+      "or make it 4."]),
+    ({"process_count_per_node": 1, "mpi_additional_options": ["-np", "3"]},  # just over
+     ["sets -np 3, but this job runs 2 processes"]),
+    ({"process_count_per_node": 1, "mpi_additional_options": ["-np", "1"]},  # just under
+     ["sets -np 1, but this job runs 2 processes"]),
+])
+def test_a_np_that_disagrees_with_the_plan_is_refused_naming_both_numbers_on_every_host(tmp_path, distributed, numbers):
+    marker = tmp_path / "ran"
+    for current in ("algo-1", "algo-2"):
+        root = write_v3_tree(tmp_path / current, "mpi", SOURCE, distributed, {},
+                             {"train.py": f"open({str(marker)!r}, 'w').close()\n"}, hosts=("algo-1", "algo-2"),
+                             current=current)
+        done = run_entrypoint(root, **HANDED)
+        assert done.returncode == 2, done.stderr
+        failure = failure_text(root)
+        assert failure.startswith("The training job definition is invalid: SDK v3's MPI.mpi_additional_options "), failure
+        assert all(n in failure for n in numbers), failure
+        assert "SDK v3's own drivers run this job" not in done.stderr and "Traceback" not in done.stderr
+    assert not marker.exists()
+
+
+def test_a_process_count_per_node_past_what_a_host_runs_is_refused_not_planned(tmp_path):
+    for per_host, driver, extra in ((10**29, "mpi", {"mpi_additional_options": None}),
+                                    (4097, "torchrun", {"smp": None}), (-1, "mpi", {"mpi_additional_options": None})):
+        root = write_v3_tree(tmp_path / str(per_host), driver, SOURCE, {"process_count_per_node": per_host, **extra},
+                             {}, {"train.py": ""}, hosts=("algo-1", "algo-2"))
+        dry = run_entrypoint(root, "--dry-run", **HANDED)
+        assert dry.returncode == 2 and dry.stdout == "", dry.stdout[:300]
+        assert f"process_count_per_node=…) is \"{per_host}\": it must be a whole number from 1 to 4096" in dry.stderr
+        assert "SDK v3's own drivers run this job" not in dry.stderr
+    ok = write_v3_tree(tmp_path / "ok", "mpi", SOURCE, {"process_count_per_node": 4096, "mpi_additional_options": None},
+                       {}, {"train.py": ""}, hosts=("algo-1", "algo-2"))
+    assert plan_of(ok)["processes_per_host"] == 4096  # at the bound
+
+
+def test_a_nul_in_the_command_is_refused_naming_the_command(tmp_path):
+    source = {**SOURCE, "command": "echo before\0after", "entry_script": None}
+    root = write_v3_tree(tmp_path, "command", source, {}, {}, {})
+    done = run_entrypoint(root, **HANDED)
+    assert done.returncode == 2, done.stderr
+    failure = failure_text(root)
+    assert "SDK v3's SourceCode.command holds a NUL byte (U+0000, character 12 of the command" in failure, failure
+    assert "hyperparameter" not in failure and "before" not in done.stdout
 
 
 def test_a_command_runs_once_per_host_in_bash_and_requirements_install_first(tmp_path):
