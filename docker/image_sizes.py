@@ -15,6 +15,7 @@ Standard library only; needs a Docker engine (DOCKER_HOST) and, for the push, do
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -24,6 +25,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from typing import Iterator
 
 MANIFEST_V2 = "application/vnd.docker.distribution.manifest.v2+json"
 
@@ -70,18 +72,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def probe_pushed_size(image: str) -> int:
-    """Push IMAGE to a private registry on 127.0.0.1, read its manifest, sum the layer blobs."""
+@contextlib.contextmanager
+def run_private_registry(root: str) -> Iterator[str]:
+    """A registry v2 server (Debian's docker-registry) on 127.0.0.1 storing under ROOT, for as
+    long as the block runs: yields its address. Also the tests' registry (tests/images)."""
     if shutil.which("docker-registry") is None:
         raise RuntimeError("docker-registry is not installed (apt-get install docker-registry)")
-    work = tempfile.mkdtemp(prefix="byoc-size-registry.")
     port = _free_port()
-    config = os.path.join(work, "registry.yml")
+    config = os.path.join(root, "registry.yml")
     with open(config, "w", encoding="utf-8") as f:
-        f.write(f"version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {work}/storage\n"
-                f"http:\n  addr: 127.0.0.1:{port}\nlog:\n  level: error\n")
+        f.write(f"version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {root}/storage\n  delete:\n"
+                f"    enabled: true\nhttp:\n  addr: 127.0.0.1:{port}\nlog:\n  level: error\n")
     server = subprocess.Popen(["docker-registry", "serve", config], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    remote = f"127.0.0.1:{port}/byoc-size/image:measure"
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -90,18 +92,30 @@ def probe_pushed_size(image: str) -> int:
                 break
             except OSError:
                 if server.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("docker-registry did not start")
+                    raise RuntimeError(f"docker-registry did not start: {server.stderr.read().decode()[-2000:]}")
                 time.sleep(0.2)
-        run(["docker", "tag", image, remote])
-        run(["docker", "push", remote], timeout=3600)
-        request = urllib.request.Request(f"http://127.0.0.1:{port}/v2/byoc-size/image/manifests/measure",
-                                         headers={"Accept": MANIFEST_V2})
-        with urllib.request.urlopen(request, timeout=60) as response:
-            return sum_manifest_layers(json.loads(response.read()))
+        yield f"127.0.0.1:{port}"
     finally:
-        subprocess.run(["docker", "rmi", remote], capture_output=True)
         server.terminate()
         server.wait(timeout=10)
+
+
+def probe_pushed_size(image: str) -> int:
+    """Push IMAGE to a private registry on 127.0.0.1, read its manifest, sum the layer blobs."""
+    work = tempfile.mkdtemp(prefix="byoc-size-registry.")
+    try:
+        with run_private_registry(work) as address:
+            remote = f"{address}/byoc-size/image:measure"
+            try:
+                run(["docker", "tag", image, remote])
+                run(["docker", "push", remote], timeout=3600)
+                request = urllib.request.Request(f"http://{address}/v2/byoc-size/image/manifests/measure",
+                                                 headers={"Accept": MANIFEST_V2})
+                with urllib.request.urlopen(request, timeout=60) as response:
+                    return sum_manifest_layers(json.loads(response.read()))
+            finally:
+                subprocess.run(["docker", "rmi", remote], capture_output=True)
+    finally:
         shutil.rmtree(work, ignore_errors=True)
 
 

@@ -14,42 +14,20 @@ from pathlib import Path
 
 import pytest
 
-from support.ports import free_port
 from tests.images.image_harness import REPO_ROOT, build_run_argv, run_docker
 
 pytestmark = pytest.mark.slow
 
 sys.path.insert(0, str(REPO_ROOT / "docker"))
 check_manifest = __import__("check-manifest")  # docker/check-manifest.py: a script, not a package
+import image_sizes  # noqa: E402  docker/image_sizes.py: its private registry
 
 
 @pytest.fixture
 def registry(tmp_path):
     """A registry v2 server on 127.0.0.1, its storage under tmp_path, stopped afterwards."""
-    port = free_port()
-    config = tmp_path / "registry.yml"
-    config.write_text(
-        "version: 0.1\n"
-        f"storage:\n  filesystem:\n    rootdirectory: {tmp_path / 'storage'}\n  delete:\n    enabled: true\n"
-        f"http:\n  addr: 127.0.0.1:{port}\n"
-        "log:\n  level: error\n"
-    )
-    server = subprocess.Popen(["docker-registry", "serve", str(config)], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=2).close()
-                break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"docker-registry did not start: {server.stderr.read().decode()[-2000:]}")
-                time.sleep(0.2)
-        yield f"127.0.0.1:{port}"
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
+    with image_sizes.run_private_registry(str(tmp_path)) as address:
+        yield address
 
 
 def _dry_run_tree(root: Path) -> Path:
