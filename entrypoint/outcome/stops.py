@@ -14,6 +14,15 @@ def describe_startup_stop(signal_name: str, code: int) -> str:
             f"trained. Exit code {code}.\n")
 
 
+def describe_stop_before_restart(signal_name: str, code: int, earlier: list[str]) -> str:
+    """A stop after failed attempts, before the next attempt's processes started (restarts.py):
+    that attempt never ran; the earlier ones' failures follow."""
+    lines = "\n".join(f"  attempt {i}: {text}" for i, text in enumerate(earlier, 1))
+    return (f"Stopped by {signal_name} before attempt {len(earlier) + 1} started (the job was being restarted after a "
+            f"failure, BYOC_MAX_RESTARTS); no process of that attempt ran. Exit code {code}.\n\n"
+            f"The earlier attempts failed:\n{lines}\n")
+
+
 def describe_capacity_over(capacity_ends_at: float, stop_at: float, now: float) -> str:
     """Why the job never started: its stop time had passed."""
     return (f"The training never started: the training plan's reserved capacity ends at {describe_utc(capacity_ends_at)} "

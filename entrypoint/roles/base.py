@@ -154,7 +154,7 @@ class MultiHostRole(HostRole):
         return Outcome(1, self.describe_failure(f"{self.what}: starting the workers", RunResult(1, stopped_by)))
 
     def on_processes_started(self, supervisor) -> None:
-        self.supervisor = supervisor
+        super().on_processes_started(supervisor)  # the base's part: the "processes started" phase
         if self.watches is None:
             self.watches = self.start_watches()
 

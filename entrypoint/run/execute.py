@@ -9,6 +9,7 @@ crashed run is started again, and report/ words the outcome.
 
 from __future__ import annotations
 
+import signal
 import time
 
 from entrypoint.decide.plan import LaunchPlan
@@ -18,10 +19,10 @@ from entrypoint.decide.settings import decide_capacity_stop_at
 from entrypoint.job.paths import MlPaths
 from entrypoint.log import log
 from entrypoint.outcome.failure import (describe_exit_code, describe_job_failure, describe_root_cause,
-                                        first_root_cause,
-                                        secret_values)
+                                        first_root_cause, secret_values)
 from entrypoint.outcome.records import SUCCESS, Outcome
-from entrypoint.outcome.stops import describe_capacity_over, describe_capacity_stop, describe_startup_stop
+from entrypoint.outcome.stops import (describe_capacity_over, describe_capacity_stop, describe_startup_stop,
+                                      describe_stop_before_restart)
 from entrypoint.outcome.writer import clear_previous_outcome
 from entrypoint.run import runtime_dirs
 from entrypoint.roles.base import HostRole
@@ -148,6 +149,9 @@ def run_install_steps(plan: LaunchPlan, env: dict[str, str], role: HostRole) -> 
         log(what)
         run = run_processes((ProcessSpec("pip", step),), env, plan.cwd, role.collector, role.stop,
                             RunHooks(plan.settings, plan.current_host))
+        if run.stopped_by:  # before pip started, or forwarded to it: nothing was trained, a start-up stop
+            code = 128 + signal.Signals[run.stopped_by]
+            return Outcome(code, describe_startup_stop(run.stopped_by, code))
         if run.launch_error:
             return Outcome(run.exit_code, f"{what}: {run.launch_error}")
         if run.exit_code != 0:
@@ -194,7 +198,17 @@ def build_stop_at(plan: LaunchPlan) -> tuple[float, str] | None:
     return stop_at, describe_capacity_stop(settings.capacity_ends_at, stop_at, settings.grace_period_s)
 
 
+def build_stopped_before_start(run: RunResult, earlier: list[str]) -> Outcome:
+    """A stop that came before the run's first process started: none ran, so the outcome is the
+    stop's, never a failure of a script that never started."""
+    if not earlier:
+        return Outcome(run.exit_code, describe_startup_stop(run.stopped_by, run.exit_code))
+    return Outcome(run.exit_code, describe_stop_before_restart(run.stopped_by, run.exit_code, earlier))
+
+
 def build_run_outcome(role: HostRole, run: RunResult, earlier: list[str]) -> Outcome:
+    if run.stopped_by and not run.started:
+        return build_stopped_before_start(run, earlier)
     if run.stop_reason and not run.launch_error:
         # A stop this host made itself (the capacity is ending) is reported as the platform's
         # stop is (SIGTERM to the entrypoint): by what the script did. One that saved and exited

@@ -11,14 +11,16 @@ environment is — so it is derived from what every host is given (decide_job_id
 at random; a job of one host adds its entrypoint's process id, so two runs of one definition
 on one machine (parallel tests, emulated jobs) each have their own.
 
-Created with mkdir (which fails if anything is there: no symlink, no folder someone prepared
-is followed) and mode 0700. A folder left by an entrypoint that was killed (SIGKILL, the OOM
+Made whole under a name of its own (mode 0700, its owner file in it) and renamed into place only
+where nothing is there (no symlink, no folder someone prepared is followed or used): a folder at
+the job's path always names the entrypoint that made it, whenever a stop or a kill comes. A folder left by an entrypoint that was killed (SIGKILL, the OOM
 killer) on this same host is taken over; one that belongs to a live entrypoint, or that this
 host cannot tell about, is an error naming it.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from typing import NamedTuple
@@ -120,34 +122,63 @@ def load_owner(folder: str) -> Owner | None:
 
 
 def start_job_folder(path: str) -> None:
-    """Make `path` this job's folder: created here, mode 0700, its parent a real folder."""
+    """Make `path` this job's folder: mode 0700, its parent a real folder, and its owner file in
+    it from the moment it exists. It is made complete under a name of its own beside `path`,
+    then renamed into place: a stop (or a kill) at any moment leaves either no folder at `path`
+    or one whose owner file names this entrypoint (remove_job_folder removes it; a later job
+    takes it over), never one without an owner, which nothing could remove."""
     parent = os.path.dirname(path)
     os.makedirs(parent, mode=0o755, exist_ok=True)
     info = os.lstat(parent)
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
         raise RuntimeDirError(f"{parent} is not a folder of this user's (a link, or another user's); "
                               f"set BYOC_RUNTIME_DIR to a folder only this user can write")
-    for attempt in (1, 2):
+    # A name nobody else makes (12 random hex digits), so what is found there on the way out is ours.
+    making = os.path.join(parent, f".{os.path.basename(path)}.new-{os.urandom(6).hex()}")
+    try:
+        os.mkdir(making, 0o700)
+        os.chmod(making, 0o700)  # whatever the umask
+        fd = os.open(os.path.join(making, OWNER_FILE), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{os.getpid()} {os.uname().nodename}\n")  # gethostname(), without loading socket
+        place_job_folder(making, path)
+    finally:
         try:
-            os.mkdir(path, 0o700)
-            break
-        except FileExistsError:
+            remove_tree(making)  # what a stop or an error left of it; nothing once it is in place
+        except BaseException:  # a stop that came during this very removal (it is raised once): finish it
+            remove_tree(making)
+            raise
+
+
+def place_job_folder(making: str, path: str) -> None:
+    """Rename the finished folder to `path`. Nothing there: it is this job's. Anything there (a
+    link, a file, a folder someone made): it is never followed or used; a folder left by a
+    killed entrypoint of this job on this host is removed and the rename tried once more."""
+    for attempt in (1, 2):
+        if not os.path.lexists(path):  # rename would replace an empty folder: looked at first
+            try:
+                os.rename(making, path)
+                return
+            except OSError as exc:
+                if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, errno.EISDIR):
+                    raise
+        try:
             info = os.lstat(path)
-            why = None
-            if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
-                why = "it is not a folder of this user's"
-            else:
-                owner = load_owner(path)
-                why = decide_takeover(owner, os.uname().nodename, owner is not None and probe_pid_alive(owner.pid))
-            if why is not None or attempt == 2:
-                raise RuntimeDirError(f"this job's runtime folder {path} already exists and {why or 'came back'}: "
-                                      f"two entrypoints of the same job cannot share it; remove it, or set "
-                                      f"BYOC_RUNTIME_DIR to another folder") from None
-            remove_tree(path)  # left by a killed entrypoint of this job
-    os.chmod(path, 0o700)  # whatever the umask
-    fd = os.open(os.path.join(path, OWNER_FILE), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(f"{os.getpid()} {os.uname().nodename}\n")  # gethostname(), without loading socket
+        except FileNotFoundError:
+            continue  # gone again meanwhile: the next attempt renames
+        why = None
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+            why = "it is not a folder of this user's"
+        else:
+            owner = load_owner(path)
+            why = decide_takeover(owner, os.uname().nodename, owner is not None and probe_pid_alive(owner.pid))
+        if why is not None or attempt == 2:
+            raise RuntimeDirError(f"this job's runtime folder {path} already exists and {why or 'came back'}: "
+                                  f"two entrypoints of the same job cannot share it; remove it, or set "
+                                  f"BYOC_RUNTIME_DIR to another folder") from None
+        remove_tree(path)  # left by a killed entrypoint of this job
+    raise RuntimeDirError(f"this job's runtime folder {path} kept coming and going: two entrypoints of the same "
+                          f"job cannot share it; set BYOC_RUNTIME_DIR to another folder")
 
 
 def remove_job_folder(path: str) -> None:

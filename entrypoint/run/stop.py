@@ -7,7 +7,9 @@ What a stop does depends on the phase, and the phase's owner says it with `react
 - start-up (cli.main): StartupStopped is raised, ending whatever step runs;
 - from a role's start on (run/execute.py): the stop is only noted; every wait polls
   `requested()` and ends, and run_processes forwards it to the processes (its reaction
-  meanwhile: run/supervise.Supervisor.on_signal);
+  meanwhile: run/supervise.Supervisor.on_signal). run_processes reads `requested()` only
+  once that reaction is in place: a stop is seen there (nothing starts) or taken by the
+  reaction (forwarded, held while Popen runs), never neither;
 - finishing (run/finishing.py): `begin_finishing`, then its steps are cut.
 A stop before finishing is the run's to answer (forwarded, then its outcome written); only a
 stop after the outcome counts for finishing, so `requested()` counts from `begin_finishing`.

@@ -5,8 +5,14 @@
   groups get SIGKILL. When one of several processes fails, the others get the same treatment.
 - Output is streamed live, byte for byte; a bounded tail is kept for the failure report, and
   the root-cause lines that ranks print (see rank/record_errors.py) are collected.
-- A stop reaches a run through the job's one token (run/stop.py): while processes run, its
-  reaction is Supervisor.on_signal; a token already stopped starts nothing.
+- A stop reaches a run through the job's one token (run/stop.py): from before the first
+  process starts, its reaction is Supervisor.on_signal; a token already stopped starts nothing.
+  A stop taken at any moment of a start either prevents it (no process started: the run
+  reports started=False) or reaches the process started with SIGTERM: one that comes while
+  Popen runs (the child exists, but is not in `children` yet) is held, and forwarded as soon
+  as Popen returns; once a stop came, no further process is started.
+- After the processes end, their output pumps get one shared deadline (settings.thread_join_s),
+  not one each: a process the script left running that holds its stdout open costs it once.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from entrypoint.settings import DEFAULTS, LaunchSettings
 TAIL_LINES = 100
 TAIL_LINE_CHARS = 500
 MAX_CAPTURED_LINES = 50000  # the ranks' stack dumps when a hang is suspected
+PUMP = "output of"  # an output pump thread's name: `output of <process> <stream>`
 
 
 class OutputCollector:
@@ -216,12 +223,17 @@ class Supervisor:
         self.kill_at: float | None = None
         self.killed_at_deadline = False  # we sent SIGKILL when the grace period ran out
         self.first_failure_signaled: bool | None = None  # RunResult.signaled
+        # A stop the token's handler took (main thread) and start() holds while Popen runs: the
+        # handler appends, forward_stops takes each once, whichever of the two runs it.
+        self.starting = False
+        self.pending_stops: list[int] = []
 
     def start(self, spec: ProcessSpec, env: dict[str, str], cwd: str) -> None:
         if spec.rank_output:
             from entrypoint.run import rank_output  # only mpirun writes the ranks' files
 
             rank_output.clear(spec.rank_output)
+        self.starting = True  # a stop from here is held until the child is in self.children
         try:
             proc = subprocess.Popen(
                 list(spec.argv),
@@ -232,12 +244,15 @@ class Supervisor:
                 stderr=subprocess.PIPE,
                 start_new_session=True,
             )
+            self.children.append((spec, proc))
         except (OSError, ValueError) as error:
             from entrypoint.outcome.launch_errors import describe_launch_error  # only when a start fails
 
             argv = list(spec.argv)
             raise LaunchError(describe_launch_error(argv, env, error, shebang=_names_its_interpreter(argv))) from None
-        self.children.append((spec, proc))
+        finally:
+            self.starting = False
+        self.forward_stops()  # a stop taken while Popen ran reaches the process it started
         if spec.rank_output:
             self.followers.append(rank_output.start_following(spec.rank_output, self.collector,
                                                               self.settings.quiet_line_s, self.settings.wait_poll_s))
@@ -248,7 +263,7 @@ class Supervisor:
             lines = (TaggedLines("stdout" if pipe is proc.stdout else "stderr", _count_after(spec.argv, "-np"))
                      if "--tag-output" in spec.argv else None)
             t = threading.Thread(target=_pump, args=(pipe, sink, self.collector, lines, self.settings.quiet_line_s),
-                                 daemon=True)
+                                 daemon=True, name=f"{PUMP} {spec.name} {'stdout' if pipe is proc.stdout else 'stderr'}")
             t.start()
             self.pumps.append(t)
 
@@ -326,14 +341,32 @@ class Supervisor:
             self.stop_after_failure(self.hang_reason.rstrip("."))
 
     def on_signal(self, signum: int) -> None:
-        """The stop token's reaction while the processes run: forward the stop to them."""
+        """The stop token's reaction from before the first process starts: forward the stop to
+        the processes; while one is being started, once it is (forward_stops)."""
         name = signal.Signals(signum).name
         if self.stopped_by is None:
             self.stopped_by = name
             self.stopped_at = time.time()
-            log(f"received {name}: forwarding it to the job, SIGKILL in {self.grace_period_s:g} s")
-        self.signal_all(signum, stop_request=True)
-        self._kill_within(self.grace_period_s)
+            if self.children or self.starting:
+                log(f"received {name}: forwarding it to the job, SIGKILL in {self.grace_period_s:g} s")
+            else:
+                log(f"received {name} before the processes started: starting none")
+        self.pending_stops.append(signum)
+        if not self.starting:
+            self.forward_stops()
+
+    def forward_stops(self) -> None:
+        """Each stop not yet forwarded, to every process started so far, once; with none started
+        yet, they wait for the first (start() forwards them once it is in self.children). The
+        handler may run between any two lines here (main thread): list.pop hands each stop to
+        one caller."""
+        while self.children:
+            try:
+                signum = self.pending_stops.pop(0)
+            except IndexError:
+                return
+            self.signal_all(signum, stop_request=True)
+            self._kill_within(self.grace_period_s)
 
     def check_stop_time(self) -> None:
         if self.stop_at is None or self.stopped_by is not None or time.time() < self.stop_at[0]:
@@ -393,11 +426,24 @@ class Supervisor:
         # Orphans (data-loader workers, a forked server, ranks in groups of their own) die too.
         self.signal_all(signal.SIGKILL)
         processes.reap_orphans(set())
-        for t in self.pumps:
-            t.join(timeout=self.settings.thread_join_s)
+        self.join_pumps()
         for follower in self.followers:  # every line the ranks wrote, before the outcome is decided
             follower.stop(self.settings.thread_join_s)
         return first_failure or 0
+
+
+    def join_pumps(self) -> None:
+        """The output pumps (and a role's senders), within one deadline for all of them: a
+        process the script left running in a session of its own (SIGKILL to the groups missed
+        it) may hold its stdout open for good. Said once, naming what is still open."""
+        deadline = time.monotonic() + self.settings.thread_join_s
+        for t in self.pumps:
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
+        held = [t.name[len(PUMP) + 1:] for t in self.pumps if t.is_alive() and t.name.startswith(PUMP)]
+        if held:
+            log(f"{', '.join(held)}: still open after the process ended (a process it started and left running "
+                f"holds it); waited {self.settings.thread_join_s:g} s for the rest of its output, not more: what "
+                f"comes later is not kept")
 
 
 class RunResult(NamedTuple):
@@ -412,6 +458,7 @@ class RunResult(NamedTuple):
     # Whether a signal ended the first process that failed (False: it returned its exit code
     # itself, 137 from os._exit or from mpirun included; None: no process failed).
     signaled: bool | None = None
+    started: bool = True  # False: a stop came before any process started, and none was
 
 
 def on_stack_request_without_ranks(_signum, _frame) -> None:
@@ -438,14 +485,16 @@ def _names_its_interpreter(argv: list[str]) -> bool:
 def run_processes(processes_: tuple[ProcessSpec, ...], env: dict[str, str], cwd: str, collector: OutputCollector,
                   stop: Stop, hooks: RunHooks = RunHooks()) -> RunResult:
     """Start the processes, forward a stop to them (the token's reaction meanwhile), wait for
-    every one. A token already stopped starts nothing: the stop came between two runs."""
-    if stop.requested():
-        return RunResult(128 + stop.signum, stop.signal_name, stop.at)
+    every one. A token already stopped starts nothing: the stop came before this run (between
+    two runs, or after the role's start); it is read once the reaction is the supervisor's, so
+    a stop is either seen here or taken by Supervisor.on_signal, never neither."""
     supervisor = Supervisor(collector, hooks)
     oom_before = load_oom_kill_count()
     previous = signal.signal(signal.SIGUSR1, supervisor.on_stack_request)
     try:
         with stop.reacting(supervisor.on_signal):
+            if stop.requested():
+                return RunResult(128 + stop.signum, stop.signal_name, stop.at, started=False)
             code = start_beside(supervisor, hooks.before_start, stop) or \
                 start_and_wait(supervisor, processes_, env, cwd, hooks.on_started)
     finally:
@@ -473,20 +522,26 @@ def start_beside(supervisor: Supervisor, before_start, stop: Stop) -> RunResult 
         return None
     for follower in supervisor.followers:
         follower.stop(supervisor.settings.thread_join_s)
-    return RunResult(128 + stop.signum, stop.signal_name, stop.at)
+    return RunResult(128 + stop.signum, stop.signal_name, stop.at, started=False)
 
 
 def start_and_wait(supervisor: Supervisor, processes_: tuple[ProcessSpec, ...], env: dict[str, str], cwd: str,
                    on_started) -> int | RunResult:
-    """The run's exit code; a RunResult when a process could not be started."""
+    """The run's exit code; a RunResult when a process could not be started, or when a stop
+    came before the first did (none is started after a stop)."""
     try:
         for spec in processes_:
+            if supervisor.stopped_by is not None:
+                break
             supervisor.start(spec, {**env, **dict(spec.env)}, cwd)
     except LaunchError as error:
         supervisor.signal_all(signal.SIGKILL)  # what did start cannot run without the rest
         for _, proc in supervisor.children:
             proc.wait()
         return RunResult(EXIT_BAD_JOB, launch_error=str(error))
+    if not supervisor.children and supervisor.stopped_by is not None:  # stopped before the first start
+        name = supervisor.stopped_by or "SIGTERM"
+        return RunResult(128 + signal.Signals[name], name, supervisor.stopped_at, started=False)
     if on_started is not None:
         on_started(supervisor)
     return supervisor.wait()

@@ -201,6 +201,11 @@ def test_torchrun_two_hosts_one_report_on_the_leader_covers_both():
         assert [(r["rank"], r["host"], r["steps"]) for r in report["ranks"]] == [(0, "algo-1", 40), (1, "algo-2", 40)]
         assert [(s["kind"], s["host"]) for s in report["stragglers"]] == [("rank", "algo-2"), ("host", "algo-2")]
         assert {p["host"] for p in report["phases"] if p["name"] == "peers ready"} == {"algo-1", "algo-2"}
+        # Issue 43, case 6: each host's timeline has its processes' start, after its peers were ready.
+        for name in ("algo-1", "algo-2"):
+            phases = [p["name"] for p in report["phases"] if p["host"] == name]
+            assert "peers ready" in phases and "processes started" in phases, (name, phases)
+            assert phases.index("peers ready") < phases.index("processes started"), (name, phases)
         # no note but the compile cache's state (issue 35: its folder and size are shown in the report)
         assert len(report["hosts"]["algo-2"]["series"]["time"]) >= 2
         assert [n for n in report["notes"] if "torch.compile cache" not in n] == [], report["notes"]
@@ -220,6 +225,9 @@ def test_mpirun_two_hosts_the_leader_reads_the_workers_figures_over_ssh():
         assert [(r["rank"], r["host"]) for r in report["ranks"]] == [(0, "algo-1"), (1, "algo-1"), (2, "algo-2"),
                                                                      (3, "algo-2")]
         assert [(s["kind"], s.get("rank"), s["host"]) for s in report["stragglers"]][0] == ("rank", 3, "algo-2")
+        # Issue 43, case 6: the leader's timeline has mpirun's start, after its peers were ready.
+        leader = [p["name"] for p in report["phases"] if p["host"] == "algo-1"]
+        assert leader.index("peers ready") < leader.index("processes started"), leader
         assert not os.path.exists(os.path.join(cluster.opt_ml("algo-2"), "output", "data", "report"))
         assert_nothing_left(cluster)
 

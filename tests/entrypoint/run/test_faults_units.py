@@ -549,3 +549,41 @@ def test_a_job_port_already_in_use_is_one_clear_line_naming_the_setting(tmp_path
     line = f"port {port} on {host} is already in use by another process: the job's peers reach each other there; set BYOC_JOB_PORT"
     assert line in failure_text(root), failure_text(root)
     assert "Traceback" not in done.stderr and "must not run" not in done.stdout
+
+
+LEAVES_A_GRANDCHILD = """\
+import os, subprocess, sys
+# A process of its own session: the SIGKILL to the script's group at the end misses it, and
+# it keeps the script's stdout and stderr open.
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+open(os.environ["GRANDCHILD"], "w").write(str(child.pid))
+print("the script is done", flush=True)
+"""
+
+
+def test_a_grandchild_holding_the_scripts_output_costs_one_wait_said_once(tmp_path):
+    """Issue 43, case 8: a process the script left running with its stdout open made the
+    entrypoint wait 5 s for each of two output pumps ("succeeded in 11.1 s" for a 1 s script).
+    One deadline for the pumps together, and one line that says what is still open; the job's
+    outcome is the script's (success)."""
+    from support.jobtree import entrypoint_env, write_tree
+
+    pid_file = tmp_path / "grandchild"
+    root = write_tree(tmp_path / "ml", script=LEAVES_A_GRANDCHILD)
+    try:
+        done = subprocess.run([PYTHON, "-m", "entrypoint", "train"], env=entrypoint_env(root, GRANDCHILD=str(pid_file)),
+                              capture_output=True, text=True, timeout=300, cwd=REPO)
+    finally:
+        if pid_file.exists():
+            try:
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert done.returncode == 0 and (root / "output/success").exists(), done.stderr[-3000:]
+    assert "the script is done" in done.stdout
+    held = [line for line in done.stderr.splitlines() if "still open after the process ended" in line]
+    assert held == ["[entrypoint] script stdout, script stderr: still open after the process ended (a process it "
+                    "started and left running holds it); waited 5 s for the rest of its output, not more: what "
+                    "comes later is not kept"], done.stderr[-3000:]
+    lines = done.stderr.splitlines()
+    assert lines.index(held[0]) < next(i for i, line in enumerate(lines) if "succeeded in" in line)

@@ -222,3 +222,36 @@ def test_a_job_folder_that_is_a_link_is_removed_not_its_target(tmp_path):
     os.symlink(target, tmp_path / "job")
     remove_tree(str(tmp_path / "job"))
     assert not os.path.lexists(tmp_path / "job") and (target / "file").read_text() == "kept"
+
+
+def test_a_sigterm_at_each_step_of_making_the_job_folders_leaves_none_behind(tmp_path):
+    """Issue 43, case 5: a stop between making a job folder and writing its owner file left
+    `$BYOC_RUNTIME_DIR/job-*` and `/dev/shm/byoc-*-job-*` for good (the remover refuses a folder
+    without an owner). SIGTERM at each step of making them (tests/support/stop_at.py), through
+    the real entrypoint: a start-up stop, and nothing left, in either place, under any name."""
+    from entrypoint.run.runtime_dirs import decide_private_name
+
+    stop_at = str(REPO / "tests" / "support" / "stop_at.py")
+    window = {"STOP_AT_FROM": "entrypoint.cli:start_job_folders", "STOP_AT_TO": ""}
+
+    def run(step: int, name: str):
+        run_dir = tmp_path / name / "run"
+        root = write_tree(tmp_path / name / "ml", script="print('trained')\n")
+        env = entrypoint_env(root, BYOC_RUNTIME_DIR=str(run_dir), STOP_AT_STEP=str(step),
+                             STOP_AT_NOTE=str(tmp_path / name / "note"), **window)
+        done = subprocess.run([PYTHON, stop_at], env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
+        # The memory-backed folder's name: decide_private_name's, without the job id.
+        private_prefix = decide_private_name(str(run_dir), "")
+        private = [n for n in os.listdir("/dev/shm") if private_prefix in n] if os.path.isdir("/dev/shm") else []
+        left = (os.listdir(run_dir) if run_dir.exists() else []) + private
+        return done, root, left, (tmp_path / name / "note").read_text().strip()
+
+    done, root, left, note = run(0, "count")
+    assert done.returncode == 0 and left == [], (note, left, done.stderr[-2000:])
+    steps = int(note.split()[1])
+    assert steps >= 10, note
+    for step in range(1, steps + 1):
+        done, root, left, note = run(step, f"step-{step}")
+        context = f"stop at step {step}, {note}: exit {done.returncode}, left {left}\n{done.stderr[-2000:]}"
+        assert done.returncode == 143 and left == [], context
+        assert (root / "output/failure").read_text().startswith("Stopped by SIGTERM during start-up"), context
