@@ -350,7 +350,7 @@ class Supervisor:
             if self.children or self.starting:
                 log(f"received {name}: forwarding it to the job, SIGKILL in {self.grace_period_s:g} s")
             else:
-                log(f"received {name} before the processes started: starting none")
+                log(f"received {name} before the processes started")  # none starts, or the one starting gets it
         self.pending_stops.append(signum)
         if not self.starting:
             self.forward_stops()
@@ -431,14 +431,15 @@ class Supervisor:
             follower.stop(self.settings.thread_join_s)
         return first_failure or 0
 
-
     def join_pumps(self) -> None:
-        """The output pumps (and a role's senders), within one deadline for all of them: a
-        process the script left running in a session of its own (SIGKILL to the groups missed
-        it) may hold its stdout open for good. Said once, naming what is still open."""
+        """The output pumps, within one deadline for all of them: a process the script left
+        running in a session of its own (SIGKILL to the groups missed it) may hold its stdout
+        open for good. Said once, naming what is still open. A role's sender (on_rank_killed)
+        keeps a deadline of its own."""
         deadline = time.monotonic() + self.settings.thread_join_s
         for t in self.pumps:
-            t.join(timeout=max(0.0, deadline - time.monotonic()))
+            pump = t.name.startswith(PUMP)
+            t.join(timeout=max(0.0, deadline - time.monotonic()) if pump else self.settings.thread_join_s)
         held = [t.name[len(PUMP) + 1:] for t in self.pumps if t.is_alive() and t.name.startswith(PUMP)]
         if held:
             log(f"{', '.join(held)}: still open after the process ended (a process it started and left running "
@@ -540,7 +541,7 @@ def start_and_wait(supervisor: Supervisor, processes_: tuple[ProcessSpec, ...], 
             proc.wait()
         return RunResult(EXIT_BAD_JOB, launch_error=str(error))
     if not supervisor.children and supervisor.stopped_by is not None:  # stopped before the first start
-        name = supervisor.stopped_by or "SIGTERM"
+        name = supervisor.stopped_by
         return RunResult(128 + signal.Signals[name], name, supervisor.stopped_at, started=False)
     if on_started is not None:
         on_started(supervisor)
