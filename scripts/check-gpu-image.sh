@@ -96,7 +96,7 @@ build() {
         -- --network host "${no_cache[@]}"
 }
 built=0
-if [ -n "$base_image" ] && step build "docker/build.sh --flavor gpu as $tag (uncached: ~10 min; log: $BYOC_SETUP_LOGS/image-build-gpu.log)" build; then
+if [ -n "$base_image" ] && step build "docker/build.sh --flavor gpu as $tag (uncached: 10-14 min; log: $BYOC_SETUP_LOGS/image-build-gpu.log)" build; then
     built=1
 fi
 
