@@ -40,7 +40,6 @@ from entrypoint.settings import DEFAULTS, LaunchSettings
 TAIL_LINES = 100
 TAIL_LINE_CHARS = 500
 MAX_CAPTURED_LINES = 50000  # the ranks' stack dumps when a hang is suspected
-PUMP = "output of"  # an output pump thread's name: `output of <process> <stream>`
 
 
 class OutputCollector:
@@ -215,7 +214,8 @@ class Supervisor:
         self.hang_reason: str | None = None
         self.children: list[tuple[ProcessSpec, subprocess.Popen]] = []
         self.rank_envs: dict[int, dict[str, str]] = {}  # pid -> environment, of the ranks we start
-        self.pumps: list[threading.Thread] = []
+        self.pumps: list[threading.Thread] = []  # the output pumps, named `<process> <stream>`
+        self.senders: list[threading.Thread] = []  # what a role's on_rank_killed started
         self.followers: list = []  # rank_output.RankOutputFollower: the ranks' files mpirun has written here
         self.stopped_by: str | None = None
         self.stopped_at: float | None = None  # time.time() of the stop request
@@ -263,7 +263,7 @@ class Supervisor:
             lines = (TaggedLines("stdout" if pipe is proc.stdout else "stderr", _count_after(spec.argv, "-np"))
                      if "--tag-output" in spec.argv else None)
             t = threading.Thread(target=_pump, args=(pipe, sink, self.collector, lines, self.settings.quiet_line_s),
-                                 daemon=True, name=f"{PUMP} {spec.name} {'stdout' if pipe is proc.stdout else 'stderr'}")
+                                 daemon=True, name=f"{spec.name} {'stdout' if pipe is proc.stdout else 'stderr'}")
             t.start()
             self.pumps.append(t)
 
@@ -386,7 +386,7 @@ class Supervisor:
             return
         sender = self.on_rank_killed(env, signum)
         if sender is not None:
-            self.pumps.append(sender)
+            self.senders.append(sender)
 
     def wait(self) -> int:
         """Wait for every child; the exit code of the first that failed, else 0."""
@@ -438,9 +438,10 @@ class Supervisor:
         keeps a deadline of its own."""
         deadline = time.monotonic() + self.settings.thread_join_s
         for t in self.pumps:
-            pump = t.name.startswith(PUMP)
-            t.join(timeout=max(0.0, deadline - time.monotonic()) if pump else self.settings.thread_join_s)
-        held = [t.name[len(PUMP) + 1:] for t in self.pumps if t.is_alive() and t.name.startswith(PUMP)]
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
+        for sender in self.senders:
+            sender.join(timeout=self.settings.thread_join_s)
+        held = [t.name for t in self.pumps if t.is_alive()]
         if held:
             log(f"{', '.join(held)}: still open after the process ended (a process it started and left running "
                 f"holds it); waited {self.settings.thread_join_s:g} s for the rest of its output, not more: what "

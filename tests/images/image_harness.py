@@ -56,9 +56,11 @@ def build_run_argv(
     command: Sequence[str] = (),
     name: str | None = None,
     hostname: str | None = None,
+    options: Sequence[str] = (),
 ) -> list[str]:
-    """`docker run` for one container, removed when it ends."""
-    argv = ["docker", "run", "--rm"]
+    """`docker run` for one container, removed when it ends; OPTIONS are more of docker run's
+    own (e.g. --shm-size=2g, -i)."""
+    argv = ["docker", "run", "--rm", *options]
     if name:
         argv += ["--name", name]
     if hostname:

@@ -39,7 +39,7 @@ def gpu_image() -> str:
 
 
 def _in_image(image: str, *command: str, stdin: str | None = None) -> subprocess.CompletedProcess:
-    argv = ["docker", "run", "--rm", "-i", "--network", "none", "--entrypoint", command[0], image, *command[1:]]
+    argv = build_run_argv(image, entrypoint=command[0], command=command[1:], options=("-i", "--network", "none"))
     return subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=600)
 
 
@@ -88,10 +88,9 @@ def test_dry_run_on_two_p4d_hosts_plans_eight_ranks_nccl_and_the_efa_verdict(gpu
         f"echo 'GPU {i}: NVIDIA A100-SXM4-40GB (UUID: GPU-0000000{i})'\n" for i in range(8)))
     (tools / "nvidia-smi").chmod(0o755)
     root = _p4d_tree(tmp_path / "ml")
-    argv = build_run_argv(gpu_image, mounts=[(root, "/opt/ml"), (tools, "/usr/local/nvidia/bin")],
-                          hostname="algo-1", command=["train", "--dry-run"])
     # SageMaker sizes /dev/shm from the instance; Docker's 64 MB would be a finding of its own.
-    ran = run_docker([*argv[:3], "--shm-size=2g", *argv[3:]])
+    ran = run_docker(build_run_argv(gpu_image, mounts=[(root, "/opt/ml"), (tools, "/usr/local/nvidia/bin")],
+                                    hostname="algo-1", command=["train", "--dry-run"], options=("--shm-size=2g",)))
     assert ran.returncode == 0, ran.stderr
     plan = json.loads(ran.stdout)
     assert plan["launcher"] == "torch_distributed" and plan["processes_per_host"] == 8
