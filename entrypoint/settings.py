@@ -90,6 +90,10 @@ class LaunchSettings(NamedTuple):
     # SIGKILL after this long. Not the grace period: that one is for a stop the platform asked
     # for (StopTrainingJob), where scripts checkpoint; every failure path ends within a minute.
     failure_stop_s: float = 10.0
+    # A restart across the hosts of a job-port launch (roles/attempts.py): how long the leader
+    # waits for every worker to say its processes of the failed attempt are gone (each ends
+    # them within failure_stop_s, then its output within thread_join_s, then tells the leader).
+    attempt_end_wait_s: float = 30.0
     # How long a tagged line's first piece (mpirun's output) waits for the rest.
     quiet_line_s: float = 0.5
     # A hung job: how long the ranks have to print their stacks, and the gap between asking

@@ -14,6 +14,7 @@ from entrypoint.decide import threads, topology
 from entrypoint.job.config import JobConfig
 from entrypoint.job.json_text import build_json
 from entrypoint.decide.distribution import MPI_BASED, Distribution
+from entrypoint.decide.restarts import build_attempt_rendezvous_id
 from entrypoint.decide.settings import decide_capacity_stop_at
 from entrypoint.errors import JobDefinitionError
 from entrypoint.decide.gpu_env import build_gpu_env
@@ -269,26 +270,22 @@ def build_torchrun_argv(
     hosts, leader = topo.distribution_hosts, topo.leader
     if len(hosts) == 1:
         argv += ["--standalone", "--nnodes", "1"]
-    elif settings.max_restarts:
-        # Restarts across hosts need rendezvous rounds: with the static rendezvous a restarted
-        # rank finds the failed attempt's peer addresses in the store and cannot connect
-        # (tests/multihost/test_faults.py). The c10d rendezvous, hosted by the leader's agent,
-        # starts a new round for every restart and every host's agent joins it. Node ranks are
-        # then the rendezvous's: sorted by host name (rank 0 on algo-1, SageMaker's leader).
-        argv += [
-            "--nnodes", str(len(hosts)),
-            "--rdzv_backend", "c10d",
-            "--rdzv_endpoint", f"{leader}:{settings.master_port}",
-            "--rdzv_id", "byoc-job",
-        ]
     else:
+        # The static rendezvous, one per attempt: a restart across hosts is the entrypoint's
+        # (roles/attempts.py), which starts every host's torchrun again only once every
+        # process of the failed attempt is gone, with the attempt's own --rdzv_id (torchrun
+        # keeps its store's keys under it). torch's elastic restarts across hosts handed a
+        # restarted rank the failed attempt's peers (gloo: Connection refused / Read error).
         argv += [
             "--nnodes", str(len(hosts)),
             "--node_rank", str(topo.node_rank),
             "--master_addr", leader,
             "--master_port", str(settings.master_port),
+            "--rdzv_id", build_attempt_rendezvous_id(1),
         ]
-    argv += ["--nproc_per_node", str(topo.processes_per_host), "--max_restarts", str(settings.max_restarts)]
+    # One host: torchrun restarts its ranks itself; several: the entrypoint does (0 here).
+    restarts = settings.max_restarts if len(hosts) == 1 else 0
+    argv += ["--nproc_per_node", str(topo.processes_per_host), "--max_restarts", str(restarts)]
     if program_argv[:1] == (python,):
         argv += list(program_argv[1:])  # torchrun starts the python itself
     else:
@@ -395,16 +392,13 @@ def decide_launcher_kind(dist: Distribution, facts: MachineFacts) -> tuple[str, 
 
 
 def describe_restart_limits(settings: LaunchSettings, launcher: str, launcher_kind: str, host_count: int) -> list[str]:
-    notes = []
-    if settings.max_restarts and launcher_kind == "torch_distributed" and host_count > 1:
-        notes.append(f"BYOC_MAX_RESTARTS={settings.max_restarts} with torchrun on {host_count} hosts is best effort: "
-                     f"torch's elastic agent can hand a restarted rank a peer address from the failed attempt "
-                     f"(gloo: connectFullMesh ... Connection refused), which fails the restart too; for dependable "
-                     f"restarts across hosts launch with mpirun (sagemaker_mpi_enabled), which the entrypoint relaunches whole")
-    if settings.max_restarts and launcher == "parameter_server":
-        notes.append(f"BYOC_MAX_RESTARTS={settings.max_restarts} is not applied to the parameter-server launch: "
-                     f"each host runs its own part of the rpc group, which one host's relaunch cannot rejoin")
-    return notes
+    if not settings.max_restarts or host_count < 2 or launcher_kind != "torch_distributed" and \
+            launcher != "parameter_server":
+        return []
+    what = "the parameter server's processes" if launcher == "parameter_server" else "torchrun"
+    return [f"BYOC_MAX_RESTARTS={settings.max_restarts} on {host_count} hosts: after a failure the leader restarts "
+            f"{what} on every host, once every host's processes of the failed attempt are gone, each attempt with "
+            f"a rendezvous of its own; a lost host is not replaced (the job fails)"]
 
 
 def describe_capacity_end(settings: LaunchSettings) -> list[str]:

@@ -3,20 +3,26 @@ processes again on the hosts it already has, instead of failing a job whose scri
 resume from their latest checkpoint (train/ does).
 
 Who restarts what:
-- torch_distributed: torchrun's own `--max_restarts` (it restarts this host's ranks; the
-  entrypoint does not relaunch torchrun).
+- torch_distributed on one host: torchrun's own `--max_restarts` (it restarts the host's ranks).
+- torch_distributed on several hosts, and the parameter server: every host's entrypoint, on
+  the leader's word (roles/attempts.py): each host stops its processes of the failed attempt,
+  and once all of them are gone every host starts the next attempt, with its own rendezvous
+  (build_attempt_processes).
 - mpirun (mpi, pytorchddp, smdataparallel) and a single process: the leader relaunches the
   whole job — mpirun starts every rank again on every host; the workers' entrypoints keep
   waiting for the outcome and do not notice.
-- the parameter server: not restarted (every host runs its own part; a relaunch on one host
-  cannot rejoin the others' rpc group).
+- A lost host is not replaced: the cluster the job needs no longer exists.
 
-Pure: decide from the finished run what happens next.
+Pure: decide from the finished run what happens next, and what the next attempt runs.
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
+
+from entrypoint.decide.specs import ProcessSpec
+
+ATTEMPT_ENV = "BYOC_ATTEMPT"  # the attempt a process belongs to, from 1 (docs/reliability.md)
 
 
 class RunEnding(NamedTuple):
@@ -53,3 +59,21 @@ def build_restart_line(restarts_done: int, max_restarts: int, what: str, exit_co
             f"starting it again in place (BYOC_MAX_RESTARTS)")
 
 
+
+
+def build_attempt_rendezvous_id(attempt: int) -> str:
+    """torchrun's --rdzv_id for an attempt: its rendezvous store's keys live under it."""
+    return f"byoc-attempt-{attempt}"
+
+
+def build_attempt_processes(processes: tuple[ProcessSpec, ...], attempt: int) -> tuple[ProcessSpec, ...]:
+    """The plan's processes (attempt 1's) for `attempt`: each told its attempt (ATTEMPT_ENV), and
+    torchrun given the attempt's rendezvous id."""
+    built = []
+    for spec in processes:
+        argv = list(spec.argv)
+        if "--rdzv_id" in argv[:-1]:
+            argv[argv.index("--rdzv_id") + 1] = build_attempt_rendezvous_id(attempt)
+        env = tuple((k, v) for k, v in spec.env if k != ATTEMPT_ENV) + ((ATTEMPT_ENV, str(attempt)),)
+        built.append(spec._replace(argv=tuple(argv), env=env))
+    return tuple(built)

@@ -13,6 +13,9 @@ connection carries nothing or lines of UTF-8 text, at most MAX_REPORT_BYTES:
                                                         (to the leader, just before HOST-DONE)
     BYOC-SIGNED <hmac> BYOC-HOST-LIVE {json}            a worker host's live figures (to the leader,
                                                         every live interval: jobreport/live.py)
+    BYOC-SIGNED <hmac> BYOC-ATTEMPT {json}              a restart's words (roles/attempts.py): the
+                                                        leader's to a worker (stop, start, end), a
+                                                        worker's to the leader (ended)
 
 - `<hmac>`: HMAC-SHA256 (hex) of the record (everything after it) with the job's report key,
   BYOC_JOB_PORT_KEY (hex), which the plan gives every process of the job.
@@ -24,6 +27,9 @@ connection carries nothing or lines of UTF-8 text, at most MAX_REPORT_BYTES:
   it knows, every number checked: parse_host_figures).
 - BYOC-HOST-LIVE's json: host, time, figures (jobreport/live.py: what is new since the last
   one, at most settings.live_figures_bytes; the leader checks every number as above).
+- BYOC-ATTEMPT's json: word, attempt, host, exit_code, time. `attempt` numbers the job's runs
+  from 1: a word about another attempt than the one a host is in is stale and dropped, so no
+  rank of attempt N can be started beside a peer of attempt N-1 (docs/reliability.md).
 - A record made more than REPORT_CLOCK_SKEW_S before the port opened, or whose signature was
   seen before, is a replay and refused; so is anything unsigned or signed with another key.
 - The ranks find every host's port in BYOC_JOB_PORTS (`host:port,host:port`).
@@ -41,6 +47,7 @@ import json
 import threading
 import time
 from collections import deque
+from typing import NamedTuple
 
 from entrypoint.hosts.net import can_connect
 from entrypoint.outcome.records import RootCause
@@ -50,6 +57,7 @@ ROOT_CAUSE = "BYOC-ROOT-CAUSE "
 HOST_DONE = "BYOC-HOST-DONE "
 HOST_FIGURES = "BYOC-HOST-FIGURES "
 HOST_LIVE = "BYOC-HOST-LIVE "
+ATTEMPT = "BYOC-ATTEMPT "
 SIGNED = "BYOC-SIGNED "
 JOB_KEY_ENV = "BYOC_JOB_PORT_KEY"
 JOB_KEY_OLD_ENV = "BYOC_JOB_REPORT_KEY"  # its name until 2026-11: still set, for one release
@@ -119,6 +127,41 @@ def parse_host_done_record(record: str) -> tuple[str, int] | None:
     return host, code
 
 
+class AttemptWord(NamedTuple):
+    """A restart's word on the job port (roles/attempts.py says who sends which, and when)."""
+
+    word: str  # one of ATTEMPT_WORDS
+    attempt: int  # the attempt it is about, from 1
+    host: str  # the sender's host
+    exit_code: int = 0  # "ended": how that host's processes of the attempt ended
+
+
+# stop: the leader's, attempt N failed: stop your processes of it and say when they are gone.
+# ended: a worker's, its processes of attempt N are gone (they failed, or were stopped).
+# start: the leader's, every host's processes of attempt N-1 are gone: start attempt N.
+# end: the leader's, attempt N is the last: end your part with its outcome.
+ATTEMPT_WORDS = ("stop", "ended", "start", "end")
+
+
+def build_attempt_record(word: AttemptWord, now: float) -> str:
+    return ATTEMPT + json.dumps({**word._asdict(), "time": now}, ensure_ascii=True)
+
+
+def parse_attempt_record(record: str) -> AttemptWord | None:
+    """The word of a `BYOC-ATTEMPT {json}` record; None when it is not one."""
+    if not record.startswith(ATTEMPT):
+        return None
+    try:
+        fields = json.loads(record[len(ATTEMPT):])
+        word = AttemptWord(fields["word"], fields["attempt"], fields["host"], fields.get("exit_code", 0))
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
+        return None
+    numbers_ok = all(isinstance(n, int) and not isinstance(n, bool) for n in (word.attempt, word.exit_code))
+    if word.word not in ATTEMPT_WORDS or not isinstance(word.host, str) or not numbers_ok or word.attempt < 1:
+        return None
+    return word
+
+
 def sign_record(key_hex: str, record: str) -> str:
     """HMAC-SHA256 (hex) of a record with the job's report key; ValueError for a key that is not hex."""
     import hmac  # only when a report is made or read: hmac imports hashlib, ~5 ms of every start-up
@@ -145,7 +188,7 @@ def parse_signed_report(line: str, key_hex: str, not_before: float,
         return None, "no valid report key on this host"
     if not hmac.compare_digest(signature, expected):
         return None, "signed with another key"
-    marker = next((m for m in (ROOT_CAUSE, HOST_DONE, HOST_FIGURES, HOST_LIVE) if record.startswith(m)), None)
+    marker = next((m for m in (ROOT_CAUSE, HOST_DONE, HOST_FIGURES, HOST_LIVE, ATTEMPT) if record.startswith(m)), None)
     try:
         made = float(json.loads(record[len(marker):])["time"]) if marker else None
     except (ValueError, KeyError, TypeError, RecursionError):
@@ -186,11 +229,12 @@ class JobPort:
     """The host's port for its peers. A connection that sends nothing is a liveness probe.
     A signed root cause from a rank on any host goes to on_root_cause(record line); a worker
     host's outcome to on_host_done(host, exit_code); a host's figures to on_figures(host,
-    figures JSON, the sender's address), its live figures to on_live (the same); anything else, and a replay, to
+    figures JSON, the sender's address), its live figures to on_live (the same), a restart's
+    word to on_attempt(AttemptWord, the sender's address); anything else, and a replay, to
     on_refused(address, why), and is dropped."""
 
     def __init__(self, port: int, on_root_cause=None, report_key: str = "", on_refused=None, on_host_done=None,
-                 on_figures=None, settings: LaunchSettings = DEFAULTS, on_live=None):
+                 on_figures=None, settings: LaunchSettings = DEFAULTS, on_live=None, on_attempt=None):
         import socket
 
         self._sock = socket.create_server(("", port))
@@ -199,6 +243,7 @@ class JobPort:
         self._on_host_done = on_host_done or (lambda host, exit_code: None)
         self._on_figures = on_figures or (lambda host, figures_json, sender: None)
         self._on_live = on_live or (lambda host, figures_json, sender: None)
+        self._on_attempt = on_attempt or (lambda word, sender: None)
         self._report_key = report_key
         self._on_refused = on_refused or (lambda address, why: None)
         self._opened_at = time.time()
@@ -261,6 +306,12 @@ class JobPort:
                 self._on_refused(sender, "a host's live figures without a host name and figures")
             else:
                 self._on_live(*live, sender)
+        elif record.startswith(ATTEMPT):
+            word = parse_attempt_record(record)
+            if word is None:
+                self._on_refused(sender, "a restart's word that is not one")
+            else:
+                self._on_attempt(word, sender)
         else:
             self._on_root_cause(record)
 
@@ -291,6 +342,12 @@ def send_host_figures(leader: str, port: int, key_hex: str, host: str, figures_j
     under MAX_REPORT_BYTES); as send_host_done."""
     return send_record(leader, port, key_hex, build_host_figures_record(host, figures_json, time.time()), within_s,
                        stopped, settings)
+
+
+def send_attempt_word(host: str, port: int, key_hex: str, word: AttemptWord, within_s: float, stopped,
+                      settings: LaunchSettings = DEFAULTS) -> bool:
+    """A restart's word to `host`'s job port; as send_host_done."""
+    return send_record(host, port, key_hex, build_attempt_record(word, time.time()), within_s, stopped, settings)
 
 
 def send_live_figures(leader: str, port: int, key_hex: str, host: str, figures_json: str,

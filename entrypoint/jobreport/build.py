@@ -16,10 +16,23 @@ def build_missing_host(host: str) -> dict:
             "series": {}}
 
 
+def build_restarts(restarts: list[dict]) -> list[dict]:
+    """The failed attempts the job was restarted after (roles/base.note_restart), each with the
+    launcher's part of its cost: from the failure (its first root cause, or its processes'
+    end) to the next attempt's processes started (None when none started)."""
+    built = []
+    for r in restarts:
+        cost = r["next_started"] - r["failed"] if r.get("next_started") is not None else None
+        built.append({"attempt": r["attempt"], "exit_code": r["exit_code"], "cause": r["cause"], "failed": r["failed"],
+                      "next_started": r.get("next_started"), "restart_s": round(cost, 3) if cost is not None else None})
+    return built
+
+
 def build_report(what: str, leader: str, hosts: tuple[str, ...], exit_code: int, figures: dict[str, dict],
-                 notes: list[str]) -> dict:
+                 notes: list[str], restarts: list[dict] = ()) -> dict:
     """figures: host -> its figures (figures.build_host_figures); a host of `hosts` without any
-    is reported missing, and a note says so."""
+    is reported missing, and a note says so. restarts: the leader's failed attempts that were
+    started again (build_restarts)."""
     notes = list(notes)
     report_hosts, phases, ranks = {}, [], []
     for host in hosts:
@@ -40,10 +53,13 @@ def build_report(what: str, leader: str, hosts: tuple[str, ...], exit_code: int,
         notes.append("no PyTorch optimizer step was seen (not a PyTorch program, or it ended before its first "
                      "step): the report has the hosts' figures only")
     times = [p["time"] for p in phases]
+    restarts = build_restarts(list(restarts))
     return {"version": VERSION,
             "job": {"what": what, "leader": leader, "hosts": list(hosts), "exit_code": exit_code,
                     "started": min(times) if times else None, "ended": max(times) if times else None,
-                    "framework": "pytorch" if ranks else "none"},
+                    "framework": "pytorch" if ranks else "none", "attempts": len(restarts) + 1,
+                    "restarts_s": round(sum(r["restart_s"] or 0.0 for r in restarts), 3)},
+            "restarts": restarts,
             "phases": sorted(phases, key=lambda p: p["time"]), "hosts": report_hosts, "ranks": ranks,
             "stragglers": decide_stragglers(ranks), "notes": notes}
 
@@ -89,4 +105,9 @@ def build_summary_lines(report: dict, max_ranks: int = 16) -> list[str]:
         lines.append(f"job report: straggler: {s['line']}")
     if not report["stragglers"] and report["ranks"]:
         lines.append("job report: no rank or host stood out (docs/job-report.md: the rule)")
+    for r in report.get("restarts") or ():
+        after = f"attempt {r['attempt'] + 1} started {r['restart_s']:.1f} s later" if r["restart_s"] is not None \
+            else f"no attempt {r['attempt'] + 1} started"
+        lines.append(f"job report: restart: attempt {r['attempt']} failed (exit code {r['exit_code']}: {r['cause']}); "
+                     f"{after}")
     return lines

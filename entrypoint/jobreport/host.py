@@ -56,8 +56,8 @@ class HostReport:
             self.live.stop()
             self.sampler.cpu_s += self.live.cpu_s
 
-    def mark(self, phase: str) -> None:
-        self.sampler.mark(phase)
+    def mark(self, phase: str, when: float | None = None) -> None:
+        self.sampler.mark(phase, when)
 
     def end(self, max_bytes: int) -> tuple[dict, str]:
         """Stop sampling; this host's figures and their JSON, at most max_bytes."""
@@ -116,13 +116,13 @@ def write_new_file(path: str, text: str) -> None:
 
 
 def write_job_report(output_data_dir: str, what: str, leader: str, hosts: tuple[str, ...], exit_code: int,
-                     figures: dict[str, dict], notes: list[str]) -> dict:
+                     figures: dict[str, dict], notes: list[str], restarts: list[dict] = ()) -> dict:
     """The leader's (or the one host's) last step: report.json, index.html and the summary
     table in the log. Returns the report."""
     from entrypoint.jobreport.build import build_report, build_summary_lines
     from entrypoint.log import log
 
-    report = build_report(what, leader, hosts, exit_code, figures, notes)
+    report = build_report(what, leader, hosts, exit_code, figures, notes, restarts)
     for line in build_summary_lines(report):
         log(line)
     folder = write_report_files(output_data_dir, report)

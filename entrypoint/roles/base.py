@@ -3,6 +3,10 @@
     start()          before the processes: what the launch needs beside them (the other hosts'
                      names, sshd, the job port); an Outcome when the launch cannot start
     run(launch)      the job's processes: launch() runs the plan's, with restarts
+    attempt_processes()  the processes of the attempt this host is in (the plan's, stamped)
+    restart(attempt, line, exit_code, cause)  the job restarts after a failed attempt: this
+                     host's part before the next one (None when it may start; why not, else)
+    end_attempts()   no attempt follows the last one
     finish(outcome)  after them, before anything is written: a leader may wait for its workers
     job_report(outcome)  after the outcome is written (cli.main): the job report (jobreport/):
                      the leader, or the one host, writes it; a worker hands the leader its figures
@@ -48,6 +52,8 @@ class HostRole:
         self.peer_failed: str | None = None  # a worker host's part failed while this host's ran
         self.report_part = None  # this host's part of the job report (jobreport/host.HostReport), when on
         self.report_notes: list[str] = []  # lines for the job report's notes (the compile cache's)
+        self.attempt = 1  # the attempt this host's processes belong to (restarts.py)
+        self.restarts: list[dict] = []  # each failed attempt that was restarted, for the job report
 
     def start_report(self) -> None:
         """Sampling starts as soon as the plan is decided, so the report shows the start-up too."""
@@ -67,9 +73,9 @@ class HostRole:
         """The leader's (or the one host's) live view: TensorBoard events, the status line."""
         self.report_part.start_live(log, None, self.plan.settings.capacity_ends_at)
 
-    def mark(self, phase: str) -> None:
+    def mark(self, phase: str, when: float | None = None) -> None:
         if self.report_part is not None:
-            self.report_part.mark(phase)
+            self.report_part.mark(phase, when)
 
     def start(self) -> Outcome | None:
         return None
@@ -79,9 +85,34 @@ class HostRole:
         self.started_at = time.monotonic()
         return launch()
 
+    def attempt_processes(self):
+        from entrypoint.decide.restarts import build_attempt_processes
+
+        return build_attempt_processes(self.plan.processes, self.attempt)
+
+    def restart(self, attempt: int, line: str, exit_code: int, cause: str) -> str | None:
+        """This host starts every process of the job: the restart is its own to make."""
+        log(line)
+        self.attempt += 1
+        return None
+
+    def end_attempts(self) -> None:
+        return None
+
+    def note_restart(self, attempt: int, exit_code: int, cause: str, failed_at: float) -> None:
+        """A failed attempt that is started again: its end in the report's timeline and its cost
+        (failed_at, epoch s: its first root cause, or its processes' end) in report.json."""
+        self.mark(f"attempt {attempt} failed (exit code {exit_code})", failed_at)
+        self.restarts.append({"attempt": attempt, "exit_code": exit_code, "cause": cause, "failed": failed_at,
+                              "next_started": None})
+
     def on_processes_started(self, supervisor) -> None:
         self.supervisor = supervisor
         self.mark("processes started")
+        if self.attempt > 1:
+            self.mark(f"attempt {self.attempt} started")
+            if self.restarts and self.restarts[-1]["next_started"] is None:
+                self.restarts[-1]["next_started"] = time.time()
 
     def on_rank_killed(self, env: dict[str, str], signum: int):
         """A rank this host started itself died of a signal: on one host, its exit code says it."""
@@ -106,7 +137,7 @@ class HostRole:
         write_job_report(self.paths.output_data_dir, self.what, self.plan.current_host,
                          self.plan.hosts or (self.plan.current_host,), outcome.exit_code,
                          {**others, self.plan.current_host: figures},
-                         [f"{self.plan.current_host}: {n}" for n in self.report_notes] + notes)
+                         [f"{self.plan.current_host}: {n}" for n in self.report_notes] + notes, self.restarts)
 
     def close(self, outcome: Outcome) -> None:
         return None

@@ -7,9 +7,15 @@ from entrypoint.decide.plan import LaunchPlan, Role
 from entrypoint.roles.base import HostRole
 from entrypoint.roles.single import SingleHost
 
-# Roles whose every process is started by this host's entrypoint, so a relaunch here is a
-# relaunch of the whole job (restarts.py); torchrun restarts its own ranks.
-RELAUNCHED_ROLES = (Role.SINGLE, Role.OUTSIDE_DISTRIBUTION, Role.MPI_LEADER)
+# Roles whose entrypoint starts the job's processes again after a failure (restarts.py): one
+# whose every process it starts (a relaunch here is a relaunch of the whole job), and every host
+# of a job-port launch, on its leader's word (roles/attempts.py). torchrun on one host restarts
+# its own ranks; an MPI worker's are mpirun's.
+RELAUNCHED_ROLES = (Role.SINGLE, Role.OUTSIDE_DISTRIBUTION, Role.MPI_LEADER, Role.PARAMETER_SERVER)
+
+
+def decide_relaunched(plan: LaunchPlan) -> bool:
+    return plan.role in RELAUNCHED_ROLES or plan.role == Role.TORCHRUN and plan.multi_host
 
 
 def describe(plan: LaunchPlan) -> str:
@@ -25,7 +31,7 @@ def describe(plan: LaunchPlan) -> str:
 
 
 def choose_role(plan: LaunchPlan, collector, env: dict[str, str], paths, stop) -> HostRole:
-    args = (plan, collector, env, paths, stop, describe(plan), plan.role in RELAUNCHED_ROLES)
+    args = (plan, collector, env, paths, stop, describe(plan), decide_relaunched(plan))
     if plan.role != Role.MPI_WORKER and not plan.multi_host:
         return SingleHost(*args)
     if plan.role in (Role.MPI_WORKER, Role.MPI_LEADER):

@@ -6,6 +6,8 @@
 - JobPortWorker: after its outcome is written, tells the leader, then waits for the leader's
   port to close (SDK v2 local mode stops every container when the first one exits: a worker
   that ended first would stop a leader still saving the model).
+- Both restart the job together after a failed attempt (BYOC_MAX_RESTARTS), on the leader's
+  word: roles/attempts.py.
 """
 
 from __future__ import annotations
@@ -14,11 +16,12 @@ import threading
 import time
 
 from entrypoint.hosts import job_port
-from entrypoint.hosts.job_port import JOB_KEY_ENV, HostOutcomes, JobPort, PeerWatch
+from entrypoint.hosts.job_port import JOB_KEY_ENV, AttemptWord, HostOutcomes, JobPort, PeerWatch
 from entrypoint.log import log
 from entrypoint.outcome.failure import first_root_cause
 from entrypoint.outcome.hosts import describe_port_problem, describe_worker_host_failure
 from entrypoint.outcome.records import Outcome
+from entrypoint.roles.attempts import AttemptBoard
 from entrypoint.roles.base import MultiHostRole
 
 MAX_REFUSED_LOGGED = 5
@@ -38,7 +41,8 @@ class JobPortRole(MultiHostRole):
         self.lock = threading.Lock()
         self.refused_messages = 0
         self.worker_figures: dict[str, dict] = {}  # the leader's: each worker's figures, as they arrive
-        self.addresses: dict[str, list] = {}  # the leader's: each worker's addresses, resolved once (live figures)
+        self.addresses: dict[str, list] = {}  # each peer's addresses, resolved once (live figures, restarts' words)
+        self.board = AttemptBoard()  # the attempt this host is in, and the restart words heard about it
 
     def start_beside(self) -> Outcome | None:
         plan = self.plan
@@ -46,7 +50,7 @@ class JobPortRole(MultiHostRole):
             self.port = JobPort(plan.settings.job_port, self.collector.add_line_text,
                                 report_key=plan.env_dict.get(JOB_KEY_ENV, ""), on_refused=self.on_refused_message,
                                 on_host_done=self.on_host_done, on_figures=self.on_figures, settings=plan.settings,
-                                on_live=self.on_live)
+                                on_live=self.on_live, on_attempt=self.on_attempt_word)
         except OSError as exc:
             return self.start_problem(describe_port_problem(plan.settings.job_port, plan.current_host, exc), None)
         return None
@@ -86,22 +90,47 @@ class JobPortRole(MultiHostRole):
     def on_live(self, host: str, figures_json: str, sender: str) -> None:
         """A worker's live figures (jobreport/live.py): only the leader takes them, from that
         worker's own address, as on_figures; the live thread parses them."""
-        from entrypoint.hosts.net import resolve_addresses
-
         live = self.report_part.live if self.report_part is not None else None
         if not self.plan.is_leader or host not in self.plan.peers or live is None:
             self.on_refused_message(sender, f"live figures for {host!r}: not one of this leader's workers")
             return
+        if sender not in self.peer_addresses(host):
+            self.on_refused_message(sender, f"live figures for {host!r} sent from another address")
+            return
+        live.take_remote(host, figures_json)
+
+    def peer_addresses(self, host: str) -> list:
+        """A peer's addresses, resolved once: a word it sends must come from one of them (the
+        job's key is in every rank's environment, so a signature alone does not tell a host
+        from a rank elsewhere claiming to be it)."""
+        from entrypoint.hosts.net import resolve_addresses
+
         with self.lock:
             addresses = self.addresses.get(host)
         if not addresses:
             addresses = resolve_addresses(host)
             with self.lock:
                 self.addresses[host] = addresses
-        if sender not in addresses:
-            self.on_refused_message(sender, f"live figures for {host!r} sent from another address")
-            return
-        live.take_remote(host, figures_json)
+        return addresses
+
+    def on_attempt_word(self, word: AttemptWord, sender: str) -> None:
+        """A restart's word (roles/attempts.py); each role takes those meant for it."""
+        self.on_refused_message(sender, f"a restart's word {word.word!r}: not for this host")
+
+    def send_word(self, host: str, word: str, attempt: int, exit_code: int = 0, within_s: float | None = None) -> bool:
+        plan, settings = self.plan, self.plan.settings
+        return job_port.send_attempt_word(host, settings.job_port, plan.env_dict.get(JOB_KEY_ENV, ""),
+                                          AttemptWord(word, attempt, plan.current_host, exit_code),
+                                          settings.host_done_send_s if within_s is None else within_s,
+                                          self.stop.requested, settings)
+
+    def on_processes_started(self, supervisor) -> None:
+        super().on_processes_started(supervisor)
+        self.board.started(supervisor)  # a word that stopped this attempt before its processes started
+
+    def next_attempt(self) -> int:
+        self.attempt = self.board.next()
+        return self.attempt
 
     def on_refused_message(self, address: str, why: str) -> None:
         """A report on the job port that is not this job's: logged (the first few), dropped."""
@@ -150,6 +179,46 @@ class JobPortLeader(JobPortRole):
         super().on_processes_started(supervisor)
         for host, code in self.worker_outcomes.codes().items():
             self.on_host_done(host, code)  # a worker that failed before this run started
+
+    def on_attempt_word(self, word: AttemptWord, sender: str) -> None:
+        """A worker's `ended`: its processes of this attempt are gone; this host's stop too."""
+        if word.word != "ended" or word.host not in self.plan.peers or sender not in self.peer_addresses(word.host):
+            self.on_refused_message(sender, f"a restart's word {word.word!r} for {word.host!r}: not from one of this "
+                                            f"leader's workers")
+            return
+        if self.board.take_ended(word) == "over":  # no attempt follows: it waits for this word
+            threading.Thread(target=self.send_word, args=(word.host, "end", word.attempt), daemon=True).start()
+
+    def restart(self, attempt: int, line: str, exit_code: int, cause: str) -> str | None:
+        """Every worker's processes of the failed attempt gone (each told `stop`, each saying
+        `ended`), then every worker told `start`: only then does any host start the next one."""
+        plan, settings = self.plan, self.plan.settings
+        done = sorted(self.worker_outcomes.codes())
+        if done:
+            return f"host {done[0]}'s part of the job had already ended: it cannot take part in another attempt"
+        log(line)
+        for host in plan.peers:
+            if host not in self.board.ended():
+                self.send_word(host, "stop", attempt, within_s=settings.host_done_failed_send_s)
+        silent = self.board.wait_for_ended(plan.peers, time.monotonic() + settings.attempt_end_wait_s,
+                                           lambda: self.stop.requested() or self.lost is not None, settings.stop_check_s)
+        if self.stop.requested() or self.lost is not None:
+            return self.lost or "a stop signal came"
+        if silent:
+            return (f"host(s) {', '.join(silent)} did not say their processes of attempt {attempt} were gone within "
+                    f"{settings.attempt_end_wait_s:g} s")
+        following = self.next_attempt()
+        for host in plan.peers:
+            if not self.send_word(host, "start", following):
+                return f"host {host} could not be told to start attempt {following}"
+        log(f"{plan.current_host}: every host's processes of attempt {attempt} are gone: starting attempt {following}")
+        return None
+
+    def end_attempts(self) -> None:
+        """No attempt follows: the workers that wait for a word get `end`."""
+        self.board.end()
+        for host in self.board.ended():
+            self.send_word(host, "end", self.attempt, within_s=self.plan.settings.host_done_failed_send_s)
 
     def on_host_done(self, host: str, exit_code: int) -> None:
         """A worker host's part ended. One that failed while this host still runs ends the
@@ -232,6 +301,36 @@ class JobPortWorker(JobPortRole):
             return job_port.send_live_figures(plan.leader, settings.job_port, key, plan.current_host, text, settings)
 
         self.report_part.start_live(log, send, settings.capacity_ends_at, settings.live_figures_bytes)
+
+    def on_attempt_word(self, word: AttemptWord, sender: str) -> None:
+        """The leader's `stop`, `start` or `end`, from the leader's own address."""
+        leader = self.plan.leader
+        if word.word == "ended" or word.host != leader or sender not in self.peer_addresses(leader):
+            self.on_refused_message(sender, f"a restart's word {word.word!r} for {word.host!r}: not from this "
+                                            f"host's leader")
+            return
+        self.board.take_leader_word(word)  # a word about another attempt is stale: dropped
+
+    def restart(self, attempt: int, line: str, exit_code: int, cause: str) -> str | None:
+        """The leader decides: tell it this host's processes of the attempt are gone, and wait
+        for its `start` (or `end`), within BYOC_PEER_WAIT_TIMEOUT_S; a stop signal or a lost
+        leader ends the wait."""
+        plan, settings = self.plan, self.plan.settings
+        log(f"{plan.current_host}: attempt {attempt} ended on this host with exit code {exit_code} ({cause}); "
+            f"waiting for the leader's word on a restart (BYOC_MAX_RESTARTS)")
+        if not self.send_word(plan.leader, "ended", attempt, exit_code):
+            return f"the leader {plan.leader} could not be told (it has ended, or is unreachable)"
+        word = self.board.wait_for_leader_word(time.monotonic() + settings.peer_wait_timeout_s,
+                                               lambda: self.stop.requested() or self.lost is not None,
+                                               settings.stop_check_s)
+        if self.stop.requested() or self.lost is not None:
+            return self.lost or "a stop signal came"
+        if word is None:
+            return f"no word from the leader {plan.leader} within {settings.peer_wait_timeout_s:g} s"
+        if word.word == "end":
+            return f"the leader {plan.leader} ends the job after attempt {attempt}"
+        log(f"{plan.current_host}: the leader starts attempt {self.next_attempt()}")
+        return None
 
     def start_watches(self) -> list[PeerWatch]:
         plan, settings = self.plan, self.plan.settings

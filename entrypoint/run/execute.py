@@ -161,24 +161,44 @@ def run_install_steps(plan: LaunchPlan, env: dict[str, str], role: HostRole) -> 
 
 def run_with_restarts(plan: LaunchPlan, env: dict[str, str], role: HostRole, paths: MlPaths) -> Outcome:
     """Run the plan's processes; after a crash, again, as long as decide_restart allows
-    (restarts.py). The last run's outcome, its report naming the failures restarted before it."""
+    (restarts.py) and the role's part of the restart succeeds (a job-port host waits for the
+    leader's word: roles/attempts.py). The last run's outcome, its report naming the failures
+    restarted before it."""
     earlier: list[str] = []
     collector = role.collector
     while True:
         hooks = RunHooks(plan.settings, plan.current_host, plan.settings.hang_timeout_s, role.on_processes_started,
                          role.ask_other_hosts, role.on_rank_killed, build_stop_at(plan), role.before_processes_start)
-        run = run_processes(plan.processes, env, plan.cwd, collector, role.stop, hooks)
+        run = run_processes(role.attempt_processes(), env, plan.cwd, collector, role.stop, hooks)
         ending = RunEnding(run.exit_code, run.stopped_by, run.launch_error, role.lost or role.peer_failed)
-        if decide_restart(role.relaunchable, plan.settings.max_restarts, len(earlier), ending) is not None:
+        why_not = decide_restart(role.relaunchable, plan.settings.max_restarts, len(earlier), ending)
+        if why_not is None:
+            cause = first_root_cause(collector.root_causes)
+            summary = describe_root_cause(cause) if cause else describe_exit_code(run.exit_code, run.oom_kills,
+                                                                                   signaled=run.signaled)
+            role.note_restart(role.attempt, run.exit_code, summary, cause.time if cause else time.time())
+            why_not = role.restart(role.attempt, build_restart_line(len(earlier), plan.settings.max_restarts, role.what,
+                                                                    run.exit_code, summary), run.exit_code, summary)
+            if why_not is not None and role.stop.requested():
+                return build_stopped_while_restarting(role, earlier + [summary])
+            if why_not is not None:
+                log(f"{plan.current_host}: not started again: {why_not}")
+        if why_not is not None:
+            role.end_attempts()
             return build_run_outcome(role, run, earlier)
-        cause = first_root_cause(collector.root_causes)
-        summary = describe_root_cause(cause) if cause else describe_exit_code(run.exit_code, run.oom_kills, signaled=run.signaled)
-        log(build_restart_line(len(earlier), plan.settings.max_restarts, role.what, run.exit_code, summary))
         earlier.append(summary)
         # The next attempt's failure, if any, is reported on its own: what this one printed
         # stays in the log, and a failure file the script wrote is not the job's outcome.
         collector.reset()
         clear_previous_outcome(paths)
+
+
+def build_stopped_while_restarting(role: HostRole, earlier: list[str]) -> Outcome:
+    """A stop that came while the hosts were starting the job again: it is not restarted, and
+    the outcome is the stop's, naming the failures before it."""
+    role.end_attempts()
+    code = 128 + role.stop.signum
+    return Outcome(code, describe_stop_before_restart(role.stop.signal_name, code, earlier))
 
 
 def build_capacity_over(plan: LaunchPlan) -> Outcome | None:

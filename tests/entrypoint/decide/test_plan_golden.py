@@ -99,7 +99,7 @@ def test_two_hosts_torchrun_same_command_node_rank_from_order(current, node_rank
     assert plan.role == "torchrun"
     assert plan.processes[0].argv == (
         PY, LAUNCH_TORCHRUN, "--nnodes", "2", "--node_rank", node_rank,
-        "--master_addr", "algo-1", "--master_port", "7777",
+        "--master_addr", "algo-1", "--master_port", "7777", "--rdzv_id", "byoc-attempt-1",
         "--nproc_per_node", "8", "--max_restarts", "0", RE, SCRIPT, "--lr", "1",
     )
     assert non_sm_env(plan) == {
@@ -109,19 +109,21 @@ def test_two_hosts_torchrun_same_command_node_rank_from_order(current, node_rank
     }
 
 
-def test_two_hosts_torchrun_with_restarts_uses_the_c10d_rendezvous_and_says_it_is_best_effort():
-    """Restarts across hosts need rendezvous rounds (the static one hands restarted ranks the
-    failed attempt's store); one host keeps --standalone."""
+def test_two_hosts_torchrun_with_restarts_keeps_the_static_rendezvous_and_restarts_it_itself():
+    """Restarts across hosts are the entrypoint's (roles/attempts.py): torchrun gets no restarts
+    of its own and the static rendezvous, attempt 1's id; one host keeps torchrun's own."""
     job = make_job(hosts=("algo-1", "algo-2"), current="algo-2", hps=TORCH, environ={"BYOC_MAX_RESTARTS": "3"})
     plan = plan_for(job, GPU8_EFA)
     assert plan.processes[0].argv == (
-        PY, LAUNCH_TORCHRUN, "--nnodes", "2", "--rdzv_backend", "c10d", "--rdzv_endpoint", "algo-1:7777",
-        "--rdzv_id", "byoc-job", "--nproc_per_node", "8", "--max_restarts", "3", RE, SCRIPT,
+        PY, LAUNCH_TORCHRUN, "--nnodes", "2", "--node_rank", "1", "--master_addr", "algo-1", "--master_port", "7777",
+        "--rdzv_id", "byoc-attempt-1", "--nproc_per_node", "8", "--max_restarts", "0", RE, SCRIPT,
     )
-    assert any(n.startswith("BYOC_MAX_RESTARTS=3 with torchrun on 2 hosts is best effort") for n in plan.notes)
+    assert any(n.startswith("BYOC_MAX_RESTARTS=3 on 2 hosts: after a failure the leader restarts torchrun on every "
+                            "host, once every host's processes of the failed attempt are gone") for n in plan.notes)
     one_host = plan_for(make_job(hps=TORCH, environ={"BYOC_MAX_RESTARTS": "3"}), GPU8_EFA)
     assert one_host.processes[0].argv[2:5] == ("--standalone", "--nnodes", "1")
-    assert not any("best effort" in n for n in one_host.notes)
+    assert one_host.processes[0].argv[one_host.processes[0].argv.index("--max_restarts") + 1] == "3"
+    assert not any(n.startswith("BYOC_MAX_RESTARTS") for n in one_host.notes)
 
 
 def test_two_hosts_without_efa_gets_no_fi_variables_and_no_ofi_plugin():
@@ -237,7 +239,8 @@ def test_trainium_torchrun_xla_settings_and_parallel_compile():
     plan = plan_for(job, TRN1_EFA)
     assert plan.processes[0].argv == (
         "neuron_parallel_compile", PY, LAUNCH_TORCHRUN, "--nnodes", "2", "--node_rank", "0",
-        "--master_addr", "algo-1", "--master_port", "7777", "--nproc_per_node", "32", "--max_restarts", "0", RE, SCRIPT,
+        "--master_addr", "algo-1", "--master_port", "7777", "--rdzv_id", "byoc-attempt-1", "--nproc_per_node", "32",
+        "--max_restarts", "0", RE, SCRIPT,
     )
     assert non_sm_env(plan) == {
         "FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "FI_EFA_FORK_SAFE": "1", "RDMAV_FORK_SAFE": "1",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -27,16 +28,36 @@ from entrypoint.rank.record_errors import build_restart_note  # noqa: E402
     ("mpi-leader", RunEnding(143, stopped_by="SIGTERM"), 0, False),  # the platform stopped it
     ("single", RunEnding(2, launch_error="no such file"), 0, False),  # it will never start
     ("mpi-leader", RunEnding(1, lost_host="host algo-2 stopped answering"), 0, False),
-    ("torchrun", RunEnding(1), 0, False),  # torchrun's own --max_restarts does it
-    ("parameter-server", RunEnding(1), 0, False),
+    ("torchrun", RunEnding(1), 0, False),  # one host: torchrun's own --max_restarts does it
+    ("torchrun-hosts", RunEnding(1), 0, True),  # several: every host's entrypoint, on the leader's word
+    ("torchrun-hosts", RunEnding(1, lost_host="host algo-2 stopped answering"), 0, False),
+    ("parameter-server", RunEnding(1), 0, True),
+    ("parameter-server", RunEnding(1), 2, False),
     ("mpi-worker", RunEnding(1), 0, False),  # the leader relaunches, not the workers
 ])
 def test_which_endings_are_restarted(role, ending, done, restarted):
     from entrypoint.decide.plan import Role
-    from entrypoint.roles.choose import RELAUNCHED_ROLES
+    from entrypoint.roles.choose import decide_relaunched
 
-    why_not = decide_restart(Role(role) in RELAUNCHED_ROLES, 2, done, ending)
+    # the two fields decide_relaunched reads
+    plan = SimpleNamespace(role=Role(role.removesuffix("-hosts")), multi_host=role != "torchrun")
+    why_not = decide_restart(decide_relaunched(plan), 2, done, ending)
     assert (why_not is None) == restarted, why_not
+
+
+def test_each_attempt_gets_its_rendezvous_id_and_its_number():
+    from entrypoint.decide.restarts import ATTEMPT_ENV, build_attempt_processes
+    from entrypoint.decide.specs import ProcessSpec
+
+    torchrun = ProcessSpec("torchrun", ("python", "-m", "run", "--rdzv_id", "byoc-attempt-1", "t.py", "--rdzv_id"),
+                           env=(("A", "1"), (ATTEMPT_ENV, "9")))
+    server = ProcessSpec("ps0", ("python", "-m", "train.ps_server"))
+    second = build_attempt_processes((torchrun, server), 2)
+    # the script's own last argument of the same spelling is not torchrun's
+    assert second[0].argv == ("python", "-m", "run", "--rdzv_id", "byoc-attempt-2", "t.py", "--rdzv_id")
+    assert second[0].env == (("A", "1"), (ATTEMPT_ENV, "2")) and second[1].env == ((ATTEMPT_ENV, "2"),)
+    assert second[1].argv == server.argv
+    assert build_attempt_processes((torchrun,), 1)[0].argv == torchrun.argv
 
 
 def test_restarts_setting_its_old_name_and_bounds():
@@ -110,7 +131,7 @@ def test_without_restarts_nothing_is_restarted(tmp_path):
     assert (root / "output/data/attempts").read_text() == "x"
 
 
-def test_the_plan_says_when_restarts_do_not_apply(tmp_path):
+def test_the_plan_says_how_restarts_apply_to_the_parameter_server(tmp_path):
     import json
 
     root = write_tree(tmp_path, script="pass\n", hosts=("algo-1", "algo-2"),
@@ -118,4 +139,5 @@ def test_the_plan_says_when_restarts_do_not_apply(tmp_path):
     done = run_entrypoint(root, "--dry-run", BYOC_MAX_RESTARTS="2")
     assert done.returncode == 0, done.stderr
     notes = json.loads(done.stdout)["notes"]
-    assert any(n.startswith("BYOC_MAX_RESTARTS=2 is not applied to the parameter-server launch") for n in notes), notes
+    assert any(n.startswith("BYOC_MAX_RESTARTS=2 on 2 hosts: after a failure the leader restarts the parameter "
+                            "server's processes on every host") for n in notes), notes
