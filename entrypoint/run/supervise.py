@@ -281,7 +281,14 @@ class Supervisor:
         return groups
 
     def signal_all(self, sig: int, stop_request: bool = False) -> None:
-        processes.signal_groups(self._groups(stop_request), sig)
+        groups = self._groups(stop_request)
+        if sig == signal.SIGKILL:
+            # Also every group below a launcher still running: torchrun starts each rank in a
+            # session of its own, so a rank that ignores SIGTERM would outlive its torchrun.
+            table = processes.load_process_table()
+            groups += [table[pid].pgid for _, proc in self.children for pid in processes.build_descendants(table, proc.pid)
+                       if pid in table]
+        processes.signal_groups(sorted(set(groups), key=groups.index), sig)
 
     def _kill_within(self, delay_s: float) -> bool:
         """Whether this is the first deadline (the run was not being stopped yet)."""
