@@ -122,3 +122,18 @@ def test_a_stop_during_a_restart_stops_the_job_and_starts_no_attempt():
     assert results == {}
     assert "attempt 2" not in result.results["algo-1"].output.replace("before attempt 2 started", ""), logs(result)
     assert failures["algo-2"].startswith("Stopped by SIGTERM before attempt 2 started"), failures["algo-2"][:600]
+
+
+@pytest.mark.parametrize("host", ["algo-2", "algo-1"])
+def test_a_parameter_server_job_whose_worker_fails_once_is_restarted_on_every_host(host):
+    """The parameter-server launch restarts the same way: every host's shard and workers of
+    attempt 1 gone, then attempt 2's, whose RPC group forms and ends; every host exits 0."""
+    hosts = ["algo-1", "algo-2"]
+    spec = job("ps_job.py", "parameter_server", **{"fail-once-on": host})
+    with EmulatedCluster(hosts, spec) as cluster:
+        result = start(cluster, env={"BYOC_MAX_RESTARTS": "1"}).wait(timeout=240, fail_fast=False)
+        assert_nothing_left(cluster)
+        done = sorted(n for n in os.listdir(cluster.model_dir) if n.startswith("done-"))
+    assert all(r.returncode == 0 for r in result.results.values()), logs(result)
+    assert done == ["done-0-2", "done-1-2"], (done, logs(result))
+    assert "every host's processes of attempt 1 are gone: starting attempt 2" in result.results["algo-1"].output
