@@ -5,7 +5,11 @@ itself once, at --kill-at ("worker": the last rank, on the last host; "leader": 
 OOM killer or a crashed library would end it; --kill-again (the same rank, at the next
 attempt's start, before its first step) is a crash during the restart itself. --slow-end: on
 the attempt that fails, rank 0 ignores SIGTERM and stays (a rank stuck in its teardown), so the
-failed attempt ends only with the entrypoint's SIGKILL. Each rank writes result-<rank>.json."""
+failed attempt ends only with the entrypoint's SIGKILL. Each rank writes result-<rank>.json.
+
+The collectives: torch.distributed (gloo) under torchrun, mpi4py under mpirun, none for one
+process. For benchmarks/crash_cost.py, the victim writes the time it dies into killed-once
+and rank 0 the time of a resumed attempt's first step into resumed-first-step."""
 import argparse
 import json
 import os
@@ -14,7 +18,6 @@ import socket
 import time
 
 import torch
-import torch.distributed as dist
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=60)
@@ -29,8 +32,29 @@ args = parser.parse_args()
 model = os.environ["SM_MODEL_DIR"]
 attempt = int(os.environ.get("BYOC_ATTEMPT", "0"))
 checkpoint = os.path.join(model, "checkpoint.json")
-dist.init_process_group("gloo")
-rank, size = dist.get_rank(), dist.get_world_size()
+if "OMPI_COMM_WORLD_SIZE" in os.environ:
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+
+    def all_reduce(t):
+        t[0] = comm.allreduce(t.item())
+
+    def broadcast(values):
+        values[:] = comm.bcast(values, root=0)
+
+    def barrier():
+        comm.Barrier()
+elif "WORLD_SIZE" in os.environ:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    rank, size = dist.get_rank(), dist.get_world_size()
+    all_reduce, broadcast, barrier = dist.all_reduce, lambda values: dist.broadcast_object_list(values, src=0), dist.barrier
+else:
+    rank, size = 0, 1
+    all_reduce, broadcast, barrier = (lambda t: None), (lambda values: None), (lambda: None)
 victim = size - 1 if args.kill == "worker" else 0
 
 
@@ -48,7 +72,7 @@ if rank == 0 and os.path.exists(checkpoint):
     with open(checkpoint) as f:
         saved = json.load(f)
     state = [saved["step"], saved["total"]]
-dist.broadcast_object_list(state, src=0)
+broadcast(state)
 start, total = state
 print(f"[restart_job] rank {rank} attempt {attempt} of world {size} resumes at step {start}", flush=True)
 if args.kill_again and args.kill != "none" and rank == victim and attempt == 2 and once("killed-again"):
@@ -57,10 +81,12 @@ if args.slow_end and rank == 0 and attempt == 1:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 for step in range(start, args.steps):
     if args.kill != "none" and rank == victim and step == args.kill_at and once("killed-once"):
+        with open(os.path.join(model, "killed-once"), "w") as f:
+            f.write(repr(time.time()))
         os.kill(os.getpid(), signal.SIGKILL)
     t = torch.tensor([float(rank + 1 + step)])
     try:
-        dist.all_reduce(t)
+        all_reduce(t)
     except Exception:
         if args.slow_end and rank == 0 and attempt == 1:
             time.sleep(600)  # stuck: only SIGKILL ends it
@@ -68,13 +94,15 @@ for step in range(start, args.steps):
     total += t.item()
     if rank == 0:
         print(f"[restart_job] step {step + 1} total {total:g}", flush=True)
+        if start and step == start:
+            with open(os.path.join(model, "resumed-first-step"), "w") as f:
+                f.write(repr(time.time()))
     if (step + 1) % args.every == 0 and rank == 0:
         with open(checkpoint + ".partial", "w") as f:
             json.dump({"step": step + 1, "total": total}, f)
         os.replace(checkpoint + ".partial", checkpoint)
     time.sleep(args.step_s)
-dist.barrier()
+barrier()
 with open(os.path.join(model, f"result-{rank}.json"), "w") as f:
     json.dump({"rank": rank, "size": size, "host": socket.gethostname(), "attempt": attempt, "resumed_at": start,
                "total": total}, f)
-dist.destroy_process_group()
