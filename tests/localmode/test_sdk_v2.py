@@ -197,3 +197,23 @@ def test_failing_script_fit_raises_and_output_tar_holds_the_failure(tmp_path):
         assert "Failed to run" in result.error and "--abort-on-container-exit" in result.error
     assert "failure" in result.output_files() and "success" not in result.output_files()
     assert result.output_text("failure").startswith("ValueError: bad shard 7")
+
+
+RESTART_JOB = Path(__file__).resolve().parents[1] / "multihost" / "scripts" / "restart_job.py"
+
+
+def test_two_hosts_torchrun_whose_worker_rank_is_killed_once_restarts_on_both_and_succeeds(tmp_path):
+    """BYOC_MAX_RESTARTS=1, torchrun on 2 containers: the worker's rank SIGKILLs itself at step
+    25; every host's torchrun is started again (attempt 2), resumes from the step-20 checkpoint
+    and ends with the total of a run that never failed (tests/multihost/test_restarts.py)."""
+    result = run_v2_job(tmp_path, source_files={"train.py": RESTART_JOB.read_text()}, instance_count=2,
+                        distribution={"torch_distributed": {"enabled": True}},
+                        hyperparameters={"kill": "worker", "steps": 60, "every": 10},
+                        environment={"BYOC_MAX_RESTARTS": "1"})
+    report("2 hosts torch_distributed, a rank killed once", result)
+    assert_every_host_succeeded(result, 2)
+    for rank in (0, 1):
+        got = result.model_json(f"result-{rank}.json")
+        assert (got["size"], got["attempt"], got["resumed_at"]) == (2, 2, 20), got
+        assert got["total"] == 60 * 3 + 2 * 60 * 59 / 2, got
+    assert "every host's processes of attempt 1 are gone: starting attempt 2" in result.log, result.log_tail()

@@ -333,3 +333,26 @@ def test_command_train_hands_the_job_to_our_launcher(image, tmp_path):
     assert [(r["rank"], r["world"], r["host"], r["allreduce"]) for r in ranks] == [(0, 2, "algo-1", 3.0), (1, 2, "algo-2", 3.0)]
     # the user's hyperparameters reach the script as arguments, from hyperparameters.json
     assert {tuple(r["argv"]) for r in ranks} == {("--epochs", "2")}
+
+
+RESTART_JOB = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "multihost", "scripts",
+                           "restart_job.py")
+
+
+def test_two_hosts_torchrun_whose_worker_rank_is_killed_once_restarts_on_both_and_succeeds(image, tmp_path):
+    """The SDK v2 case (test_sdk_v2.py) through ModelTrainer and Torchrun(): attempt 2 on both
+    hosts, resumed from the step-20 checkpoint, the total of a run that never failed; the job
+    report counts the attempts."""
+    with open(RESTART_JOB) as f:
+        source = f.read()
+    result = run_v3_job(tmp_path, image, {"train.py": source}, instance_count=2,
+                        distributed={"kind": "torchrun", "process_count_per_node": 1},
+                        hyperparameters={"kill": "worker", "steps": 60, "every": 10},
+                        environment={"BYOC_MAX_RESTARTS": "1"})
+    _report("2 hosts, Torchrun(), a rank killed once", result)
+    assert result.ok, result.log_tail()
+    ranks = result.model_jsons("result-")
+    assert [(r["rank"], r["size"], r["attempt"], r["resumed_at"]) for r in ranks] == [(0, 2, 2, 20), (1, 2, 2, 20)]
+    assert {r["total"] for r in ranks} == {60 * 3 + 2 * 60 * 59 / 2}
+    report = json.loads(result.output_file("data/report/report.json").read_text())
+    assert report["job"]["attempts"] == 2 and report["restarts"][0]["attempt"] == 1, report["job"]

@@ -286,3 +286,19 @@ def test_the_figures_fit_the_port_as_carried_with_many_ranks():
                                 1.0, 96, 0.5, 60000)
     record = build_host_figures_record("algo-2", text, time.time())
     assert len(build_signed_line(KEY, record).encode()) <= MAX_REPORT_BYTES
+
+
+def test_restarts_are_counted_and_each_costs_from_its_failure_to_the_next_start():
+    restarts = [{"attempt": 1, "exit_code": 137, "cause": "rank 1 on algo-2: SIGKILL", "failed": 100.0,
+                 "next_started": 104.25},
+                {"attempt": 2, "exit_code": 1, "cause": "ValueError: x", "failed": 200.0, "next_started": None}]
+    report = build_report("torchrun on 2 host(s)", "algo-1", ("algo-1",), 1, {}, [], restarts)
+    assert report["job"]["attempts"] == 3 and report["job"]["restarts_s"] == 4.25
+    assert [r["restart_s"] for r in report["restarts"]] == [4.25, None]
+    lines = [line for line in build_summary_lines(report) if "restart:" in line]
+    assert lines == ["job report: restart: attempt 1 failed (exit code 137: rank 1 on algo-2: SIGKILL); attempt 2 "
+                     "started 4.2 s later",
+                     "job report: restart: attempt 2 failed (exit code 1: ValueError: x); no attempt 3 started"]
+    json.dumps(report, allow_nan=False)
+    plain = build_report("x", "algo-1", ("algo-1",), 0, {}, [])
+    assert plain["job"]["attempts"] == 1 and plain["restarts"] == [] and plain["job"]["restarts_s"] == 0
