@@ -9,6 +9,9 @@ torchrun, mpi4py under mpirun, none for one process) and --step-s of work each, 
 every 10 steps; one rank SIGKILLs itself at step 25 (the last rank: on the last host), once.
 
     crash cost  = the resumed attempt's first step - the kill (both written by the script)
+    launcher    = its part of that: from the failure to the next attempt's processes started
+                  (the job report's restarts[0].restart_s); the rest is the next attempt's own
+                  start-up (interpreters, imports, the rendezvous, the checkpoint's load)
     redone      = the steps between the checkpoint it resumed from and the kill (5 here),
                   at the job's own step time
     job delta   = the whole job's wall time with the crash - without it (same launcher)
@@ -64,7 +67,10 @@ def run_case(name: str, crash: bool, step_s: float) -> dict:
             resumed = float(Path(model, "resumed-first-step").read_text())
             with open(os.path.join(model, "result-0.json")) as f:
                 resumed_at = json.load(f)["resumed_at"]
-            figures.update(crash_s=resumed - killed, redone_steps=KILL_AT - resumed_at)
+            with open(os.path.join(cluster.opt_ml(hosts[0]), "output", "data", "report", "report.json")) as f:
+                restarts = json.load(f)["restarts"]  # none where torchrun restarts its ranks itself (one host)
+            launcher = restarts[0]["restart_s"] if restarts else None
+            figures.update(crash_s=resumed - killed, redone_steps=KILL_AT - resumed_at, launcher_s=launcher)
         return figures
 
 
@@ -74,17 +80,19 @@ def main() -> None:
     parser.add_argument("--only", default=",".join(CASES))
     parser.add_argument("--step-s", type=float, default=0.05)
     args = parser.parse_args()
-    print(f"{'launcher':<12} {'crash s':>8} {'redone':>7} {'redone s':>9} {'job s':>7} {'job s, no crash':>16} "
-          f"{'job delta s':>12}")
+    print(f"{'launcher':<12} {'crash s':>8} {'launcher s':>11} {'redone':>7} {'redone s':>9} {'job s':>7} "
+          f"{'job s, no crash':>16} {'job delta s':>12}")
     for name in args.only.split(","):
         clean = run_case(name, False, args.step_s)["wall_s"]
         runs = [run_case(name, True, args.step_s) for _ in range(args.runs)]
         crash = statistics.median(r["crash_s"] for r in runs)
+        launchers = [r["launcher_s"] for r in runs if r["launcher_s"] is not None]
+        launcher = f"{statistics.median(launchers):.2f}" if launchers else "-"
         redone = statistics.median(r["redone_steps"] for r in runs)
         wall = statistics.median(r["wall_s"] for r in runs)
         step = clean / STEPS  # an upper bound: the clean job's wall time includes its start-up
         each = ", ".join(f"{r['crash_s']:.2f}" for r in runs)
-        print(f"{name:<12} {crash:>8.2f} {redone:>7.0f} {redone * args.step_s:>9.2f} {wall:>7.2f} {clean:>16.2f} "
+        print(f"{name:<12} {crash:>8.2f} {launcher:>11} {redone:>7.0f} {redone * args.step_s:>9.2f} {wall:>7.2f} {clean:>16.2f} "
               f"{wall - clean:>12.2f}   (each run's crash s: {each}; step <= {step:.3f} s)")
 
 

@@ -193,17 +193,20 @@ class JobPortLeader(JobPortRole):
         """Every worker's processes of the failed attempt gone (each told `stop`, each saying
         `ended`), then every worker told `start`: only then does any host start the next one."""
         plan, settings = self.plan, self.plan.settings
-        done = sorted(self.worker_outcomes.codes())
-        if done:
-            return f"host {done[0]}'s part of the job had already ended: it cannot take part in another attempt"
+        if self.worker_outcomes.codes():
+            return self.describe_ended_worker()
         log(line)
         for host in plan.peers:
             if host not in self.board.ended():
                 self.send_word(host, "stop", attempt, within_s=settings.host_done_failed_send_s)
+        # A worker whose part ended (it succeeded as this attempt failed here) never says `ended`.
         silent = self.board.wait_for_ended(plan.peers, time.monotonic() + settings.attempt_end_wait_s,
-                                           lambda: self.stop.requested() or self.lost is not None, settings.stop_check_s)
+                                           lambda: self.stop.requested() or self.lost is not None or
+                                           bool(self.worker_outcomes.codes()), settings.stop_check_s)
         if self.stop.requested() or self.lost is not None:
             return self.lost or "a stop signal came"
+        if self.worker_outcomes.codes():
+            return self.describe_ended_worker()
         if silent:
             return (f"host(s) {', '.join(silent)} did not say their processes of attempt {attempt} were gone within "
                     f"{settings.attempt_end_wait_s:g} s")
@@ -213,6 +216,10 @@ class JobPortLeader(JobPortRole):
                 return f"host {host} could not be told to start attempt {following}"
         log(f"{plan.current_host}: every host's processes of attempt {attempt} are gone: starting attempt {following}")
         return None
+
+    def describe_ended_worker(self) -> str:
+        host = sorted(self.worker_outcomes.codes())[0]
+        return f"host {host}'s part of the job had already ended: it cannot take part in another attempt"
 
     def end_attempts(self) -> None:
         """No attempt follows: the workers that wait for a word get `end`."""

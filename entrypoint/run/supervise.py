@@ -64,6 +64,9 @@ class OutputCollector:
         self.capture: list[str] | None = None  # every line, while stacks are being collected
         self.stream: SecretLines | None = None  # for lines added without a stream of their own
         self.on_line = None  # every line, for the job report (jobreport/metric_lines.py), when on
+        # A root cause made before this (epoch s) belongs to an earlier attempt (reset): one a
+        # rank of another host sent the job port as attempt N failed can land after N+1 began.
+        self.causes_since = 0.0
 
     def open_stream(self) -> SecretLines | None:
         """The masking state of one stream of lines (a pump's); None when there are no secrets."""
@@ -74,6 +77,7 @@ class OutputCollector:
         with self.lock:
             self.tail.clear()
             self.root_causes.clear()
+            self.causes_since = time.time()
 
     def add_line(self, raw: bytes, stream: SecretLines | None = None) -> None:
         self.add_line_text(raw.decode("utf-8", "replace"), stream)
@@ -98,7 +102,8 @@ class OutputCollector:
             if self.capture is not None and len(self.capture) < MAX_CAPTURED_LINES:
                 self.capture.append(line)
             if cause is not None:
-                self.root_causes.append(cause)
+                if cause.time >= self.causes_since:
+                    self.root_causes.append(cause)
             elif not self.secrets:
                 self.tail.append(line[-TAIL_LINE_CHARS:] if keep_end else line[:TAIL_LINE_CHARS])
             else:

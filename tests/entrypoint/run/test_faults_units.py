@@ -587,3 +587,23 @@ def test_a_grandchild_holding_the_scripts_output_costs_one_wait_said_once(tmp_pa
                     "comes later is not kept"], done.stderr[-3000:]
     lines = done.stderr.splitlines()
     assert lines.index(held[0]) < next(i for i, line in enumerate(lines) if "succeeded in" in line)
+
+
+def test_a_root_cause_of_an_earlier_attempt_that_lands_after_the_restart_is_not_the_next_attempts():
+    """The job port takes a rank's root cause from any host at any time: one sent as attempt 1
+    failed can arrive after attempt 2 began (the collector's reset), and must not lead attempt
+    2's failure; one made after the reset does."""
+    from entrypoint.hosts.job_port import ROOT_CAUSE
+    from entrypoint.run.supervise import OutputCollector
+
+    def line(message: str, made: float) -> str:
+        return ROOT_CAUSE + json.dumps({"host": "algo-2", "rank": "1", "type": "SIGKILL", "message": message,
+                                         "time": made})
+
+    collector = OutputCollector()
+    collector.add_line_text(line("attempt 1's", time.time()))
+    collector.reset()
+    collector.add_line_text(line("attempt 1's, late", collector.causes_since - 0.5))
+    assert collector.root_causes == []
+    collector.add_line_text(line("attempt 2's", collector.causes_since + 0.001))
+    assert [c.message for c in collector.root_causes] == ["attempt 2's"]
