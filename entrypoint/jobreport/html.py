@@ -75,6 +75,7 @@ def build_report_html(report: dict) -> str:
     stragglers = [s for s in _list(report.get("stragglers")) if isinstance(s, dict)]
     body = "\n".join([
         _render_header(job, _list(report.get("notes"))),
+        _render_restarts([r for r in _list(report.get("restarts")) if isinstance(r, dict)]),
         _render_stragglers(stragglers),
         _section("Ranks", _render_rank_table(ranks, stragglers)),
         _section("Step times", _render_step_charts(ranks, stragglers)) if ranks else "",
@@ -107,6 +108,7 @@ def _render_header(job: dict, notes: list) -> str:
         ("hosts", f'{len(hosts)}: {", ".join(hosts)}' if hosts else "none named"),
         ("leader", _text(job.get("leader") or "")),
         ("framework", _text(job.get("framework") or "")),
+        ("attempts", _text(job.get("attempts")) if job.get("attempts") is not None else ""),
         ("started", _format_epoch(started)),
         ("duration", _format_duration(ended - started) if started is not None and ended is not None else ""),
     ]
@@ -115,6 +117,21 @@ def _render_header(job: dict, notes: list) -> str:
     notes_html = f'<div class="notes"><h2>Notes</h2><ul>{note_items}</ul></div>' if notes else ""
     return (f'<header><h1>{what}</h1>{badge}<dl class="facts">{rows}</dl>'
             f"{notes_html}</header>")
+
+
+def _render_restarts(restarts: list) -> str:
+    """Each failed attempt the job was started again after (BYOC_MAX_RESTARTS), and what the
+    restart cost the launcher; nothing for a job that never restarted."""
+    if not restarts:
+        return ""
+    items = []
+    for r in restarts:
+        attempt, cost = r.get("attempt"), _number(r.get("restart_s"))
+        after = (f"the next attempt started {_format_number(cost)} s later" if cost is not None
+                 else "no attempt started after it")
+        items.append(f"<li>attempt {_text(attempt)} failed (exit code {_text(r.get('exit_code'))}: "
+                     f"{_text(r.get('cause'))}); {after}</li>")
+    return f'<section class="restarts"><h2>Restarts ({len(restarts)})</h2><ul>{"".join(items)}</ul></section>'
 
 
 def _render_stragglers(stragglers: list) -> str:

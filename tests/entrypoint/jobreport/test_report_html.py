@@ -465,3 +465,21 @@ def test_chromium_draws_the_plots(tmp_path):
     assert distinct > 1200, distinct
     ink = (image.astype(np.int32).sum(axis=2) < 600).mean()
     assert ink > 0.025, ink
+
+
+def test_restarts_are_listed_under_the_header_with_what_each_cost():
+    report = sample_report()
+    report["job"]["attempts"] = 3
+    report["restarts"] = [
+        {"attempt": 1, "exit_code": 143, "cause": "rank 1 on algo-2: SIGKILL <killed>", "restart_s": 0.62},
+        {"attempt": 2, "exit_code": 1, "cause": "h\ud800st\x1b[31m", "restart_s": None},
+        {"attempt": [2], "exit_code": "x", "cause": None, "restart_s": float("nan")},  # a hand-made report.json
+        "not a restart",
+    ]
+    page = build_report_html(report)
+    assert_self_contained_text(page)
+    assert "<h2>Restarts (3)</h2>" in page and "<dt>attempts</dt><dd>3</dd>" in page
+    assert ("attempt 1 failed (exit code 143: rank 1 on algo-2: SIGKILL &lt;killed&gt;); the next attempt started "
+            "0.6 s later") in page
+    assert "no attempt started after it" in page
+    assert "Restarts" not in build_report_html(sample_report())
