@@ -20,6 +20,11 @@ once the step-150 line shows, and times the first step line after the resume as 
                   at the job's own step time
     job delta   = the whole job's wall time with the crash - without it (same launcher)
 
+--job script also splits the crash cost (--split): the launcher's part, then from the next
+attempt's processes started to rank 0's interpreter running (the launcher's own start-up:
+torchrun imports torch and forms its rendezvous, mpirun reaches its daemons), rank 0's imports,
+its joining the world and reading the checkpoint, and its first step.
+
 The goal (issue 45): the crash cost, beyond the redone steps, at most 10 s. Each case runs
 once without the crash first, then --runs times with it; the medians are printed. Not part of
 the test suite (nothing under tests/ imports it).
@@ -79,7 +84,24 @@ def run_case(name: str, crash: bool, step_s: float) -> dict:
                 restarts = json.load(f)["restarts"]  # none where torchrun restarts its ranks itself (one host)
             launcher = restarts[0]["restart_s"] if restarts else None
             figures.update(crash_s=resumed - killed, redone_steps=KILL_AT - resumed_at, launcher_s=launcher)
+            figures["split"] = build_split(result.results[hosts[0]].output, killed, resumed,
+                                           restarts[0]["next_started"] if restarts else None)
         return figures
+
+
+SPLIT_LINE = re.compile(r"rank 0 attempt \d+ of world \d+ resumes at step [1-9]\d* \(began ([0-9.]+), "
+                        r"imported ([0-9.]+), joined ([0-9.]+)\)")
+
+
+def build_split(log: str, killed: float, resumed: float, next_started: float | None) -> list[float | None]:
+    """[kill -> next processes, -> rank 0 running, its imports, its join, its first step] (s)."""
+    found = SPLIT_LINE.search(log)
+    if found is None:
+        return [None] * 5
+    began, imported, joined = (float(v) for v in found.groups())
+    to_start = next_started - killed if next_started is not None else None
+    launch = began - next_started if next_started is not None else began - killed
+    return [to_start, launch, imported - began, joined - imported, resumed - joined]
 
 
 def build_main_spec(work: str, name: str):
@@ -163,6 +185,7 @@ def main() -> None:
     parser.add_argument("--only", default=",".join(CASES))
     parser.add_argument("--step-s", type=float, default=0.05)
     parser.add_argument("--job", choices=("script", "main"), default="script")
+    parser.add_argument("--split", action="store_true", help="--job script: where the crash's seconds go")
     args = parser.parse_args()
 
     def run(name: str, crash: bool) -> dict:
@@ -183,6 +206,13 @@ def main() -> None:
         each = ", ".join(f"{r['crash_s']:.2f}" for r in runs)
         print(f"{name:<12} {crash:>8.2f} {launcher:>11} {redone:>7.0f} {redone_s:>9} {wall:>7.2f} {clean:>16.2f} "
               f"{wall - clean:>12.2f}   (each run's crash s: {each}{step})")
+        if args.split and args.job == "script":
+            parts = [statistics.median(p) if (p := [r["split"][i] for r in runs if r["split"][i] is not None]) else None
+                     for i in range(5)]
+            names = ("to the next processes", "to rank 0 running", "its imports", "its join + checkpoint",
+                     "its first step")
+            print("    split (medians): " + ", ".join(f"{n} {v:.2f} s" if v is not None else f"{n} -"
+                                                   for n, v in zip(names, parts)))
 
 
 if __name__ == "__main__":

@@ -10,14 +10,19 @@ failed attempt ends only with the entrypoint's SIGKILL. Each rank writes result-
 The collectives: torch.distributed (gloo) under torchrun, mpi4py under mpirun, none for one
 process. For benchmarks/crash_cost.py, the victim writes the time it dies into killed-once
 and rank 0 the time of a resumed attempt's first step into resumed-first-step."""
-import argparse
-import json
-import os
-import signal
-import socket
 import time
 
-import torch
+BEGAN = time.time()  # before the imports: the benchmark splits a restart's start-up by these
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import signal  # noqa: E402
+import socket  # noqa: E402
+
+import torch  # noqa: E402
+
+IMPORTED = time.time()
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=60)
@@ -74,7 +79,8 @@ if rank == 0 and os.path.exists(checkpoint):
     state = [saved["step"], saved["total"]]
 broadcast(state)
 start, total = state
-print(f"[restart_job] rank {rank} attempt {attempt} of world {size} resumes at step {start}", flush=True)
+print(f"[restart_job] rank {rank} attempt {attempt} of world {size} resumes at step {start} (began {BEGAN:.3f}, "
+      f"imported {IMPORTED:.3f}, joined {time.time():.3f})", flush=True)
 if args.kill_again and args.kill != "none" and rank == victim and attempt == 2 and once("killed-again"):
     os.kill(os.getpid(), signal.SIGKILL)
 if args.slow_end and rank == 0 and attempt == 1:
