@@ -125,10 +125,14 @@ def find_rank(cluster, host: str, rank: int) -> int | None:
         try:
             with open(f"/proc/{pid}/environ", "rb") as f:
                 env = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
         except OSError:
             continue
-        found = env.get(b"OMPI_COMM_WORLD_RANK", env.get(b"RANK"))
-        if found == str(rank).encode() and b"record_errors.py" in open(f"/proc/{pid}/cmdline", "rb").read():
+        found = env.get(b"OMPI_COMM_WORLD_RANK", env.get(b"RANK", b"0"))  # one process: no RANK
+        # the rank wrapper runs the script (python -u record_errors.py script); torchrun names it too
+        program = next((a for a in argv[1:] if not a.startswith(b"-")), b"")
+        if found == str(rank).encode() and program.endswith(b"record_errors.py"):
             return pid
     return None
 
