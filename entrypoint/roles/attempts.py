@@ -39,6 +39,7 @@ class AttemptBoard:
         self._word: AttemptWord | None = None  # a worker's: the leader's word on what follows this attempt
         self._supervisor = None  # this attempt's run, once its processes started
         self._stop_why: str | None = None  # why this attempt's run must stop, once a word said so
+        self._next_stop_why: str | None = None  # the same for the next attempt, heard before it began
         self.over = False  # the leader's: no attempt follows this one
 
     # --- from the job port's reader threads -------------------------------------------------------
@@ -64,9 +65,14 @@ class AttemptBoard:
                 self._word = self._word or word
                 self._changed.notify_all()
                 return True
+            why = f"the leader stops attempt {word.attempt} to start the job again"
+            if word.word == "stop" and self._word is not None and word.attempt == self._word.attempt == \
+                    self.attempt + 1 and self._word.word == "start":
+                self._next_stop_why = why  # the attempt it just said to start failed already
+                return True
             if not (word.word == "stop" and word.attempt == self.attempt):
                 return False
-        self.stop_run(f"the leader stops attempt {word.attempt} to start the job again")
+        self.stop_run(why)
         return True
 
     def stop_run(self, why: str) -> None:
@@ -95,7 +101,8 @@ class AttemptBoard:
         """The next attempt begins: what was heard about this one is forgotten."""
         with self._changed:
             self.attempt += 1
-            self._ended, self._word, self._supervisor, self._stop_why = {}, None, None, None
+            self._ended, self._word, self._supervisor = {}, None, None
+            self._stop_why, self._next_stop_why = self._next_stop_why, None
             return self.attempt
 
     def end(self) -> None:

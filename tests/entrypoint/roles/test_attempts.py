@@ -120,3 +120,16 @@ def test_the_leaders_wait_names_the_hosts_that_never_said_ended():
     assert board.wait_for_ended(["algo-2"], time.monotonic() + 60, lambda: False, DEFAULTS.stop_check_s) == []
     assert board.wait_for_ended(["algo-2", "algo-3"], time.monotonic() + 0.3, lambda: False,
                                 DEFAULTS.stop_check_s) == ["algo-3"]
+
+
+def test_a_stop_for_the_attempt_just_started_that_comes_before_it_began_here_is_kept():
+    """The leader said `start 2`, and attempt 2 failed elsewhere before this host moved to it:
+    its `stop 2` stops this host's attempt 2 as soon as its processes start, not dropped as stale."""
+    board = AttemptBoard()
+    assert board.take_leader_word(AttemptWord("start", 2, "algo-1"))
+    assert board.take_leader_word(AttemptWord("stop", 2, "algo-1"))
+    assert board.next() == 2
+    run = Run()
+    board.started(run)
+    assert run.stopped == ["the leader stops attempt 2 to start the job again"]
+    assert AttemptBoard().take_leader_word(AttemptWord("stop", 2, "algo-1")) is False  # no start 2 heard: stale
