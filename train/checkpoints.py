@@ -106,11 +106,12 @@ class CheckpointWriter:
     the writer never reads the model. At most one save is in flight: `submit` first waits for
     the previous one to be on disk, so a checkpoint interval shorter than one write slows the
     training to the disk's pace and never piles up copies in memory; `on_waited(step, s)`
-    says when that happened. `on_saved(step, path, paused_s, write_s)` runs in the writer
-    thread once the file is durably in place (written, fsynced, renamed, the folder fsynced):
-    the "[checkpoint] saved" line comes from there and nowhere earlier. paused_s: how long the
-    training thread spent on this checkpoint (the copy, a wait for the previous write, the
-    hand-over); write_s: the write itself, in this thread.
+    says when that happened. `on_saved(step, path, paused_s, write_s, write_cpu_s)` runs in
+    the writer thread once the file is durably in place (written, fsynced, renamed, the folder
+    fsynced): the "[checkpoint] saved" line comes from there and nowhere earlier. paused_s: how
+    long the training thread spent on this checkpoint (the copy, a wait for the previous
+    write, the hand-over); write_s, write_cpu_s: the write itself, in this thread, and the CPU
+    time it used (what it can take from the training when every core is busy).
 
     A failed write (CheckpointWriteError: a full disk, an I/O error; or any other exception)
     is reported at once through `on_failed(step, err)` and raised, as it is, on the training
@@ -119,7 +120,7 @@ class CheckpointWriter:
     does not raise: it runs on the way out, where an earlier error is the one to report).
     """
 
-    def __init__(self, checkpoint_dir: str, on_saved: Callable[[int, str, float, float], None],
+    def __init__(self, checkpoint_dir: str, on_saved: Callable[[int, str, float, float, float], None],
                  on_failed: Callable[[int, BaseException], None] = lambda step, err: None,
                  on_waited: Callable[[int, float], None] = lambda step, waited_s: None,
                  save: Callable[[str, dict], str] = save_checkpoint):
@@ -185,9 +186,9 @@ class CheckpointWriter:
                 (step, state, paused_s), self._job = self._job, None
             error = None
             try:
-                started = time.perf_counter()
+                started, cpu_started = time.perf_counter(), time.thread_time()
                 path = self._save(self.checkpoint_dir, state)
-                self._on_saved(step, path, paused_s, time.perf_counter() - started)
+                self._on_saved(step, path, paused_s, time.perf_counter() - started, time.thread_time() - cpu_started)
             except BaseException as err:  # kept for the training thread, which decides what it means
                 error = err
                 self._report_failure(step, err)

@@ -128,21 +128,23 @@ def evaluate(model, table, shard, backend: Backend, batch_size: int = 1024) -> t
     return correct / max(1.0, total), loss_sum / max(1.0, total)
 
 
-def format_checkpoint_saved(step: int, checkpoint_dir: str, paused_s: float, write_s: float | None = None) -> str:
+def format_checkpoint_saved(step: int, checkpoint_dir: str, paused_s: float, write_s: float | None = None,
+                            write_cpu_s: float = 0.0) -> str:
     """The line that says a checkpoint is durably in place (logged only then: restarts and
-    people rely on it). paused_s: the training thread's time on it; write_s: the writer's."""
+    people rely on it). paused_s: the training thread's time on it; write_s, write_cpu_s:
+    the writer thread's time on it, and the CPU time it used."""
     where = f"[checkpoint] saved step {step} to {checkpoint_dir}"
     if write_s is None:
         return f"{where} (took {paused_s * 1000:.2f} ms on the training thread)"
-    return (f"{where} (took {paused_s * 1000:.2f} ms on the training thread,"
-            f" written in {write_s * 1000:.1f} ms by the checkpoint writer)")
+    return (f"{where} (took {paused_s * 1000:.2f} ms on the training thread; written in {write_s * 1000:.1f} ms,"
+            f" {write_cpu_s * 1000:.1f} ms of CPU, by the checkpoint writer)")
 
 
 def build_checkpoint_writer(checkpoint_dir: str, reporter: Reporter) -> CheckpointWriter:
     return CheckpointWriter(
         checkpoint_dir,
-        on_saved=lambda step, path, paused_s, write_s: reporter.line(
-            format_checkpoint_saved(step, checkpoint_dir, paused_s, write_s)),
+        on_saved=lambda step, path, paused_s, write_s, write_cpu_s: reporter.line(
+            format_checkpoint_saved(step, checkpoint_dir, paused_s, write_s, write_cpu_s)),
         on_failed=lambda step, err: reporter.line(f"[checkpoint] step {step} not saved: {err}"),
         on_waited=lambda step, waited_s: reporter.line(
             f"[checkpoint] step {step} waited {waited_s * 1000:.1f} ms for the previous checkpoint's write"

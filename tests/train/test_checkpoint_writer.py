@@ -65,9 +65,10 @@ class Recorder:
     def __init__(self):
         self.events: list[tuple] = []
 
-    def saved(self, step, path, paused_s, write_s):
+    def saved(self, step, path, paused_s, write_s, write_cpu_s):
         on_disk = load_checkpoint(os.path.dirname(path))
-        self.events.append(("saved", step, on_disk["step"] if on_disk else None, paused_s >= 0 and write_s >= 0))
+        self.events.append(("saved", step, on_disk["step"] if on_disk else None,
+                            min(paused_s, write_s, write_cpu_s) >= 0))
 
     def failed(self, step, err):
         self.events.append(("failed", step, str(err)))
@@ -270,9 +271,9 @@ def test_reporter_lines_from_two_threads_never_interleave():
 def test_the_saved_line():
     assert format_checkpoint_saved(60, "/opt/ml/checkpoints", 0.01234) == (
         "[checkpoint] saved step 60 to /opt/ml/checkpoints (took 12.34 ms on the training thread)")
-    assert format_checkpoint_saved(60, "/c", 0.0004, 0.0215) == (
-        "[checkpoint] saved step 60 to /c (took 0.40 ms on the training thread, written in 21.5 ms by the"
-        " checkpoint writer)")
+    assert format_checkpoint_saved(60, "/c", 0.0004, 0.0215, 0.00191) == (
+        "[checkpoint] saved step 60 to /c (took 0.40 ms on the training thread; written in 21.5 ms, 1.9 ms of CPU,"
+        " by the checkpoint writer)")
 
 
 # -- the training loop ----------------------------------------------------------------------
