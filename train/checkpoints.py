@@ -103,15 +103,16 @@ class CheckpointWriter:
 
     `submit` takes a state whose tensors are the caller's own copies (Backend.checkpoint_state
     copies them at the step boundary, before the next optimizer step changes the live ones):
-    the writer never reads the model. At most one save is in flight: `submit` first waits for
-    the previous one to be on disk, so a checkpoint interval shorter than one write slows the
-    training to the disk's pace and never piles up copies in memory; `on_waited(step, s)`
-    says when that happened. `on_saved(step, path, paused_s, write_s, write_cpu_s)` runs in
-    the writer thread once the file is durably in place (written, fsynced, renamed, the folder
-    fsynced): the "[checkpoint] saved" line comes from there and nowhere earlier. paused_s: how
-    long the training thread spent on this checkpoint (the copy, a wait for the previous
-    write, the hand-over); write_s, write_cpu_s: the write itself, in this thread, and the CPU
-    time it used (what it can take from the training when every core is busy).
+    the writer never reads the model. At most one save is in flight: `reserve` (before the copy
+    is taken) and `submit` first wait for the previous one to be on disk, so a checkpoint
+    interval shorter than one write slows the training to the disk's pace and never piles up
+    copies in memory; `on_waited(step, s)` says when that happened.
+    `on_saved(step, path, paused_s, write_s, write_cpu_s)` runs in the writer thread once the
+    file is durably in place (written, fsynced, renamed, the folder fsynced): the "[checkpoint]
+    saved" line comes from there and nowhere earlier. paused_s: how long the training thread
+    spent on this checkpoint (a wait for the previous write, the copy, the hand-over); write_s,
+    write_cpu_s: the write itself, in this thread, and the CPU time it used (what it can take
+    from the training when every core is busy).
 
     A failed write (CheckpointWriteError: a full disk, an I/O error; or any other exception)
     is reported at once through `on_failed(step, err)` and raised, as it is, on the training
@@ -135,18 +136,24 @@ class CheckpointWriter:
         self._closed = False
         self._thread: threading.Thread | None = None
 
-    def submit(self, step: int, state: dict, copy_started: float | None = None) -> None:
-        """Hand `state` (the caller's copy, not to be changed afterwards) to the writer; first
-        wait for the previous save and raise its error, if it failed. copy_started: when the
-        caller began taking the copy (time.perf_counter()), for on_saved's paused_s."""
+    def reserve(self, step: int) -> None:
+        """Wait until no save is in flight (on_waited says so when that took a wait) and raise
+        a failed save's error. Called before taking the copy for `step`, so that one copy
+        exists at a time; `submit` calls it too."""
         started = time.perf_counter()
-        copy_started = started if copy_started is None else copy_started
         with self._changed:
             busy = self._busy
         if busy:
             self.wait()
             self._on_waited(step, time.perf_counter() - started)
         self.raise_if_failed()
+
+    def submit(self, step: int, state: dict, copy_started: float | None = None) -> None:
+        """Hand `state` (the caller's copy, not to be changed afterwards) to the writer; first
+        wait for the previous save and raise its error, if it failed (reserve). copy_started:
+        when the caller began (time.perf_counter(), before its reserve), for on_saved's paused_s."""
+        copy_started = time.perf_counter() if copy_started is None else copy_started
+        self.reserve(step)
         with self._changed:
             if self._closed:
                 raise RuntimeError("the checkpoint writer is closed")

@@ -220,6 +220,8 @@ def _train(config, backend, environ, paths, reporter, stop, watchdog, writer) ->
         background writer; wait: until it is on disk (a stop), as every write is without
         checkpoint_background. Ranks meet after a write that was waited for."""
         started = time.perf_counter()
+        if config.checkpoint_background:
+            writer.reserve(step)  # the previous write ends (or raises) before this copy is taken
         state = backend.checkpoint_state(train_model, optimizer)
         if state is not None and config.checkpoint_background:
             writer.submit(step, {"step": step, **state}, started)

@@ -435,3 +435,25 @@ def test_a_failed_background_write_fails_the_run_at_the_next_step_not_the_next_s
     assert isinstance(error, CheckpointWriteError), log
     assert 5 < backend.steps <= 7
     assert "step 4/30" in log and "step 8/30" not in log
+
+
+def test_the_next_copy_is_taken_only_once_the_previous_write_is_on_disk(tmp_path, capsys, monkeypatch):
+    """Step 5's write goes on once step 10's copy is taken (or after 2 s): the loop must wait
+    for the write before copying again, so that one copy exists at a time."""
+    root = write_job(tmp_path)
+    backend = CountingBackend()
+    events: list[str] = []
+    second_copy = threading.Event()
+
+    def copying(*args):
+        events.append(f"copy at step {backend.steps}")
+        if backend.steps == 10:
+            second_copy.set()
+
+    when_called(monkeypatch, backend, "checkpoint_state", copying)
+    when_called(monkeypatch, train_loop, "format_checkpoint_saved", lambda step, *rest: events.append(f"saved {step}"))
+    slowed_writer(monkeypatch, lambda state: state["step"] == 5 and second_copy.wait(timeout=2))
+    log, error = train(root, ["--max_steps", "12", "--checkpoint_every", "5"], capsys, backend)
+    assert error is None, log
+    assert events[:4] == ["copy at step 5", "saved 5", "copy at step 10", "saved 10"]
+    assert "[checkpoint] step 10 waited " in log
