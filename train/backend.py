@@ -15,10 +15,11 @@ from train.ranks import RankInfo
 
 
 def to_cpu(value):
-    """A copy of nested dicts/lists whose tensors live on the CPU (GPU and XLA tensors are
-    not what a checkpoint file should hold)."""
+    """A copy of nested dicts/lists whose tensors are copies on the CPU (GPU and XLA tensors
+    are not what a checkpoint file should hold). Always a copy, CPU tensors too: a checkpoint
+    is written in the background while the next steps change the live tensors in place."""
     if torch.is_tensor(value):
-        return value.detach().cpu()
+        return value.detach().to("cpu", copy=True)
     if isinstance(value, dict):
         return {k: to_cpu(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -73,7 +74,8 @@ class Backend:
             scaler.update()
 
     def checkpoint_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict | None:
-        """{"model", "optimizer"} on the rank that writes checkpoints, None elsewhere."""
+        """{"model", "optimizer"} on the rank that writes checkpoints, None elsewhere: copies
+        (to_cpu), taken now, that the next optimizer step does not change."""
         if not self.rank_info.is_leader:
             return None
         from train.models import unwrap

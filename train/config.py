@@ -52,6 +52,7 @@ class TrainConfig:
     # bookkeeping
     log_every: int = 10  # steps between metric lines
     checkpoint_every: int = 100  # steps between checkpoints (0: only on SIGTERM)
+    checkpoint_background: bool = True  # written by a writer thread (false: the training waits for each write)
     hang_timeout_s: float = 1800.0  # a rank with no finished step for this long fails the job (0: never)
     # parameter server
     ps_mode: str = "sync"  # sync | async

@@ -22,7 +22,7 @@ from train.backend import Backend
 from train.batches import (build_batch_indices, build_epoch_order, build_eval_indices,
                            build_steps_per_epoch)
 from train.channels import ChannelReader, decide_channel_config, decide_shard, load_input_data_config
-from train.checkpoints import load_checkpoint, save_checkpoint
+from train.checkpoints import CheckpointWriter, load_checkpoint, save_checkpoint
 from train.config import TrainConfig
 from train.devices import decide_precision, probe_bf16_supported
 from train.metrics import Reporter, format_progress
@@ -128,6 +128,29 @@ def evaluate(model, table, shard, backend: Backend, batch_size: int = 1024) -> t
     return correct / max(1.0, total), loss_sum / max(1.0, total)
 
 
+def format_checkpoint_saved(step: int, checkpoint_dir: str, paused_s: float, write_s: float | None = None,
+                            write_cpu_s: float = 0.0) -> str:
+    """The line that says a checkpoint is durably in place (logged only then: restarts and
+    people rely on it). paused_s: the training thread's time on it; write_s, write_cpu_s:
+    the writer thread's time on it, and the CPU time it used."""
+    where = f"[checkpoint] saved step {step} to {checkpoint_dir}"
+    if write_s is None:
+        return f"{where} (took {paused_s * 1000:.2f} ms on the training thread)"
+    return (f"{where} (took {paused_s * 1000:.2f} ms on the training thread; written in {write_s * 1000:.1f} ms,"
+            f" {write_cpu_s * 1000:.1f} ms of CPU, by the checkpoint writer)")
+
+
+def build_checkpoint_writer(checkpoint_dir: str, reporter: Reporter) -> CheckpointWriter:
+    return CheckpointWriter(
+        checkpoint_dir,
+        on_saved=lambda step, path, paused_s, write_s, write_cpu_s: reporter.line(
+            format_checkpoint_saved(step, checkpoint_dir, paused_s, write_s, write_cpu_s)),
+        on_failed=lambda step, err: reporter.line(f"[checkpoint] step {step} not saved: {err}"),
+        on_waited=lambda step, waited_s: reporter.line(
+            f"[checkpoint] step {step} waited {waited_s * 1000:.1f} ms for the previous checkpoint's write"
+            f" (checkpoint_every is shorter than one write)"))
+
+
 def run_training(config: TrainConfig, backend: Backend, environ: Mapping[str, str]) -> TrainResult:
     ranks = backend.rank_info
     paths = load_job_paths(environ)
@@ -137,15 +160,17 @@ def run_training(config: TrainConfig, backend: Backend, environ: Mapping[str, st
     backend.stop_request = stop  # a parameter server passes it along with the gradients
     host = environ.get("SM_CURRENT_HOST") or socket.gethostname()
     watchdog = StepWatchdog(config.hang_timeout_s, ranks.rank, host).start()
+    writer = build_checkpoint_writer(paths.checkpoint_dir, reporter)
     try:
-        return _train(config, backend, environ, paths, reporter, stop, watchdog)
+        return _train(config, backend, environ, paths, reporter, stop, watchdog, writer)
     finally:
+        writer.close()  # after an error too: a write in flight lands (the watchdog still runs)
         watchdog.stop()
         stop.uninstall()
         reporter.close()
 
 
-def _train(config, backend, environ, paths, reporter, stop, watchdog) -> TrainResult:
+def _train(config, backend, environ, paths, reporter, stop, watchdog, writer) -> TrainResult:
     ranks, device = backend.rank_info, backend.device
     seed_everything(config.seed)
     channels = load_input_data_config(environ, paths.input_config_dir)
@@ -190,12 +215,23 @@ def _train(config, backend, environ, paths, reporter, stop, watchdog) -> TrainRe
                   f" precision={precision.autocast_dtype or 'fp32'}"
                   + (f" {backend.cpu_plan.describe()}" if backend.cpu_plan is not None else ""))
 
-    def write_checkpoint(step: int) -> None:
+    def write_checkpoint(step: int, wait: bool) -> None:
+        """The step's state, copied now (before the next step changes it), written by the
+        background writer; wait: until it is on disk (a stop), as every write is without
+        checkpoint_background. Ranks meet after a write that was waited for."""
+        started = time.perf_counter()
+        if config.checkpoint_background:
+            writer.reserve(step)  # the previous write ends (or raises) before this copy is taken
         state = backend.checkpoint_state(train_model, optimizer)
-        if state is not None:
+        if state is not None and config.checkpoint_background:
+            writer.submit(step, {"step": step, **state}, started)
+            if wait:
+                writer.wait()
+        elif state is not None:
             save_checkpoint(paths.checkpoint_dir, {"step": step, **state})
-            reporter.line(f"[checkpoint] saved step {step} to {paths.checkpoint_dir}")
-        backend.barrier()
+            reporter.line(format_checkpoint_saved(step, paths.checkpoint_dir, time.perf_counter() - started))
+        if wait or not config.checkpoint_background:
+            backend.barrier()
 
     autocast = (torch.autocast(device.type, dtype=precision.autocast_dtype)
                 if precision.autocast_dtype is not None else contextlib.nullcontext())
@@ -229,6 +265,7 @@ def _train(config, backend, environ, paths, reporter, stop, watchdog) -> TrainRe
         loss_count += 1
         step += 1
         watchdog.beat()
+        writer.raise_if_failed()  # a background write that failed fails the job at this step
 
         # Only at steps every rank reaches: a collective here must pair with the same one elsewhere.
         if step % config.log_every == 0 or step == total_steps:
@@ -244,11 +281,12 @@ def _train(config, backend, environ, paths, reporter, stop, watchdog) -> TrainRe
             loss_sum.zero_()
             loss_count, window_start, window_step = 0, now, step
         if stopped or (config.checkpoint_every and step % config.checkpoint_every == 0 and step < total_steps):
-            write_checkpoint(step)
+            write_checkpoint(step, wait=stopped)
             watchdog.beat()
         if stopped:
             reporter.line(f"[stopped] SIGTERM: stopped at step {step}; the next start resumes from the checkpoint")
             break
+    writer.wait()  # the last checkpoint is on disk (or its error raised) before anything else ends
     reader.release_staging()
     if stopped:
         backend.finish()

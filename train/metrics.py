@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime
 import importlib.util
 import sys
+import threading
 from typing import Mapping, TextIO
 
 
@@ -39,12 +40,14 @@ def format_progress(epoch: int, epochs: int, step: int, total_steps: int, loss: 
 
 
 class Reporter:
-    """Writes metric and progress lines (leader only) and, when available, TensorBoard events."""
+    """Writes metric and progress lines (leader only) and, when available, TensorBoard events.
+    `line` may be called from any thread."""
 
     def __init__(self, is_leader: bool, tensorboard_dir: str | None, stream: TextIO | None = None):
         self.is_leader = is_leader
         self._stream = stream or sys.stdout
         self._writer = None
+        self._lock = threading.Lock()  # lines come from the training thread and the checkpoint writer
         if is_leader and tensorboard_dir and importlib.util.find_spec("tensorboard") is not None:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -52,7 +55,9 @@ class Reporter:
 
     def line(self, text: str) -> None:
         if self.is_leader:
-            print(text, file=self._stream, flush=True)
+            with self._lock:  # one write per line: two threads' lines never interleave
+                self._stream.write(text + "\n")
+                self._stream.flush()
 
     def metrics(self, epoch: int, step: int, values: Mapping[str, float]) -> None:
         if not self.is_leader:

@@ -1,5 +1,6 @@
 """Restart in place (BYOC_MAX_RESTARTS): one rank is killed once mid-training; the job finishes,
-the log says a restart happened, at most one checkpoint interval of work is lost, and the final
+the log says a restart happened, it resumes from the last checkpoint logged as saved (under two
+checkpoint intervals of work lost: checkpoints are written in the background), and the final
 validation accuracy (and every weight) equals an uninterrupted run's with the same seed.
 
 Real processes: our entrypoint, 2 ranks under mpirun (the entrypoint relaunches the whole job)
@@ -97,13 +98,17 @@ def test_a_rank_killed_once_restarts_in_place_and_ends_like_an_uninterrupted_run
     assert LAUNCHES[launch][2] in log, log[-4000:]
     resumed = [int(s) for s in re.findall(r"\[checkpoint\] resumed from \S+ at step (\d+)", log)]
     assert resumed, log[-4000:]
-    # At most one checkpoint interval lost: the restart resumed from the last checkpoint the
-    # killed attempt saved. The ranks run on while the test reads the pipe and finds the victim,
-    # so that checkpoint is the last one logged before the restart, not the one the test saw.
-    first_attempt = log[:log.index(LAUNCHES[launch][2])]
-    saved = [int(s) for s in re.findall(r"\[checkpoint\] saved step (\d+)", first_attempt)]
-    last_step = max(int(s) for s in re.findall(r"step[= ](\d+)", first_attempt))
-    assert resumed[-1] == saved[-1] and last_step - saved[-1] < CHECKPOINT_EVERY, log[-4000:]
+    # The first attempt's lines: a rank's lines keep their order, and the second attempt's come
+    # after its "resumed" line.
+    first_attempt = log[:log.index("[checkpoint] resumed from")]
+    saved = [int(s) for s in re.findall(r"\[checkpoint\] saved step (\d+) ", first_attempt)]
+    killed_at = max(int(s) for s in re.findall(r"step[= ](\d+)", first_attempt))
+    # It resumed from the last checkpoint logged as saved before the kill (or the next one, had
+    # the kill fallen between its rename and its line), never an older one or one not written.
+    assert saved[-1] <= resumed[-1] <= min(saved[-1] + CHECKPOINT_EVERY, killed_at), first_attempt[-3000:]
+    # Work lost: under two checkpoint intervals, as a checkpoint written in the background is on
+    # disk before the next one is taken (one interval, plus the steps taken while it was written).
+    assert killed_at - resumed[-1] < 2 * CHECKPOINT_EVERY
     assert (root / "output/success").exists() and not (root / "output/failure").exists()
     assert final_accuracy(log) == final_accuracy(straight.stdout + straight.stderr)
     straight_state, state = load_saved_state(straight_root), load_saved_state(root)
