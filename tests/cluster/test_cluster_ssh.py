@@ -87,7 +87,10 @@ def test_mpirun_over_ssh_across_hosts(tmp_path):
     (seed / "config").write_text(
         "Host *\n  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  BatchMode yes\n  LogLevel ERROR\n"
     )
-    rank = "import os, socket; print('rank', os.environ['OMPI_COMM_WORLD_RANK'], 'on', socket.gethostname())"
+    # One write a line: print() under PYTHONUNBUFFERED writes the text and the newline apart, and
+    # two ranks' lines glued in mpirun's output once ("rankrank 1 on algo-2", a loaded fresh root).
+    rank = ("import os, socket; os.write(1, f\"rank {os.environ['OMPI_COMM_WORLD_RANK']} on "
+            "{socket.gethostname()}\\n\".encode())")
     with EmulatedCluster(["algo-1", "algo-2"], ssh_seed=str(seed)) as cluster:
         for host in ("algo-1", "algo-2"):
             cluster.start_on(host, ["/usr/sbin/sshd", "-D"])
