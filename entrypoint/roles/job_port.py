@@ -63,13 +63,12 @@ class JobPortRole(MultiHostRole):
         sent from that worker's own address (the job's key is in every rank's environment, so
         a signature alone does not tell a host from a rank elsewhere claiming to be it), keeping
         only what it knows of them (jobreport/figures.parse_host_figures)."""
-        from entrypoint.hosts.net import resolve_addresses
         from entrypoint.jobreport.figures import parse_host_figures
 
         if not self.plan.is_leader or host not in self.plan.peers or self.has_figures(host):
             self.on_refused_message(sender, f"figures for {host!r}: not one of this leader's workers, or again")
             return
-        if sender not in resolve_addresses(host):
+        if sender not in self.peer_addresses(host):
             self.on_refused_message(sender, f"figures for {host!r} sent from another address")
             return
         try:

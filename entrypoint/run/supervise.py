@@ -272,10 +272,13 @@ class Supervisor:
             t.start()
             self.pumps.append(t)
 
-    def _groups(self, stop_request: bool) -> list[int]:
+    def _groups(self, stop_request: bool, kill: bool) -> list[int]:
         """Process groups to signal. For a stop request, a launcher whose spec says so
-        (mpirun) is passed over for the ranks it started here; SIGKILL takes them all."""
-        table = processes.load_process_table() if any(s.signal_ranks for s, _ in self.children) else {}
+        (mpirun) is passed over for the ranks it started here; SIGKILL (kill) takes them all,
+        and every group below a launcher still running: torchrun starts each rank in a session
+        of its own, so a rank that ignores SIGTERM would outlive its torchrun. The process
+        table is read once, and only when one of those needs it."""
+        table = processes.load_process_table() if kill or any(s.signal_ranks for s, _ in self.children) else {}
         groups: list[int] = []
         for spec, proc in self.children:
             ranks = processes.decide_rank_groups(table, [proc.pid]) if spec.signal_ranks else []
@@ -283,17 +286,12 @@ class Supervisor:
                 groups += ranks
             else:
                 groups += [proc.pid, *ranks]
-        return groups
+            if kill:
+                groups += [table[pid].pgid for pid in processes.build_descendants(table, proc.pid)]
+        return sorted(set(groups), key=groups.index)
 
     def signal_all(self, sig: int, stop_request: bool = False) -> None:
-        groups = self._groups(stop_request)
-        if sig == signal.SIGKILL:
-            # Also every group below a launcher still running: torchrun starts each rank in a
-            # session of its own, so a rank that ignores SIGTERM would outlive its torchrun.
-            table = processes.load_process_table()
-            groups += [table[pid].pgid for _, proc in self.children for pid in processes.build_descendants(table, proc.pid)
-                       if pid in table]
-        processes.signal_groups(sorted(set(groups), key=groups.index), sig)
+        processes.signal_groups(self._groups(stop_request, kill=sig == signal.SIGKILL), sig)
 
     def _kill_within(self, delay_s: float) -> bool:
         """Whether this is the first deadline (the run was not being stopped yet)."""
