@@ -8,7 +8,8 @@ import signal
 import sys
 from typing import NamedTuple
 
-from entrypoint.run import execute, finishing, runtime_dirs, supervise
+from entrypoint import orchestrate
+from entrypoint.run import finishing, runtime_dirs, supervise
 from entrypoint.run.stop import StartupStopped, Stop
 from entrypoint.job.config import JobConfig, find_missing_channel_dirs, load_job
 from entrypoint.job.json_text import build_json
@@ -146,10 +147,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         return print_plan(environ, paths)
     stop = Stop()  # the job's one stop token: every wait and every role reads it (run/stop.py)
-    launch = execute.Launch(stop, tuple(secret_values(environ)))
+    launch = orchestrate.Launch(stop, tuple(secret_values(environ)))
     try:
         # Installed inside the try: a stop from the first moment it is ours ends in an outcome.
-        stop.reaction = stop.raise_startup_stopped  # until the role starts (run/execute.py)
+        stop.reaction = stop.raise_startup_stopped  # until the role starts (orchestrate.py)
         stop.install()
         signal.signal(signal.SIGUSR1, supervise.on_stack_request_without_ranks)
         clear_previous_outcome(paths)
@@ -227,7 +228,7 @@ def load_job_and_plan(environ: dict[str, str], paths: MlPaths):
     return job, facts, runtime, load_plan(job, facts, runtime)
 
 
-def run(environ: dict[str, str], paths: MlPaths, launch: execute.Launch) -> Outcome:
+def run(environ: dict[str, str], paths: MlPaths, launch: orchestrate.Launch) -> Outcome:
     """Read, decide, fetch the code (and decide again), pre-flight, make the job's folders,
     run: the job's outcome, whichever step ended it."""
     try:
@@ -253,7 +254,7 @@ def run(environ: dict[str, str], paths: MlPaths, launch: execute.Launch) -> Outc
         os.makedirs(paths.output_data_dir, exist_ok=True)
     except OSError:
         pass  # a read-only output folder: the job still runs (outcome.py says so at the end)
-    return execute.run_plan(plan, paths, environ, launch)
+    return orchestrate.run_plan(plan, paths, environ, launch)
 
 
 def fetch_code_and_decide_again(job: JobConfig, facts: MachineFacts, runtime: Runtime, plan: LaunchPlan,

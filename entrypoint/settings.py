@@ -62,6 +62,10 @@ class LaunchSettings(NamedTuple):
     # How often a wait that nothing else wakes checks whether a stop signal arrived, or
     # retries a word to a peer.
     stop_check_s: float = 0.2
+    # A host name that does not resolve yet is tried again after this, then twice as long each
+    # time, up to resolve_longest_wait_s (SageMaker's DNS can lag at start: seconds, not minutes).
+    resolve_first_wait_s: float = 0.1
+    resolve_longest_wait_s: float = 5.0
     # How often a peer's port is probed (host-lost watch, a worker's last word, a closed port),
     # and how long one probe may take.
     peer_probe_every_s: float = 1.0

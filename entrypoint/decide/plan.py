@@ -1,7 +1,7 @@
 """Decide how to launch: one pure function from what was read to a LaunchPlan.
 
 The plan holds exact argv tuples and the environment to add; `--dry-run` prints it and
-entrypoint.run.execute runs it. Nothing here touches the machine.
+entrypoint.orchestrate runs it. Nothing here touches the machine.
 """
 
 from __future__ import annotations
@@ -93,6 +93,9 @@ class LaunchPlan(NamedTuple):
     health_check: HealthCheck | None = None  # BYOC_HEALTH_CHECK=deep: run before the training
     report: ReportSpec | None = None  # the job report (BYOC_REPORT); None: off
     compile_cache: CompileCache | None = None  # torch.compile's caches kept (decide/compile_cache.py)
+    # When this host stops its processes itself (epoch s), a training plan's capacity ending
+    # (decide/capacity.py); None without one. Decided once, here: every role reads this.
+    capacity_stop_at: float | None = None
 
     @property
     def env_dict(self) -> dict[str, str]:
@@ -378,6 +381,7 @@ def build_plan(shared: _Shared, role: Role, processes: tuple[ProcessSpec, ...], 
         settings=shared.settings,
         files=shared.runtime.files,
         notes=tuple(shared.notes),
+        capacity_stop_at=decide_capacity_stop_at(shared.settings),
     )
 
 
@@ -431,7 +435,7 @@ def decide(
     if topo.interface_note:
         notes.append(topo.interface_note)
     code_dir = job.paths.code_dir
-    if job.sdk_v3 is not None:  # an SDK v3 ModelTrainer job: v3's rules for the program (decide/v3_launch.py)
+    if job.sdk_v3 is not None:  # an SDK v3 ModelTrainer job: v3's rules for the program (decide/v3_orchestrate.py)
         from entrypoint.decide import v3_launch
 
         entry, program_argv, install = v3_launch.decide_v3_program(job, code_facts, runtime.python, RECORD_ERRORS)

@@ -113,7 +113,7 @@ class RuntimeFiles(NamedTuple):
         return os.path.join(self.folder, OUTCOME_FILE)
 
     @property
-    def leader_report(self) -> str:
+    def leader_failure(self) -> str:
         return os.path.join(self.folder, LEADER_REPORT_FILE)
 
 

@@ -78,9 +78,9 @@ def build_tell_command(plan: LaunchPlan, exit_code: int) -> str:
     """The remote command that stores the outcome on a worker: the report (stdin, possibly
     empty) first, then the exit code, whose file's appearance is what the worker waits for.
     Only our integer and constant paths appear in it."""
-    code_file, report_file = shlex.quote(plan.files.outcome), shlex.quote(plan.files.leader_report)
+    code_file, failure_file = shlex.quote(plan.files.outcome), shlex.quote(plan.files.leader_failure)
     return (
-        f"cat > {report_file}.tmp && mv {report_file}.tmp {report_file} && "
+        f"cat > {failure_file}.tmp && mv {failure_file}.tmp {failure_file} && "
         f"printf %s {int(exit_code)} > {code_file}.tmp && mv {code_file}.tmp {code_file}"
     )
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 
+from entrypoint.settings import DEFAULTS, LaunchSettings
+
 
 def resolve_addresses(host: str) -> list[str]:
     try:
@@ -26,14 +28,15 @@ def can_connect(host: str, port: int, timeout_s: float = 2.0) -> bool:
         return False
 
 
-def wait_for_hosts(hosts: tuple[str, ...], timeout_s: float, stopped=lambda: False) -> list[str]:
+def wait_for_hosts(hosts: tuple[str, ...], timeout_s: float, loop, settings: LaunchSettings = DEFAULTS) -> list[str]:
     """Hosts that still do not resolve after timeout_s (SageMaker's DNS can lag at start), or
-    when stopped() (the job's stop token) turns true."""
+    once a stop came; the waits between tries are the host loop's (entrypoint/loop.py), each
+    twice the one before, from settings.resolve_first_wait_s to settings.resolve_longest_wait_s."""
     import socket
 
     deadline = time.monotonic() + timeout_s
     pending = list(hosts)
-    delay = 0.1
+    delay = settings.resolve_first_wait_s
     while True:
         for host in list(pending):
             try:
@@ -41,9 +44,8 @@ def wait_for_hosts(hosts: tuple[str, ...], timeout_s: float, stopped=lambda: Fal
                 pending.remove(host)
             except OSError:
                 pass
-        if not pending or time.monotonic() >= deadline or stopped():
+        if not pending or time.monotonic() >= deadline:
             return pending
-        until = time.monotonic() + min(delay, max(0.0, deadline - time.monotonic()))
-        while time.monotonic() < until and not stopped():  # a stop ends the wait within 0.1 s
-            time.sleep(min(0.1, max(0.0, until - time.monotonic())))
-        delay = min(delay * 2, 5.0)
+        if not loop.pause(min(delay, max(0.0, deadline - time.monotonic()))):
+            return pending
+        delay = min(delay * 2, settings.resolve_longest_wait_s)

@@ -16,6 +16,10 @@ has said READY_LINE (it cleared the worker's folder) before mpirun starts; after
 the leader closes each session's stdin, the follower reads its files to the end and exits, and
 the leader waits for it (bounded, a stop cuts it) before the outcome is decided. A session that
 cannot start or ends early loses that worker's lines: said once in the log, never a failure.
+
+A session's threads only pump lines to the collector and post what happened to the session
+(SessionReady, SessionEnded) on the host's loop (entrypoint/loop.py); the session's state is
+the main thread's, and the waits for it are the loop's.
 """
 
 from __future__ import annotations
@@ -23,8 +27,11 @@ from __future__ import annotations
 import re
 import threading
 import time
+from typing import NamedTuple
 
 from entrypoint.hosts import mpi_wire
+from entrypoint.loop import StopRequested, Waited
+from entrypoint.settings import DEFAULTS
 
 # The follower's first line, once it follows (run/rank_output.py keeps its copy: it runs by path,
 # standard library only); every later line starts with a rank's tag, this one never.
@@ -54,20 +61,33 @@ def build_worker_lines(pending: bytes, data: bytes) -> tuple[list[bytes], bytes]
     return lines, rest
 
 
-class WorkerSession:
-    """One worker's session: its ssh process and the threads that read its two pipes."""
+class SessionReady(NamedTuple):
+    """A worker's follower said READY_LINE: it follows its folder."""
 
-    def __init__(self, host: str, proc, collector, sinks: dict, log) -> None:
-        self.host, self.proc, self.collector, self.sinks, self.log = host, proc, collector, sinks, log
-        self.ready = threading.Event()
-        self.ended = threading.Event()  # its stdout reached its end
+    host: str
+
+
+class SessionEnded(NamedTuple):
+    """A worker's session's stdout reached its end."""
+
+    host: str
+
+
+class WorkerSession:
+    """One worker's session: its ssh process and the threads that read its two pipes, which
+    post SessionReady and SessionEnded (post: the host loop's)."""
+
+    def __init__(self, host: str, proc, collector, sinks: dict, log, post=lambda event: None) -> None:
+        self.host, self.proc, self.collector, self.sinks, self.log, self.post = host, proc, collector, sinks, log, post
+        self.ready = False  # (main thread) its follower said READY_LINE
+        self.ended = False  # (main thread) its stdout reached its end
         self.closing = False  # the leader closed its stdin: its end is expected now
         self.lost_said = False
         self.errors = b""  # the end of its stderr (ssh's and the follower's own words)
         self.streams: dict[bytes, object] = {}  # tag -> the collector's masking state of that rank stream
         self.threads = [threading.Thread(target=self._pump, daemon=True, name=f"output-{host}"),
                         threading.Thread(target=self._read_errors, daemon=True, name=f"output-errors-{host}")]
-        for thread in self.threads:
+        for thread in reversed(self.threads):  # the errors' reader first: the pump joins it at its end
             thread.start()
 
     def _read_errors(self) -> None:
@@ -81,7 +101,7 @@ class WorkerSession:
         pending = b""
         try:
             if self.proc.stdout.readline() == READY_LINE:
-                self.ready.set()
+                self.post(SessionReady(self.host))
                 while chunk := self.proc.stdout.read1(65536):
                     lines, pending = build_worker_lines(pending, chunk)
                     self._deliver(lines)
@@ -90,10 +110,16 @@ class WorkerSession:
         finally:
             if pending:
                 self._deliver([pending])
-            self.ended.set()
-            if self.ready.is_set() and not self.closing:
-                self.threads[1].join(timeout=1.0)  # ssh's last words say why
-                self.say_lost("its session ended before mpirun did")
+            self.threads[1].join(timeout=DEFAULTS.thread_join_s)  # ssh's last words say why, if it ended early
+            self.post(SessionEnded(self.host))
+
+    def on_ready(self) -> None:
+        self.ready = True
+
+    def on_ended(self) -> None:
+        self.ended = True
+        if self.ready and not self.closing:
+            self.say_lost("its session ended before mpirun did")
 
     def _deliver(self, lines: list[bytes]) -> None:
         by_sink: dict[str, list[bytes]] = {"stdout": [], "stderr": []}
@@ -137,32 +163,40 @@ class WorkerSession:
             self.proc.kill()
         self.proc.wait()
         for thread in self.threads:
-            thread.join(timeout=1.0)
+            thread.join(timeout=DEFAULTS.thread_join_s)
 
 
 class WorkerOutput:
-    """Every worker's session of one run; stop() is the Supervisor's end of a follower."""
+    """Every worker's session of one run; stop() is the Supervisor's end of a follower. Its
+    sessions' events are handled on the loop from start_worker_output to stop()."""
 
-    def __init__(self, sessions: list[WorkerSession], stop) -> None:
+    def __init__(self, sessions: list[WorkerSession], loop) -> None:
         self.sessions = sessions
-        self.stop_token = stop  # run/stop.Stop: a stop that comes in while this waits cuts the wait
+        self.loop = loop
+        by_host = {s.host: s for s in sessions}
+        self.handlers = loop.on({SessionReady: lambda event: by_host[event.host].on_ready(),
+                                 SessionEnded: lambda event: by_host[event.host].on_ended()})
 
     def stop(self, join_s: float) -> None:
         """Every session's lines to their end, within join_s (a stop that comes meanwhile cuts
         the wait; one that came during the run does not: its ranks' last words count most)."""
         for session in self.sessions:
             session.close()
-        deadline, stops = time.monotonic() + join_s, len(self.stop_token.signals)
-        while any(not s.ended.is_set() for s in self.sessions) and time.monotonic() < deadline \
-                and len(self.stop_token.signals) == stops:
-            time.sleep(0.01)
+        cut: list = []
+        previous = self.loop.on({StopRequested: cut.append})
+        try:
+            self.loop.wait(lambda: bool(cut) or all(s.ended for s in self.sessions), time.monotonic() + join_s,
+                           stop_ends=False)
+        finally:
+            self.loop.off(previous)
         for session in self.sessions:
-            if not session.ended.is_set():
+            if not session.ended:
                 session.say_lost(f"its last lines did not arrive within {join_s:g} s")
             session.end()
+        self.loop.off(self.handlers)
 
 
-def start_worker_output(plan, folder: str, python: str, collector, stop, sinks: dict, log) -> WorkerOutput:
+def start_worker_output(plan, folder: str, python: str, collector, loop, sinks: dict, log) -> WorkerOutput:
     """Open every worker's session and wait until each follows its folder (at most
     settings.ssh_session_timeout_s; a stop ends the wait): mpirun may start then. A worker that
     is not ready by then is cut, and said so."""
@@ -171,23 +205,23 @@ def start_worker_output(plan, folder: str, python: str, collector, stop, sinks: 
     sessions, started = [], time.monotonic()
     for host in plan.peers:
         try:
-            sessions.append(WorkerSession(host, mpi_wire.start_follow_session(plan, host, command), collector, sinks, log))
+            sessions.append(WorkerSession(host, mpi_wire.start_follow_session(plan, host, command), collector, sinks,
+                                          log, loop.post))
         except OSError as error:
             log(f"{host}: its ranks' output cannot reach this log: ssh did not start ({error}); the job goes on")
-    deadline = time.monotonic() + settings.ssh_session_timeout_s
-    while any(not (s.ready.is_set() or s.ended.is_set()) for s in sessions):
-        if stop.requested() or time.monotonic() >= deadline:
-            break
-        time.sleep(settings.wait_poll_s / 5)
+    output = WorkerOutput(sessions, loop)
+    waited = loop.wait(lambda: all(s.ready or s.ended for s in sessions),
+                       time.monotonic() + settings.ssh_session_timeout_s)
     for session in sessions:
-        if not session.ready.is_set():
+        if not session.ready:
             # Cut now: a follower that started after mpirun would clear the files it writes.
-            why = ("its session ended before it was ready" if session.ended.is_set()
+            why = ("its session ended before it was ready" if session.ended
                    else f"its session was not ready within {settings.ssh_session_timeout_s:g} s")
             session.end()
-            if not stop.requested():  # stopped: no run starts, nothing of it is lost
+            if waited is not Waited.STOPPED:  # stopped: no run starts, nothing of it is lost
                 session.say_lost(why)
-    ready = [s for s in sessions if s.ready.is_set()]
-    if ready:
-        log(f"{len(ready)} worker(s) stream their ranks' output here over SSH (ready in {time.monotonic() - started:.2f} s)")
-    return WorkerOutput(ready, stop)
+    output.sessions = [s for s in sessions if s.ready]
+    if output.sessions:
+        log(f"{len(output.sessions)} worker(s) stream their ranks' output here over SSH (ready in "
+            f"{time.monotonic() - started:.2f} s)")
+    return output

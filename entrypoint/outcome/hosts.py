@@ -40,14 +40,14 @@ def describe_port_problem(port: int, host: str, error: OSError) -> str:
 
 
 def describe_worker_failure(current_host: str, leader: str, exit_code: int, reason: str | None,
-                            leader_report: str | None) -> str:
+                            leader_failure: str | None) -> str:
     """What a worker's output/failure says when the job failed."""
     if reason is not None:
         return reason
-    if leader_report:
+    if leader_failure:
         # The leader's report, whose first lines are the job's root cause: SDK v2 local mode
         # keeps only the last host's output/failure, and that is a worker's.
-        return (f"{leader_report.rstrip()}\n\n({current_host} ended with the job; "
+        return (f"{leader_failure.rstrip()}\n\n({current_host} ended with the job; "
                 f"this report is the leader {leader}'s.)")
     return (f"The MPI job failed: the leader {leader} reported exit code {exit_code}. "
             f"The leader's output/failure names the first failing host, rank and exception.")

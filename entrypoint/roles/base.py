@@ -1,13 +1,13 @@
-"""Every host role's lifecycle, which run/execute.py drives and cli.main ends:
+"""Every host role's lifecycle, which orchestrate.py drives and cli.main ends:
 
     start()          before the processes: what the launch needs beside them (the other hosts'
                      names, sshd, the job port); an Outcome when the launch cannot start
     run(launch)      the job's processes: launch() runs the plan's, with restarts
     attempt_processes()  the processes of the attempt this host is in (the plan's, stamped)
-    restart(attempt, line, exit_code, cause)  the job restarts after a failed attempt: this
+    restart(line, exit_code, cause, failed_at)  the job restarts after a failed attempt: this
                      host's part before the next one (None when it may start; why not, else)
     end_attempts()   no attempt follows the last one
-    finish(outcome)  after them, before anything is written: a leader may wait for its workers
+    settle(outcome)  after them, before anything is written: a leader may wait for its workers
     job_report(outcome)  after the outcome is written (cli.main): the job report (jobreport/):
                      the leader, or the one host, writes it; a worker hands the leader its figures
     close(outcome)   after that: tell the other hosts, release what start() started
@@ -27,8 +27,10 @@ from entrypoint.decide.plan import LaunchPlan
 from entrypoint.log import log
 from entrypoint.outcome.failure import build_step_ending, describe_run_failure
 from entrypoint.outcome.records import Outcome
+from entrypoint.hosts.job_port import PeerLost
 from entrypoint.hosts.net import wait_for_hosts
-from entrypoint.run.supervise import RunResult
+from entrypoint.decide.restarts import RunEnding
+from entrypoint.run.supervise import RunHooks, RunResult
 
 
 class HostRole:
@@ -40,7 +42,8 @@ class HostRole:
 
     def __init__(self, plan: LaunchPlan, collector, env: dict[str, str], paths, stop, what: str, relaunchable: bool):
         self.plan = plan
-        self.stop = stop  # the job's one stop token (run/stop.py): every wait here polls it
+        self.stop = stop  # the job's one stop token (run/stop.py)
+        self.loop = stop.loop  # the host's loop (entrypoint/loop.py): every wait here is on it
         self.collector = collector  # supervise.OutputCollector: the tail and root causes, for reports
         self.env = env  # the processes' environment (the container's and the plan's)
         self.paths = paths
@@ -90,8 +93,20 @@ class HostRole:
 
         return build_attempt_processes(self.plan.processes, self.attempt)
 
-    def restart(self, attempt: int, line: str, exit_code: int, cause: str) -> str | None:
-        """This host starts every process of the job: the restart is its own to make."""
+    def build_run_hooks(self, hang_timeout_s: float, stop_at, on_stopping) -> RunHooks:
+        """What a run of this role's processes calls back (run/supervise.RunHooks)."""
+        return RunHooks(self.plan.settings, self.plan.current_host, hang_timeout_s, self.on_processes_started,
+                        self.ask_other_hosts, self.on_rank_killed, stop_at, self.before_processes_start, on_stopping)
+
+    def build_ending(self, run: RunResult) -> RunEnding:
+        """How a run ended, as decide_restart reads it: with another host lost or failed, too."""
+        return RunEnding(run.exit_code, run.stopped_by, run.launch_error, self.lost or self.peer_failed)
+
+    def restart(self, line: str, exit_code: int, cause: str, failed_at: float) -> str | None:
+        """The attempt this host is in failed and may be started again: its end goes in the
+        report (note_restart), then this role's part of the restart. None when the next attempt
+        may start; why not, else. Here every process of the job is this host's: its own to make."""
+        self.note_restart(exit_code, cause, failed_at)
         log(line)
         self.attempt += 1
         return None
@@ -99,12 +114,19 @@ class HostRole:
     def end_attempts(self) -> None:
         return None
 
-    def note_restart(self, attempt: int, exit_code: int, cause: str, failed_at: float) -> None:
+    def note_restart(self, exit_code: int, cause: str, failed_at: float) -> None:
         """A failed attempt that is started again: its end in the report's timeline and its cost
         (failed_at, epoch s: its first root cause, or its processes' end) in report.json."""
-        self.mark(f"attempt {attempt} failed (exit code {exit_code})", failed_at)
-        self.restarts.append({"attempt": attempt, "exit_code": exit_code, "cause": cause, "failed": failed_at,
+        self.mark(f"attempt {self.attempt} failed (exit code {exit_code})", failed_at)
+        self.restarts.append({"attempt": self.attempt, "exit_code": exit_code, "cause": cause, "failed": failed_at,
                               "next_started": None})
+
+    def use_plan(self, plan: LaunchPlan) -> None:
+        """The plan as the compile cache left it (a folder replaced in the ranks' environment)."""
+        self.plan = plan
+
+    def add_report_notes(self, lines: list[str]) -> None:
+        self.report_notes.extend(lines)
 
     def on_processes_started(self, supervisor) -> None:
         self.supervisor = supervisor
@@ -118,7 +140,7 @@ class HostRole:
         """A rank this host started itself died of a signal: on one host, its exit code says it."""
         return None
 
-    def finish(self, outcome: Outcome) -> Outcome:
+    def settle(self, outcome: Outcome) -> Outcome:
         return outcome
 
     def job_report(self, outcome: Outcome) -> None:
@@ -162,9 +184,10 @@ class MultiHostRole(HostRole):
 
     def start(self) -> Outcome | None:
         settings = self.plan.settings
-        unresolved = wait_for_hosts(self.plan.hosts, settings.host_resolution_timeout_s, self.stop.requested)
-        if self.stop.requested():
-            return None  # run/execute.py reports a stop during start-up
+        self.loop.on({PeerLost: self.on_peer_lost})
+        unresolved = wait_for_hosts(self.plan.hosts, settings.host_resolution_timeout_s, self.loop)
+        if self.loop.stopped():
+            return None  # the orchestrator reports a stop during start-up
         if not unresolved:
             self.resolved = True
             self.mark("hosts resolved")
@@ -192,9 +215,11 @@ class MultiHostRole(HostRole):
     def start_watches(self) -> list:
         return []
 
-    def on_lost(self, host: str, reason: str) -> None:
-        self.lost = reason
-        self.supervisor.stop_after_failure(f"{reason}: the job cannot go on")
+    def on_peer_lost(self, lost: PeerLost) -> None:
+        if self.lost is not None or not self.watches:
+            return  # the first lost host is the one named; none is once the watches closed
+        self.lost = lost.reason
+        self.supervisor.stop_after_failure(f"{lost.reason}: the job cannot go on")
 
     def close_watches(self) -> None:
         for watch in self.watches or ():

@@ -16,8 +16,10 @@ import threading
 import time
 
 from entrypoint.hosts import job_port
-from entrypoint.hosts.job_port import JOB_KEY_ENV, AttemptWord, HostOutcomes, JobPort, PeerWatch
+from entrypoint.hosts.job_port import (JOB_KEY_ENV, AttemptWord, ClosedWatch, HostDone, HostFigures, HostLive,
+                                       JobPort, PeerWatch, PortClosed, Refused, RootCauseLine)
 from entrypoint.log import log
+from entrypoint.loop import Waited
 from entrypoint.outcome.failure import first_root_cause
 from entrypoint.outcome.hosts import describe_port_problem, describe_worker_host_failure
 from entrypoint.outcome.records import Outcome
@@ -29,74 +31,74 @@ MAX_REFUSED_LOGGED = 5
 
 class JobPortRole(MultiHostRole):
     """torchrun and the parameter server: every host opens its job port, which also takes
-    root-cause reports from ranks on every host, so each host's output/failure can lead with
-    the job's first failure (SDK v2 local mode keeps only the last host's)."""
+    root causes from ranks on every host, so each host's output/failure can lead with the job's
+    first failure (SDK v2 local mode keeps only the last host's). What the port reads reaches
+    this role as typed events on the host's loop: its handlers, and so its state, are the main
+    thread's alone."""
 
     def __init__(self, *args, watch_rendezvous: bool = False) -> None:
         super().__init__(*args)
         self.port: JobPort | None = None
         self.watch_rendezvous = watch_rendezvous
-        # Written by the job port's reader threads (one per connection), read by the main
-        # thread: each under `lock`.
-        self.lock = threading.Lock()
         self.refused_messages = 0
         self.worker_figures: dict[str, dict] = {}  # the leader's: each worker's figures, as they arrive
         self.addresses: dict[str, list] = {}  # each peer's addresses, resolved once (live figures, restarts' words)
         self.board = AttemptBoard()  # the attempt this host is in, and the restart words heard about it
+        self.closed_ports: set[str] = set()  # the hosts whose job port closed (their part is over)
 
     def start_beside(self) -> Outcome | None:
         plan = self.plan
         try:
-            self.port = JobPort(plan.settings.job_port, self.collector.add_line_text,
-                                report_key=plan.env_dict.get(JOB_KEY_ENV, ""), on_refused=self.on_refused_message,
-                                on_host_done=self.on_host_done, on_figures=self.on_figures, settings=plan.settings,
-                                on_live=self.on_live, on_attempt=self.on_attempt_word)
+            self.port = JobPort(plan.settings.job_port, self.loop.post, job_key=plan.env_dict.get(JOB_KEY_ENV, ""),
+                                settings=plan.settings)
         except OSError as exc:
             return self.start_problem(describe_port_problem(plan.settings.job_port, plan.current_host, exc), None)
+        self.loop.on({RootCauseLine: lambda event: self.collector.add_line_text(event.line),
+                      HostDone: self.on_host_done, HostFigures: self.on_figures, HostLive: self.on_live,
+                      AttemptWord: self.on_attempt_word, Refused: self.on_refused,
+                      PortClosed: lambda event: self.closed_ports.add(event.host)})
         return None
 
-    def on_host_done(self, host: str, exit_code: int) -> None:
+    def on_host_done(self, done: HostDone) -> None:
         """A host's outcome on a worker's port: only the leader waits for those."""
+        self.refuse(done.sender, f"an outcome for {done.host!r}: this host is not the leader")
 
-    def on_figures(self, host: str, figures_json: str, sender: str) -> None:
+    def on_figures(self, figures: HostFigures) -> None:
         """A host's figures for the job report: only the leader takes them, from its workers,
         sent from that worker's own address (the job's key is in every rank's environment, so
         a signature alone does not tell a host from a rank elsewhere claiming to be it), keeping
         only what it knows of them (jobreport/figures.parse_host_figures)."""
         from entrypoint.jobreport.figures import parse_host_figures
 
-        if not self.plan.is_leader or host not in self.plan.peers or self.has_figures(host):
-            self.on_refused_message(sender, f"figures for {host!r}: not one of this leader's workers, or again")
+        host, sender = figures.host, figures.sender
+        if not self.plan.is_leader or host not in self.plan.peers or host in self.worker_figures:
+            self.refuse(sender, f"figures for {host!r}: not one of this leader's workers, or again")
             return
         if sender not in self.peer_addresses(host):
-            self.on_refused_message(sender, f"figures for {host!r} sent from another address")
+            self.refuse(sender, f"figures for {host!r} sent from another address")
             return
         try:
-            figures = parse_host_figures(figures_json, host)
+            parsed = parse_host_figures(figures.figures, host)
         except Exception as exc:  # noqa: BLE001 - whatever arrives, the port goes on
-            figures = None
+            parsed = None
             log(f"job report: {host}'s figures: {type(exc).__name__}: {exc}")
-        if figures is None:
-            self.on_refused_message(sender, f"figures for {host!r} that are not figures")
+        if parsed is None:
+            self.refuse(sender, f"figures for {host!r} that are not figures")
             return
-        with self.lock:
-            self.worker_figures.setdefault(host, figures)  # the first that arrived
+        self.worker_figures[host] = parsed
 
-    def has_figures(self, host: str) -> bool:
-        with self.lock:
-            return host in self.worker_figures
-
-    def on_live(self, host: str, figures_json: str, sender: str) -> None:
+    def on_live(self, live_figures: HostLive) -> None:
         """A worker's live figures (jobreport/live.py): only the leader takes them, from that
         worker's own address, as on_figures; the live thread parses them."""
+        host, sender = live_figures.host, live_figures.sender
         live = self.report_part.live if self.report_part is not None else None
         if not self.plan.is_leader or host not in self.plan.peers or live is None:
-            self.on_refused_message(sender, f"live figures for {host!r}: not one of this leader's workers")
+            self.refuse(sender, f"live figures for {host!r}: not one of this leader's workers")
             return
         if sender not in self.peer_addresses(host):
-            self.on_refused_message(sender, f"live figures for {host!r} sent from another address")
+            self.refuse(sender, f"live figures for {host!r} sent from another address")
             return
-        live.take_remote(host, figures_json)
+        live.take_remote(host, live_figures.figures)
 
     def peer_addresses(self, host: str) -> list:
         """A peer's addresses, resolved once: a word it sends must come from one of them (the
@@ -104,51 +106,62 @@ class JobPortRole(MultiHostRole):
         from a rank elsewhere claiming to be it)."""
         from entrypoint.hosts.net import resolve_addresses
 
-        with self.lock:
-            addresses = self.addresses.get(host)
-        if not addresses:
-            addresses = resolve_addresses(host)
-            with self.lock:
-                self.addresses[host] = addresses
-        return addresses
+        if not self.addresses.get(host):
+            self.addresses[host] = resolve_addresses(host)
+        return self.addresses[host]
 
-    def on_attempt_word(self, word: AttemptWord, sender: str) -> None:
+    def on_attempt_word(self, word: AttemptWord) -> None:
         """A restart's word (roles/attempts.py); each role takes those meant for it."""
-        self.on_refused_message(sender, f"a restart's word {word.word!r}: not for this host")
+        self.refuse(word.sender, f"a restart's word {word.word!r}: not for this host")
+
+    def send(self, host: str, message, within_s: float) -> bool:
+        """A message to host's job port, tried again until within_s (the loop's pauses between)."""
+        plan = self.plan
+        return job_port.deliver(self.loop, host, plan.settings.job_port, plan.env_dict.get(JOB_KEY_ENV, ""), message,
+                                within_s, plan.settings)
 
     def send_word(self, host: str, word: str, attempt: int, exit_code: int = 0, within_s: float | None = None) -> bool:
-        plan, settings = self.plan, self.plan.settings
-        return job_port.send_attempt_word(host, settings.job_port, plan.env_dict.get(JOB_KEY_ENV, ""),
-                                          AttemptWord(word, attempt, plan.current_host, exit_code),
-                                          settings.host_done_send_s if within_s is None else within_s,
-                                          self.stop.requested, settings)
+        settings = self.plan.settings
+        return self.send(host, AttemptWord(word, attempt, self.plan.current_host, exit_code),
+                         settings.host_done_send_s if within_s is None else within_s)
 
     def on_processes_started(self, supervisor) -> None:
         super().on_processes_started(supervisor)
-        self.board.started(supervisor)  # a word that stopped this attempt before its processes started
+        why = self.board.started()  # a word that stopped this attempt before its processes started
+        if why is not None:
+            supervisor.stop_after_failure(why)
+
+    def stop_attempt(self, why: str) -> None:
+        """A word says this attempt cannot go on: its run ends now, or once its processes start."""
+        self.board.stop(why)
+        supervisor = self.supervisor
+        if self.board.running and supervisor is not None and supervisor.kill_at is None and supervisor.is_running():
+            supervisor.stop_after_failure(why)
 
     def next_attempt(self) -> int:
         self.attempt = self.board.next()
         return self.attempt
 
-    def on_refused_message(self, address: str, why: str) -> None:
-        """A report on the job port that is not this job's: logged (the first few), dropped."""
-        if why.startswith("a host's outcome"):  # always logged: the leader waits for these
-            log(f"ignored a report on the job port from {address}: {why}")
+    def on_refused(self, refused: Refused) -> None:
+        self.refuse(refused.sender, f"a host's outcome, {refused.why}" if refused.host_done else refused.why,
+                    always=refused.host_done)
+
+    def refuse(self, address: str, why: str, always: bool = False) -> None:
+        """A message on the job port that is not this job's: logged (the first few; a host's
+        outcome always: the leader waits for those), dropped."""
+        if always:
+            log(f"ignored a message on the job port from {address}: {why}")
             return
-        with self.lock:
-            self.refused_messages += 1
-            count = self.refused_messages
-        if count <= MAX_REFUSED_LOGGED:
-            log(f"ignored a report on the job port from {address}: {why}"
-                + (" (further ones are not logged)" if count == MAX_REFUSED_LOGGED else ""))
+        self.refused_messages += 1
+        if self.refused_messages <= MAX_REFUSED_LOGGED:
+            log(f"ignored a message on the job port from {address}: {why}"
+                + (" (further ones are not logged)" if self.refused_messages == MAX_REFUSED_LOGGED else ""))
 
     def on_rank_killed(self, env: dict[str, str], signum: int):
         """A rank this host started itself (the parameter server's processes) was killed by a
         signal and wrote no record: write it for it, as torchrun's launcher does for its ranks
-        (rank/launch_torchrun.py), here and on every host's port. Returns the sending thread."""
-        import threading
-
+        (rank/launch_torchrun.py), here and on every host's port. Returns the sending thread,
+        which only sends."""
         from entrypoint.rank.record_errors import build_root_cause_line, build_signal_root_cause, send_root_cause
 
         record = build_signal_root_cause(env["RANK"], env.get("LOCAL_RANK", "0"), self.plan.current_host, signum,
@@ -157,6 +170,15 @@ class JobPortRole(MultiHostRole):
         sender = threading.Thread(target=send_root_cause, args=(record, env), daemon=True)
         sender.start()
         return sender
+
+    def wait_until_closed(self, hosts, deadline: float, closed_after_s: float = 0.0, until=lambda: False) -> Waited:
+        """Until every one of hosts' job ports closed (ClosedWatch), until() is true, a stop came,
+        or the deadline (time.monotonic())."""
+        watch = ClosedWatch(hosts, self.plan.settings.job_port, self.loop.post, closed_after_s, self.plan.settings)
+        try:
+            return self.loop.wait(lambda: until() or all(h in self.closed_ports for h in hosts), deadline)
+        finally:
+            watch.close()
 
     def close(self, outcome: Outcome) -> None:
         self.close_watches()
@@ -167,45 +189,54 @@ class JobPortRole(MultiHostRole):
 class JobPortLeader(JobPortRole):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.worker_outcomes = HostOutcomes()
+        self.worker_outcomes: dict[str, int] = {}  # each worker's outcome, the first word it sent
 
     def start_watches(self) -> list[PeerWatch]:
         plan, settings = self.plan, self.plan.settings
         return [PeerWatch(plan.peers, settings.job_port, settings.host_lost_timeout_s, settings.peer_wait_timeout_s,
-                          self.on_lost, settings=settings)]
+                          self.loop.post, settings=settings)]
 
     def on_processes_started(self, supervisor) -> None:
         super().on_processes_started(supervisor)
-        for host, code in self.worker_outcomes.codes().items():
-            self.on_host_done(host, code)  # a worker that failed before this run started
+        for host, code in self.worker_outcomes.items():
+            self.stop_for_worker(host, code)  # a worker that failed before this run started
 
-    def on_attempt_word(self, word: AttemptWord, sender: str) -> None:
+    def on_attempt_word(self, word: AttemptWord) -> None:
         """A worker's `ended`: its processes of this attempt are gone; this host's stop too."""
-        if word.word != "ended" or word.host not in self.plan.peers or sender not in self.peer_addresses(word.host):
-            self.on_refused_message(sender, f"a restart's word {word.word!r} for {word.host!r}: not from one of this "
-                                            f"leader's workers")
+        if word.word != "ended" or word.host not in self.plan.peers or word.sender not in self.peer_addresses(word.host):
+            self.refuse(word.sender, f"a restart's word {word.word!r} for {word.host!r}: not from one of this "
+                                     f"leader's workers")
             return
-        if self.board.take_ended(word) == "over":  # no attempt follows: it waits for this word
-            threading.Thread(target=self.send_word, args=(word.host, "end", word.attempt), daemon=True).start()
+        taken = self.board.take_ended(word)
+        if taken == "stale":
+            return
+        self.stop_attempt(f"host {word.host}'s processes of attempt {word.attempt} ended with exit code "
+                          f"{word.exit_code}: the attempt cannot go on")
+        if taken == "over":  # no attempt follows: that worker waits for this word; one try, off the loop
+            message = AttemptWord("end", word.attempt, self.plan.current_host)
+            threading.Thread(target=job_port.send_message, daemon=True,
+                             args=(word.host, self.plan.settings.job_port, self.plan.env_dict.get(JOB_KEY_ENV, ""),
+                                   message, self.plan.settings)).start()
 
-    def restart(self, attempt: int, line: str, exit_code: int, cause: str) -> str | None:
+    def restart(self, line: str, exit_code: int, cause: str, failed_at: float) -> str | None:
         """Every worker's processes of the failed attempt gone (each told `stop`, each saying
         `ended`), then every worker told `start`: only then does any host start the next one."""
-        plan, settings = self.plan, self.plan.settings
-        if self.worker_outcomes.codes():
+        plan, settings, attempt = self.plan, self.plan.settings, self.attempt
+        self.note_restart(exit_code, cause, failed_at)
+        if self.worker_outcomes:
             return self.describe_ended_worker()
         log(line)
         for host in plan.peers:
-            if host not in self.board.ended():
+            if host not in self.board.ended:
                 self.send_word(host, "stop", attempt, within_s=settings.host_done_failed_send_s)
         # A worker whose part ended (it succeeded as this attempt failed here) never says `ended`.
-        silent = self.board.wait_for_ended(plan.peers, time.monotonic() + settings.attempt_end_wait_s,
-                                           lambda: self.stop.requested() or self.lost is not None or
-                                           bool(self.worker_outcomes.codes()), settings.stop_check_s)
-        if self.stop.requested() or self.lost is not None:
+        waited = self.loop.wait(lambda: all(h in self.board.ended for h in plan.peers) or self.lost is not None
+                                or bool(self.worker_outcomes), time.monotonic() + settings.attempt_end_wait_s)
+        if waited is Waited.STOPPED or self.lost is not None:
             return self.lost or "a stop signal came"
-        if self.worker_outcomes.codes():
+        if self.worker_outcomes:
             return self.describe_ended_worker()
+        silent = [h for h in plan.peers if h not in self.board.ended]
         if silent:
             return (f"host(s) {', '.join(silent)} did not say their processes of attempt {attempt} were gone within "
                     f"{settings.attempt_end_wait_s:g} s")
@@ -217,22 +248,27 @@ class JobPortLeader(JobPortRole):
         return None
 
     def describe_ended_worker(self) -> str:
-        host = sorted(self.worker_outcomes.codes())[0]
+        host = sorted(self.worker_outcomes)[0]
         return f"host {host}'s part of the job had already ended: it cannot take part in another attempt"
 
     def end_attempts(self) -> None:
         """No attempt follows: the workers that wait for a word get `end`."""
-        self.board.end()
-        for host in self.board.ended():
+        self.board.over = True
+        for host in self.board.ended:
             self.send_word(host, "end", self.attempt, within_s=self.plan.settings.host_done_failed_send_s)
 
-    def on_host_done(self, host: str, exit_code: int) -> None:
+    def on_host_done(self, done: HostDone) -> None:
         """A worker host's part ended. One that failed while this host still runs ends the
         job now, not when its port is missed."""
-        if host not in self.plan.peers:
-            self.on_refused_message(host, "an outcome from a host that is not one of this leader's workers")
+        if done.host not in self.plan.peers:
+            self.refuse(done.sender, "an outcome from a host that is not one of this leader's workers", always=True)
             return
-        self.worker_outcomes.add(host, exit_code)
+        if done.host in self.worker_outcomes:
+            return  # the first word stands: a replay cannot change it
+        self.worker_outcomes[done.host] = done.exit_code
+        self.stop_for_worker(done.host, done.exit_code)
+
+    def stop_for_worker(self, host: str, exit_code: int) -> None:
         supervisor = self.supervisor
         if exit_code == 0 or supervisor is None or self.lost is not None or self.peer_failed is not None:
             return
@@ -243,7 +279,7 @@ class JobPortLeader(JobPortRole):
             supervisor.stop_after_failure(f"host {host}'s part of the job failed (exit code {exit_code}): "
                                           f"the job cannot go on")
 
-    def finish(self, outcome: Outcome) -> Outcome:
+    def settle(self, outcome: Outcome) -> Outcome:
         """This host's part succeeded: wait until every worker host's part has ended too (each
         tells this host's job port), and the job failed if one of theirs did. Not when this
         host was stopped (StopTrainingJob stops every host, and compose stops the rest once one
@@ -269,37 +305,36 @@ class JobPortLeader(JobPortRole):
         those still missing; a stop signal ends it."""
         if self.report_part is None:
             return
-        settings = self.plan.settings
-        deadline = time.monotonic() + settings.report_wait_s
-        while (not all(self.has_figures(h) for h in self.plan.peers) and time.monotonic() < deadline
-               and not self.stop.requested() and self.resolved):
-            time.sleep(settings.wait_poll_s)
-        with self.lock:
-            figures = dict(self.worker_figures)
-        self.write_job_report(outcome, figures)
+        if self.resolved:
+            self.loop.wait(lambda: all(h in self.worker_figures for h in self.plan.peers),
+                           time.monotonic() + self.plan.settings.report_wait_s)
+        self.write_job_report(outcome, dict(self.worker_figures))
 
     def wait_for_workers(self) -> tuple[str, int] | None:
         """The first worker that failed, as (host, exit code), or None."""
         plan, settings = self.plan, self.plan.settings
-        pending = [h for h in plan.peers if h not in self.worker_outcomes.codes()]
+        pending = [h for h in plan.peers if h not in self.worker_outcomes]
         if pending:
             log(f"{plan.current_host}: waiting for {len(pending)} worker host(s) to finish: {', '.join(pending)}")
-        codes, gone, how = self.worker_outcomes.wait_for(plan.peers, settings.job_port, settings.peer_wait_timeout_s,
-                                                         stopped=self.stop.requested, settings=settings)
-        for host in gone:
-            log(f"{plan.current_host}: worker host {host} stopped answering without reporting its outcome "
-                f"(its own output/failure has it)")
-        if how == "timeout":
-            silent = ", ".join(h for h in plan.peers if h not in codes and h not in gone)
+        reported = lambda: all(h in self.worker_outcomes or h in self.closed_ports for h in plan.peers)  # noqa: E731
+        waited = self.wait_until_closed(pending, time.monotonic() + settings.peer_wait_timeout_s,
+                                        settings.worker_gone_after_s, reported)
+        for host in pending:
+            if host in self.closed_ports and host not in self.worker_outcomes:
+                log(f"{plan.current_host}: worker host {host} stopped answering without reporting its outcome "
+                    f"(its own output/failure has it)")
+        if waited is Waited.TIMEOUT:
+            silent = ", ".join(h for h in plan.peers if h not in self.worker_outcomes and h not in self.closed_ports)
             log(f"{plan.current_host}: worker host(s) {silent} had not reported the end of their part after "
                 f"{settings.peer_wait_timeout_s:g} s (BYOC_PEER_WAIT_TIMEOUT_S); ending without their outcome")
-        failed = [(h, codes[h]) for h in plan.peers if codes.get(h, 0) != 0]
+        failed = [(h, self.worker_outcomes[h]) for h in plan.peers if self.worker_outcomes.get(h, 0) != 0]
         return failed[0] if failed else None
 
 
 class JobPortWorker(JobPortRole):
     def start_live(self) -> None:
-        """This host's live figures go to the leader's job port every interval."""
+        """This host's live figures go to the leader's job port every interval (from the live
+        thread: one try each, nothing of this role's touched)."""
         plan, settings = self.plan, self.plan.settings
         key = plan.env_dict.get(JOB_KEY_ENV, "")
 
@@ -308,32 +343,33 @@ class JobPortWorker(JobPortRole):
 
         self.report_part.start_live(log, send, settings.capacity_ends_at, settings.live_figures_bytes)
 
-    def on_attempt_word(self, word: AttemptWord, sender: str) -> None:
+    def on_attempt_word(self, word: AttemptWord) -> None:
         """The leader's `stop`, `start` or `end`, from the leader's own address."""
         leader = self.plan.leader
-        if word.word == "ended" or word.host != leader or sender not in self.peer_addresses(leader):
-            self.on_refused_message(sender, f"a restart's word {word.word!r} for {word.host!r}: not from this "
-                                            f"host's leader")
+        if word.word == "ended" or word.host != leader or word.sender not in self.peer_addresses(leader):
+            self.refuse(word.sender, f"a restart's word {word.word!r} for {word.host!r}: not from this host's leader")
             return
-        self.board.take_leader_word(word)  # a word about another attempt is stale: dropped
+        why = self.board.take_leader_word(word)  # a word about another attempt is stale: dropped
+        if why is not None:
+            self.stop_attempt(why)
 
-    def restart(self, attempt: int, line: str, exit_code: int, cause: str) -> str | None:
+    def restart(self, line: str, exit_code: int, cause: str, failed_at: float) -> str | None:
         """The leader decides: tell it this host's processes of the attempt are gone, and wait
         for its `start` (or `end`), within BYOC_PEER_WAIT_TIMEOUT_S; a stop signal or a lost
         leader ends the wait."""
-        plan, settings = self.plan, self.plan.settings
+        plan, settings, attempt = self.plan, self.plan.settings, self.attempt
+        self.note_restart(exit_code, cause, failed_at)
         log(f"{plan.current_host}: attempt {attempt} ended on this host with exit code {exit_code} ({cause}); "
             f"waiting for the leader's word on a restart (BYOC_MAX_RESTARTS)")
         if not self.send_word(plan.leader, "ended", attempt, exit_code):
             return f"the leader {plan.leader} could not be told (it has ended, or is unreachable)"
-        word = self.board.wait_for_leader_word(time.monotonic() + settings.peer_wait_timeout_s,
-                                               lambda: self.stop.requested() or self.lost is not None,
-                                               settings.stop_check_s)
-        if self.stop.requested() or self.lost is not None:
+        waited = self.loop.wait(lambda: self.board.word is not None or self.lost is not None,
+                                time.monotonic() + settings.peer_wait_timeout_s)
+        if waited is Waited.STOPPED or self.lost is not None:
             return self.lost or "a stop signal came"
-        if word is None:
+        if waited is Waited.TIMEOUT:
             return f"no word from the leader {plan.leader} within {settings.peer_wait_timeout_s:g} s"
-        if word.word == "end":
+        if self.board.word.word == "end":
             return f"the leader {plan.leader} ends the job after attempt {attempt}"
         log(f"{plan.current_host}: the leader starts attempt {self.next_attempt()}")
         return None
@@ -341,13 +377,13 @@ class JobPortWorker(JobPortRole):
     def start_watches(self) -> list[PeerWatch]:
         plan, settings = self.plan, self.plan.settings
         watches = [PeerWatch(plan.peers, settings.job_port, settings.host_lost_timeout_s,
-                             settings.peer_wait_timeout_s, self.on_lost, settings=settings)]
+                             settings.peer_wait_timeout_s, self.loop.post, settings=settings)]
         if self.watch_rendezvous:
             # torchrun here waits for the leader's rendezvous store with no limit of its own
             # (seen: > 10 min, silent) when the leader's host is up but its torchrun never
             # listens; the job port alone cannot tell.
             watches.append(PeerWatch([plan.leader], settings.master_port, settings.host_lost_timeout_s,
-                                     settings.peer_wait_timeout_s, self.on_lost, until_first_contact=True,
+                                     settings.peer_wait_timeout_s, self.loop.post, until_first_contact=True,
                                      port_name=" (torchrun's rendezvous, BYOC_MASTER_PORT)", settings=settings))
         return watches
 
@@ -375,19 +411,14 @@ class JobPortWorker(JobPortRole):
         plan, settings = self.plan, self.plan.settings
         if not self.resolved:
             return
-        sent = job_port.send_host_figures(plan.leader, settings.job_port, plan.env_dict.get(JOB_KEY_ENV, ""),
-                                          plan.current_host, text, within_s=settings.host_done_failed_send_s,
-                                          stopped=self.stop.requested, settings=settings)
-        if not sent:
+        if not self.send(plan.leader, HostFigures(plan.current_host, text), settings.host_done_failed_send_s):
             log(f"{plan.current_host}: could not send this host's figures to the leader {plan.leader}: "
                 f"its job report will say they are missing")
 
     def tell_leader(self, exit_code: int) -> bool:
         plan, settings = self.plan, self.plan.settings
-        delivered = job_port.send_host_done(
-            plan.leader, settings.job_port, plan.env_dict.get(JOB_KEY_ENV, ""), plan.current_host, exit_code,
-            within_s=settings.host_done_send_s if exit_code == 0 else settings.host_done_failed_send_s,
-            stopped=self.stop.requested, settings=settings)
+        delivered = self.send(plan.leader, HostDone(plan.current_host, exit_code),
+                              settings.host_done_send_s if exit_code == 0 else settings.host_done_failed_send_s)
         if not delivered:
             log(f"{plan.current_host}: could not tell the leader {plan.leader} (port {settings.job_port}) "
                 f"that this host's part ended (it has ended, or is unreachable); it will notice this host go")
@@ -395,8 +426,7 @@ class JobPortWorker(JobPortRole):
 
     def wait_for_leader(self) -> None:
         plan, settings = self.plan, self.plan.settings
-        how = job_port.wait_until_port_closes(plan.leader, settings.job_port, settings.peer_wait_timeout_s,
-                                              stopped=self.stop.requested, settings=settings)
-        if how == "timeout":
+        waited = self.wait_until_closed([plan.leader], time.monotonic() + settings.peer_wait_timeout_s)
+        if waited is Waited.TIMEOUT:
             log(f"{plan.current_host}: the leader {plan.leader} was still running after "
                 f"{settings.peer_wait_timeout_s:g} s (BYOC_PEER_WAIT_TIMEOUT_S); exiting")

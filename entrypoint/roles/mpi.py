@@ -25,9 +25,8 @@ import time
 from dataclasses import dataclass
 
 from entrypoint.decide.plan import LaunchPlan
-from entrypoint.decide.settings import decide_capacity_stop_at
 from entrypoint.hosts import mpi_wire, ssh
-from entrypoint.hosts.job_port import PeerWatch
+from entrypoint.hosts.job_port import PeerLost, PeerWatch
 from entrypoint.hosts.net import resolve_addresses
 from entrypoint.job.paths import open_regular
 from entrypoint.log import log
@@ -35,14 +34,14 @@ from entrypoint.outcome.hosts import describe_job_outcome, describe_worker_failu
 from entrypoint.outcome.records import SUCCESS, Outcome
 from entrypoint.outcome.writer import load_failure_file, render_reason
 from entrypoint.roles.base import HostRole, MultiHostRole
+from entrypoint.loop import HostLoop
 from entrypoint.run import processes
-from entrypoint.run.stop import Stop
 
 @dataclass(frozen=True)
 class WorkerOutcome:
     exit_code: int
     reason: str | None = None  # why, when it is not the leader's outcome
-    leader_report: str | None = None  # the leader's output/failure, when the job failed
+    leader_failure: str | None = None  # the leader's output/failure, when the job failed
 
 
 def start_sshd(files: ssh.SshFiles) -> subprocess.Popen:
@@ -84,7 +83,7 @@ def write_host_env(plan: LaunchPlan) -> None:
     os.replace(path + ".tmp", path)
 
 
-def start_leader(plan: LaunchPlan, stop: Stop) -> tuple[subprocess.Popen, str | None]:
+def start_leader(plan: LaunchPlan, loop: HostLoop) -> tuple[subprocess.Popen, str | None]:
     """Start sshd (workers fetch our key from it) and wait until every worker accepts us.
     Returns sshd and, on failure, a one-line reason."""
     files = plan.files.ssh
@@ -101,14 +100,13 @@ def start_leader(plan: LaunchPlan, stop: Stop) -> tuple[subprocess.Popen, str | 
         pending = [h for h in pending if h not in accepted]
         if not pending:
             break
-        if stop.requested():
-            return sshd, f"stopped by {stop.signal_name} while waiting for the workers' SSH"
         if time.monotonic() >= deadline:
             return sshd, (
                 f"host(s) {', '.join(pending)} did not accept SSH within "
                 f"{plan.settings.peer_wait_timeout_s:g} s (BYOC_PEER_WAIT_TIMEOUT_S)"
             )
-        time.sleep(plan.settings.wait_poll_s)
+        if not loop.pause(plan.settings.wait_poll_s):
+            return sshd, f"stopped by {loop.stop_name} while waiting for the workers' SSH"
     log(f"every worker accepts SSH ({len(workers)} host(s), {time.monotonic() - started:.2f} s)")
     return sshd, None
 
@@ -119,11 +117,11 @@ def stop_leader(plan: LaunchPlan, sshd: subprocess.Popen | None) -> None:
     ssh.remove_private_key(plan.files.ssh)
 
 
-def start_worker(plan: LaunchPlan, stop: Stop) -> tuple[subprocess.Popen | None, WorkerOutcome | None]:
+def start_worker(plan: LaunchPlan, loop: HostLoop) -> tuple[subprocess.Popen | None, WorkerOutcome | None]:
     """Learn the leader's key from its sshd, authorize it, start ours: (sshd, None), or (None,
     why this host's part ended before it began)."""
     files, settings = plan.files.ssh, plan.settings
-    for path in (plan.files.outcome, plan.files.leader_report):
+    for path in (plan.files.outcome, plan.files.leader_failure):
         try:
             os.remove(path)
         except FileNotFoundError:
@@ -131,13 +129,12 @@ def start_worker(plan: LaunchPlan, stop: Stop) -> tuple[subprocess.Popen | None,
     ssh.write_host_key_and_configs(files, settings.ssh_port)
     deadline = time.monotonic() + settings.peer_wait_timeout_s
     while (key := ssh.scan_host_key(plan.leader, settings.ssh_port)) is None:
-        if stop.requested():
-            return None, WorkerOutcome(128 + stop.signum,
-                                       f"stopped by {stop.signal_name} before the leader {plan.leader} started")
         if time.monotonic() >= deadline:
             return None, WorkerOutcome(1, f"the leader {plan.leader} did not serve SSH within "
                                           f"{settings.peer_wait_timeout_s:g} s (BYOC_PEER_WAIT_TIMEOUT_S)")
-        time.sleep(settings.wait_poll_s)
+        if not loop.pause(settings.wait_poll_s):
+            return None, WorkerOutcome(128 + loop.stop_signum,
+                                       f"stopped by {loop.stop_name} before the leader {plan.leader} started")
     addresses = resolve_addresses(plan.leader)
     write_host_env(plan)
     ssh.authorize(files, key, addresses)
@@ -165,24 +162,26 @@ def forward_stop_to_ranks(signal_name: str, log) -> None:
     log(f"forwarded {signal_name} to {len(groups)} rank(s) on this host")
 
 
-def load_leader_report(plan: LaunchPlan) -> str | None:
+def load_leader_failure(plan: LaunchPlan) -> str | None:
     try:
-        with open_regular(plan.files.leader_report) as f:  # in the job's folder, which its ranks can write
+        with open_regular(plan.files.leader_failure) as f:  # in the job's folder, which its ranks can write
             return f.read() or None
     except OSError:
         return None
 
 
-def wait_for_outcome(plan: LaunchPlan, stop: Stop, sshd: subprocess.Popen) -> WorkerOutcome:
+def wait_for_outcome(plan: LaunchPlan, loop: HostLoop, sshd: subprocess.Popen) -> WorkerOutcome:
     """Serve SSH until the leader writes the outcome here; a stop goes to this host's ranks."""
     settings = plan.settings
-    lost: list[str] = []  # the watch's thread appends, this one reads: a list append is atomic
+    lost: list[str] = []  # the PeerWatch's PeerLost, taken on the loop
+    handlers = loop.on({PeerLost: lambda event: lost.append(event.host)})
     watch = PeerWatch([plan.leader], settings.ssh_port, settings.host_lost_timeout_s, settings.host_lost_timeout_s,
-                      lambda host, reason: lost.append(host), seen_at_start=True, settings=settings)
+                      loop.post, seen_at_start=True, settings=settings)
     try:
-        outcome = _serve_until_outcome(plan, stop, sshd, lost)
+        outcome = _serve_until_outcome(plan, loop, sshd, lost)
     finally:
         watch.close()
+        loop.off(handlers)
     if outcome.reason is None:
         # The outcome file appears while the leader's session that wrote it is still
         # closing; stopping sshd then cuts that session and the leader logs a false
@@ -191,23 +190,27 @@ def wait_for_outcome(plan: LaunchPlan, stop: Stop, sshd: subprocess.Popen) -> Wo
     return outcome
 
 
-def _serve_until_outcome(plan: LaunchPlan, stop: Stop, sshd: subprocess.Popen, lost: list[str]) -> WorkerOutcome:
+def load_outcome(plan: LaunchPlan) -> WorkerOutcome | None:
+    """The outcome the leader wrote here, once it has."""
+    if not os.path.exists(plan.files.outcome):
+        return None
+    try:
+        with open_regular(plan.files.outcome) as f:
+            text = f.read().strip()
+    except OSError:  # not a file the leader wrote: the job failed, and that is all we know
+        text = ""
+    code = int(text) if text.lstrip("-").isdigit() else 1
+    return WorkerOutcome(code, None, load_leader_failure(plan) if code != 0 else None)
+
+
+def _serve_until_outcome(plan: LaunchPlan, loop: HostLoop, sshd: subprocess.Popen, lost: list[str]) -> WorkerOutcome:
     settings = plan.settings
     stopping, stop_deadline = None, None
-    capacity_stop = decide_capacity_stop_at(settings)  # every host stops its own ranks then (capacity.py)
-    while True:
-        if os.path.exists(plan.files.outcome):
-            try:
-                with open_regular(plan.files.outcome) as f:
-                    text = f.read().strip()
-            except OSError:  # not a file the leader wrote: the job failed, and that is all we know
-                text = ""
-            code = int(text) if text.lstrip("-").isdigit() else 1
-            return WorkerOutcome(code, None, load_leader_report(plan) if code != 0 else None)
+    while (outcome := load_outcome(plan)) is None:
         now = time.monotonic()
         if stopping is None:
-            stopping = stop.signal_name
-            if stopping is None and capacity_stop is not None and time.time() >= capacity_stop:
+            stopping = loop.stop_name
+            if stopping is None and plan.capacity_stop_at is not None and time.time() >= plan.capacity_stop_at:
                 log(f"{plan.current_host}: stopping this host's ranks before the training plan's capacity ends")
                 stopping = "SIGTERM"  # as if the platform had stopped the job: its ranks checkpoint
             if stopping is not None:
@@ -226,7 +229,8 @@ def _serve_until_outcome(plan: LaunchPlan, stop: Stop, sshd: subprocess.Popen, l
         # sshd is Popen's to collect (poll), and an exited one must not block the others.
         sshd.poll()
         processes.reap_orphans(set() if sshd.returncode is not None else {sshd.pid})
-        time.sleep(settings.wait_poll_s)
+        loop.take(settings.wait_poll_s)  # the outcome is a file the leader writes over SSH: looked at each tick
+    return outcome
 
 
 class MpiLeader(MultiHostRole):
@@ -235,14 +239,14 @@ class MpiLeader(MultiHostRole):
         self.sshd = None
 
     def start_beside(self) -> Outcome | None:
-        self.sshd, problem = start_leader(self.plan, self.stop)
-        return self.start_problem(problem, self.stop.signal_name) if problem else None
+        self.sshd, problem = start_leader(self.plan, self.loop)
+        return self.start_problem(problem, self.loop.stop_name) if problem else None
 
     def start_watches(self) -> list[PeerWatch]:
         plan, settings = self.plan, self.plan.settings
         # seen_at_start: start_leader has just reached every worker over SSH.
         return [PeerWatch(plan.peers, settings.ssh_port, settings.host_lost_timeout_s, settings.peer_wait_timeout_s,
-                          self.on_lost, seen_at_start=True, settings=settings)]
+                          self.loop.post, seen_at_start=True, settings=settings)]
 
     def before_processes_start(self, supervisor) -> None:
         """Each run's workers stream their ranks' files here from before mpirun starts to after
@@ -254,7 +258,7 @@ class MpiLeader(MultiHostRole):
             sinks = {"stdout": sys.stdout.buffer, "stderr": sys.stderr.buffer}
             # sys.executable: the image's python, the ranks' own (plan.Runtime.python), on every host.
             supervisor.followers.append(start_worker_output(self.plan, folder, sys.executable, self.collector,
-                                                            self.stop, sinks, log))
+                                                            self.loop, sinks, log))
 
     def ask_other_hosts(self) -> None:
         """Each worker's entrypoint (SIGUSR1 over SSH) has its ranks print their stacks, which
@@ -306,7 +310,7 @@ class MpiWorker(HostRole):
 
     def start(self) -> Outcome | None:
         log(f"{self.plan.current_host}: MPI worker for the leader {self.plan.leader}")
-        self.sshd, ended = start_worker(self.plan, self.stop)
+        self.sshd, ended = start_worker(self.plan, self.loop)
         return None if ended is None else self.build_outcome(ended)
 
     def run(self, launch) -> Outcome:
@@ -314,7 +318,7 @@ class MpiWorker(HostRole):
         handlers = {mpi_wire.STACKS_SIGNAL: self.on_stack_request, mpi_wire.FIGURES_SIGNAL: self.on_figures_request}
         previous = {sig: signal.signal(sig, handler) for sig, handler in handlers.items()}
         try:
-            return self.build_outcome(wait_for_outcome(self.plan, self.stop, self.sshd))
+            return self.build_outcome(wait_for_outcome(self.plan, self.loop, self.sshd))
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
@@ -324,7 +328,7 @@ class MpiWorker(HostRole):
             log(f"{self.plan.current_host}: the leader reports success")
             return SUCCESS
         return Outcome(ended.exit_code, describe_job_outcome(describe_worker_failure(
-            self.plan.current_host, self.plan.leader, ended.exit_code, ended.reason, ended.leader_report)))
+            self.plan.current_host, self.plan.leader, ended.exit_code, ended.reason, ended.leader_failure)))
 
     def on_stack_request(self, _signum, _frame) -> None:
         """The ranks mpirun started here (under orted, which we adopted as subreaper)."""

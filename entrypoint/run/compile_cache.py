@@ -533,12 +533,13 @@ def describe_graphs(before: list, after: list) -> str:
 
 class CacheKeeper:
     """This host's torch.compile cache for the length of the job: start() before the ranks,
-    finish() after them. With an archive, a thread writes it every cache.save_every_s and as
-    soon as a stop is seen (stopped() true), while the ranks use their grace period; one lock
-    makes the thread's writes and finish()'s one at a time."""
+    end() after them. With an archive, a thread writes it every cache.save_every_s and as
+    soon as the run begins to stop (note_stop, from the main thread), while the ranks use their
+    grace period; one lock makes the thread's writes and end()'s one at a time."""
 
-    def __init__(self, cache: CompileCache, stopped, stop_check_s: float):
-        self.cache, self.stopped, self.stop_check_s = cache, stopped, stop_check_s
+    def __init__(self, cache: CompileCache, stop_check_s: float):
+        self.cache, self.stop_check_s = cache, stop_check_s
+        self.stopping = threading.Event()  # set by note_stop: the thread writes the archive now
         self.stamp: dict = {}
         self.lines: list[str] = []  # for the job report
         self.at_start: list = []
@@ -613,7 +614,8 @@ class CacheKeeper:
             self.say(restored.line)
             moved.extend(restored.moved)
             if archive == self.cache.archive and restored.whole:
-                self.saved = build_signature(restored.entries)
+                with self.lock:
+                    self.saved = build_signature(restored.entries)
             if restored.unwritable and archives[i + 1:]:
                 self.say(f"torch.compile cache: the other {len(archives) - i - 1} archive(s) not tried: the folder "
                          f"takes no more")
@@ -625,7 +627,8 @@ class CacheKeeper:
         what an archive would hold."""
         kept, evicted = run_eviction(self.cache.folder, entries, self.cache.max_bytes)
         if evicted:
-            self.saved = None
+            with self.lock:  # the thread may still be writing (its join is bounded)
+                self.saved = None
             self.say(f"torch.compile cache: {len(evicted)} oldest file(s), {describe_mb(sum(e[1] for e in evicted))}, "
                      f"evicted (bound {describe_mb(self.cache.max_bytes)}, BYOC_COMPILE_CACHE_MAX_MB)")
         return kept
@@ -650,7 +653,7 @@ class CacheKeeper:
         last, stop_saved = time.monotonic(), False
         while not self.done.wait(self.stop_check_s):
             every = self.cache.save_every_s
-            why = "a stop" if not stop_saved and self.stopped() else \
+            why = "a stop" if not stop_saved and self.stopping.is_set() else \
                 "periodic" if every and time.monotonic() - last >= every else None
             if why is None:
                 continue
@@ -661,7 +664,11 @@ class CacheKeeper:
             except Exception as exc:  # noqa: BLE001 - the next save tries again
                 log(f"torch.compile cache: not written ({type(exc).__name__}: {exc})")
 
-    def finish(self, join_s: float) -> None:
+    def note_stop(self) -> None:
+        """The run begins to stop (the main thread's Supervisor): the thread writes the archive."""
+        self.stopping.set()
+
+    def end(self, join_s: float) -> None:
         """After the ranks: the bound, this host's archive, and what the job's graphs did, off
         one walk of the folder; then close()."""
         self.done.set()

@@ -35,13 +35,15 @@ class Finish:
     handlers and the steps run there, so its fields have one writer)."""
 
     def __init__(self, stop: Stop) -> None:
-        self.stop = stop  # the job's one token: its stops since begin_finishing are this end's
+        self.stop = stop  # the job's one token: its reaction from begin_finishing on is on_stop
+        self.stopped_by: str | None = None  # the first stop while finishing (on_stop)
         self.cutting = False  # True while a step runs: a stop or the deadline then raises FinishCut
         self.limit_s = 0.0
 
     def on_stop(self, signum: int) -> None:
         """The token's reaction while finishing."""
         name = signal.Signals(signum).name
+        self.stopped_by = self.stopped_by or name
         log(f"received {name} while finishing: the outcome already decided stands; ending now")
         self.cut(f"stopped by {name}")
 
@@ -54,7 +56,7 @@ class Finish:
             raise FinishCut(why)
 
     def stopped(self) -> bool:
-        return self.stop.requested()
+        return self.stopped_by is not None
 
     def step(self, what: str, limit_s: float, action, *args, after_stop_s: float | None = None) -> None:
         """action(*args), cut at limit_s or by a stop; after a stop, skipped, or given

@@ -5,7 +5,7 @@ its figures used to wait out BYOC_PEER_WAIT_TIMEOUT_S in close).
 
 What a stop does depends on the phase, and the phase's owner says it with `reacting`:
 - start-up (cli.main): StartupStopped is raised, ending whatever step runs;
-- from a role's start on (run/execute.py): the stop is only noted; every wait polls
+- from a role's start on (orchestrate.py): the stop is only noted; every wait polls
   `requested()` and ends, and run_processes forwards it to the processes (its reaction
   meanwhile: run/supervise.Supervisor.on_signal). run_processes reads `requested()` only
   once that reaction is in place: a stop is seen there (nothing starts) or taken by the
@@ -23,6 +23,7 @@ import signal
 import time
 
 from entrypoint.log import log
+from entrypoint.loop import HostLoop, StopRequested
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -42,7 +43,8 @@ class Stop:
         self.signals: list[str] = []  # every stop signal's name, in order
         self.at: float | None = None  # time.time() of the first
         self.floor = 0  # requested() counts the signals after this many (begin_finishing)
-        self.reaction = None  # the current phase's: called with the signal number; may raise
+        self.reaction = None  # the current phase's: called with the signal number; raises
+        self.loop = HostLoop()  # where a stop is posted while no reaction raises (the role's phase)
 
     def install(self) -> None:
         """This token becomes the SIGTERM/SIGINT handler (main thread; idempotent)."""
@@ -55,10 +57,9 @@ class Stop:
         self.signals.append(name)
         if self.at is None:
             self.at = time.time()
-        if self.reaction is None:
-            log(f"received {name}")
-            return
-        self.reaction(signum)
+        self.loop.post(StopRequested(signum))  # every wait on the loop ends on it, in every phase
+        if self.reaction is not None:
+            self.reaction(signum)  # start-up and finishing also cut the blocking call in progress
 
     def raise_startup_stopped(self, signum: int) -> None:
         """The start-up reaction: as PID 1 a process gets no default action for SIGTERM, so
@@ -82,8 +83,12 @@ class Stop:
         return int(signal.Signals[self.signal_name or "SIGTERM"])
 
     def begin_finishing(self) -> None:
-        """The outcome is decided: from here a stop cuts the job's end (run/finishing.py)."""
+        """The outcome is decided: from here a stop cuts the job's end (run/finishing.py). The
+        loop's waits while finishing (a worker's last words to its leader) start afresh: a stop
+        the run took already was the run's to answer."""
         self.floor = len(self.signals)
+        self.loop.handle_pending()
+        self.loop.stop_signum = None
 
     @contextlib.contextmanager
     def reacting(self, reaction):

@@ -35,7 +35,16 @@ from entrypoint.decide.specs import ProcessSpec
 from entrypoint.job.probe import load_oom_kill_count
 from entrypoint.run.stop import Stop
 from entrypoint.run.tagged_lines import TaggedLines
+from entrypoint.loop import HostLoop, StopRequested
 from entrypoint.settings import DEFAULTS, LaunchSettings
+
+
+class ChildExited(NamedTuple):
+    """SIGCHLD: a process below this one ended (posted by the run's handler)."""
+
+
+class StacksRequested(NamedTuple):
+    """SIGUSR1 during a run: every rank prints its Python stack (posted by the run's handler)."""
 
 TAIL_LINES = 100
 TAIL_LINE_CHARS = 500
@@ -197,16 +206,21 @@ class RunHooks(NamedTuple):
     # before the processes to after them (the MPI leader's sessions that stream its workers'
     # rank output), added to its followers.
     before_start: object = None
+    # Called once, with no argument, when the run begins to stop (a stop signal, the capacity's
+    # stop time): the compile cache's keeper writes its archive then (run/compile_cache.py).
+    on_stopping: object = None
 
 
 class Supervisor:
-    """One run's processes. Written by the main thread only, except kill_at: a role's threads
-    (the job port's, the peer watches') end a run through stop_after_failure, so kill_at is
-    set under `lock`."""
+    """One run's processes. Written by the main thread only: what the role's threads hear (a
+    lost host, a peer's word) reaches it through the host's loop (entrypoint/loop.py), whose
+    handlers run here."""
 
-    def __init__(self, collector: OutputCollector, hooks: RunHooks = RunHooks()):
+    def __init__(self, collector: OutputCollector, hooks: RunHooks = RunHooks(), loop: HostLoop | None = None):
+        self.loop = loop or HostLoop()
         self.settings = hooks.settings
         self.stop_at = hooks.stop_at
+        self.on_stopping = hooks.on_stopping
         self.stop_reason: str | None = None
         self.on_rank_killed = hooks.on_rank_killed
         self.grace_period_s = hooks.settings.grace_period_s
@@ -224,21 +238,15 @@ class Supervisor:
         self.followers: list = []  # rank_output.RankOutputFollower: the ranks' files mpirun has written here
         self.stopped_by: str | None = None
         self.stopped_at: float | None = None  # time.time() of the stop request
-        self.lock = threading.Lock()  # kill_at's: the main loop and the role's threads set it
         self.kill_at: float | None = None
         self.killed_at_deadline = False  # we sent SIGKILL when the grace period ran out
         self.first_failure_signaled: bool | None = None  # RunResult.signaled
-        # A stop the token's handler took (main thread) and start() holds while Popen runs: the
-        # handler appends, forward_stops takes each once, whichever of the two runs it.
-        self.starting = False
-        self.pending_stops: list[int] = []
 
     def start(self, spec: ProcessSpec, env: dict[str, str], cwd: str) -> None:
         if spec.rank_output:
             from entrypoint.run import rank_output  # only mpirun writes the ranks' files
 
             rank_output.clear(spec.rank_output)
-        self.starting = True  # a stop from here is held until the child is in self.children
         try:
             proc = subprocess.Popen(
                 list(spec.argv),
@@ -255,9 +263,8 @@ class Supervisor:
 
             argv = list(spec.argv)
             raise LaunchError(describe_launch_error(argv, env, error, shebang=_names_its_interpreter(argv))) from None
-        finally:
-            self.starting = False
-        self.forward_stops()  # a stop taken while Popen ran reaches the process it started
+        # A stop posted while Popen ran is taken now: it reaches the process just started too.
+        self.loop.handle_pending()
         if spec.rank_output:
             self.followers.append(rank_output.start_following(spec.rank_output, self.collector,
                                                               self.settings.quiet_line_s, self.settings.wait_poll_s))
@@ -296,9 +303,8 @@ class Supervisor:
     def _kill_within(self, delay_s: float) -> bool:
         """Whether this is the first deadline (the run was not being stopped yet)."""
         kill_at = time.monotonic() + delay_s
-        with self.lock:
-            first = self.kill_at is None
-            self.kill_at = kill_at if first else min(self.kill_at, kill_at)
+        first = self.kill_at is None
+        self.kill_at = kill_at if first else min(self.kill_at, kill_at)
         return first
 
     def is_running(self) -> bool:
@@ -318,7 +324,7 @@ class Supervisor:
         roots = [proc.pid for _, proc in self.children]
         return processes.signal_ranks_below(roots, signal.SIGUSR1, gap_s)
 
-    def on_stack_request(self, _signum, _frame) -> None:
+    def on_stack_request(self, _event: StacksRequested) -> None:
         """SIGUSR1: every Python rank on this host prints its stack (rank/record_errors.py),
         and under a multi-host mpirun every worker's too; the job goes on."""
         asked = self.ask_ranks_for_stacks()
@@ -350,39 +356,33 @@ class Supervisor:
             self.hang_reason = hangs.build_hang_reason(self.hang_timeout_s, self.host, places)
             self.stop_after_failure(self.hang_reason.rstrip("."))
 
-    def on_signal(self, signum: int) -> None:
-        """The stop token's reaction from before the first process starts: forward the stop to
-        the processes; while one is being started, once it is (forward_stops)."""
-        name = signal.Signals(signum).name
+    def on_stop(self, event: StopRequested) -> None:
+        """The loop's handler of a stop while this run is on: forwarded to every process
+        started so far; with none started yet, none will be (start_and_wait). Each stop is
+        forwarded, the first also starts the grace period."""
+        name = signal.Signals(event.signum).name
         if self.stopped_by is None:
             self.stopped_by = name
             self.stopped_at = time.time()
-            if self.children or self.starting:
+            self.note_stopping()
+            if self.children:
                 log(f"received {name}: forwarding it to the job, SIGKILL in {self.grace_period_s:g} s")
             else:
-                log(f"received {name} before the processes started")  # none starts, or the one starting gets it
-        self.pending_stops.append(signum)
-        if not self.starting:
-            self.forward_stops()
-
-    def forward_stops(self) -> None:
-        """Each stop not yet forwarded, to every process started so far, once; with none started
-        yet, they wait for the first (start() forwards them once it is in self.children). The
-        handler may run between any two lines here (main thread): list.pop hands each stop to
-        one caller."""
-        while self.children:
-            try:
-                signum = self.pending_stops.pop(0)
-            except IndexError:
-                return
-            self.signal_all(signum, stop_request=True)
+                log(f"received {name} before the processes started")
+        if self.children:
+            self.signal_all(event.signum, stop_request=True)
             self._kill_within(self.grace_period_s)
+
+    def note_stopping(self) -> None:
+        if self.on_stopping is not None:
+            self.on_stopping()
 
     def check_stop_time(self) -> None:
         if self.stop_at is None or self.stopped_by is not None or time.time() < self.stop_at[0]:
             return
         self.stop_reason = self.stop_at[1]
         self.stopped_by, self.stopped_at = "SIGTERM", time.time()
+        self.note_stopping()
         log(f"the training plan's capacity is ending: sending SIGTERM to the job, SIGKILL in {self.grace_period_s:g} s")
         self.signal_all(signal.SIGTERM, stop_request=True)
         self._kill_within(self.grace_period_s)
@@ -426,13 +426,14 @@ class Supervisor:
                 log("time is up: sending SIGKILL")
                 self.signal_all(signal.SIGKILL)
                 self.killed_at_deadline = True
-                with self.lock:
-                    self.kill_at = float("inf")
+                self.kill_at = float("inf")
             if running:
                 # As PID 1 of a container we inherit orphans (a rank whose launcher died):
                 # reap them so none stays a zombie.
                 processes.reap_orphans({proc.pid for _, proc in running})
-                time.sleep(self.settings.process_poll_s)
+                # Until a child exits (SIGCHLD posts ChildExited), an event comes (a stop, a lost
+                # host), the kill deadline, or a tick (the hang check, the capacity's stop time).
+                self.loop.take(self.next_look_s())
         # Orphans (data-loader workers, a forked server, ranks in groups of their own) die too.
         self.signal_all(signal.SIGKILL)
         processes.reap_orphans(set())
@@ -440,6 +441,13 @@ class Supervisor:
         for follower in self.followers:  # every line the ranks wrote, before the outcome is decided
             follower.stop(self.settings.thread_join_s)
         return first_failure or 0
+
+    def next_look_s(self) -> float:
+        """How long the run's wait may last before something here must be looked at."""
+        look = self.settings.process_poll_s
+        if self.kill_at is not None and self.kill_at != float("inf"):
+            look = min(look, max(0.0, self.kill_at - time.monotonic()))
+        return look
 
     def join_pumps(self) -> None:
         """The output pumps, within one deadline for all of them: a process the script left
@@ -496,21 +504,31 @@ def _names_its_interpreter(argv: list[str]) -> bool:
 
 def run_processes(processes_: tuple[ProcessSpec, ...], env: dict[str, str], cwd: str, collector: OutputCollector,
                   stop: Stop, hooks: RunHooks = RunHooks()) -> RunResult:
-    """Start the processes, forward a stop to them (the token's reaction meanwhile), wait for
-    every one. A token already stopped starts nothing: the stop came before this run (between
-    two runs, or after the role's start); it is read once the reaction is the supervisor's, so
-    a stop is either seen here or taken by Supervisor.on_signal, never neither."""
-    supervisor = Supervisor(collector, hooks)
+    """Start the processes, forward a stop to them, wait for every one, all on the host's loop
+    (stop.loop): while the run is on, a stop is the supervisor's event (on_stop), SIGCHLD and
+    SIGUSR1 only post theirs. A stop the loop took before this run starts nothing (between two
+    runs, or after the role's start); one taken while a process starts reaches it once started."""
+    loop = stop.loop
+    supervisor = Supervisor(collector, hooks, loop)
     oom_before = load_oom_kill_count()
-    previous = signal.signal(signal.SIGUSR1, supervisor.on_stack_request)
+    handlers = loop.on({StopRequested: supervisor.on_stop, ChildExited: lambda event: None,
+                        StacksRequested: supervisor.on_stack_request})
+    posting = {signal.SIGCHLD: lambda _s, _f: loop.post(ChildExited()),
+               signal.SIGUSR1: lambda _s, _f: loop.post(StacksRequested())}
+    previous = {sig: signal.signal(sig, handler) for sig, handler in posting.items()}
     try:
-        with stop.reacting(supervisor.on_signal):
-            if stop.requested():
-                return RunResult(128 + stop.signum, stop.signal_name, stop.at, started=False)
-            code = start_beside(supervisor, hooks.before_start, stop) or \
+        with stop.reacting(None):  # a stop is posted, never raised, while processes run
+            loop.handle_pending()
+            if loop.stopped():
+                name = signal.Signals(loop.stop_signum).name
+                log(f"received {name} before the processes started")
+                return RunResult(128 + loop.stop_signum, name, stop.at, started=False)
+            code = start_beside(supervisor, hooks.before_start, loop, stop) or \
                 start_and_wait(supervisor, processes_, env, cwd, hooks.on_started)
     finally:
-        signal.signal(signal.SIGUSR1, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        loop.off(handlers)
     if isinstance(code, RunResult):
         return code
     oom_after = load_oom_kill_count() if code else None  # only a failure needs telling apart
@@ -524,17 +542,18 @@ def run_processes(processes_: tuple[ProcessSpec, ...], env: dict[str, str], cwd:
                      stop_reason=supervisor.stop_reason, signaled=supervisor.first_failure_signaled)
 
 
-def start_beside(supervisor: Supervisor, before_start, stop: Stop) -> RunResult | None:
+def start_beside(supervisor: Supervisor, before_start, loop: HostLoop, stop: Stop) -> RunResult | None:
     """The role's part before the processes start; a RunResult, starting nothing, when a stop
     came while it waited."""
     if before_start is None:
         return None
     before_start(supervisor)
-    if not stop.requested():
+    loop.handle_pending()
+    if supervisor.stopped_by is None:
         return None
     for follower in supervisor.followers:
         follower.stop(supervisor.settings.thread_join_s)
-    return RunResult(128 + stop.signum, stop.signal_name, stop.at, started=False)
+    return RunResult(128 + signal.Signals[supervisor.stopped_by], supervisor.stopped_by, stop.at, started=False)
 
 
 def start_and_wait(supervisor: Supervisor, processes_: tuple[ProcessSpec, ...], env: dict[str, str], cwd: str,
@@ -543,7 +562,8 @@ def start_and_wait(supervisor: Supervisor, processes_: tuple[ProcessSpec, ...], 
     came before the first did (none is started after a stop)."""
     try:
         for spec in processes_:
-            if supervisor.stopped_by is not None:
+            supervisor.loop.handle_pending()  # a stop posted before this start: none starts
+            if supervisor.stopped_by is not None or supervisor.loop.stopped():
                 break
             supervisor.start(spec, {**env, **dict(spec.env)}, cwd)
     except LaunchError as error:
@@ -551,6 +571,7 @@ def start_and_wait(supervisor: Supervisor, processes_: tuple[ProcessSpec, ...], 
         for _, proc in supervisor.children:
             proc.wait()
         return RunResult(EXIT_BAD_JOB, launch_error=str(error))
+    supervisor.loop.handle_pending()  # a stop posted as the last one started reaches it now
     if not supervisor.children and supervisor.stopped_by is not None:  # stopped before the first start
         name = supervisor.stopped_by
         return RunResult(128 + signal.Signals[name], name, supervisor.stopped_at, started=False)

@@ -14,23 +14,26 @@ MAX_FLAT_MODULES = 8
 MAX_FUNCTION_LINES = 60
 PROTOCOL_WORDS = ("BYOC-ROOT-CAUSE", "BYOC-HOST-DONE", "BYOC-SIGNED", "BYOC_JOB_REPORT_KEY", "BYOC_JOB_PORT_KEY", "BYOC_JOB_PORTS")
 PROTOCOL_FILES = {"hosts/job_port.py", "rank/record_errors.py"}
-# The modules that decide or choose by role: the plan's decisions and run/roles.py, which
+# The modules that decide or choose by role: the plan's decisions and roles/choose.py, which
 # chooses this host's role object once.
 ROLE_MODULES = {"decide/plan.py", "decide/topology.py", "decide/distribution.py", "roles/choose.py"}
 # read -> decide -> act, bottom first: a module imports only from its own layer or one below it.
 # rank/ runs inside every rank, by path, on the standard library: it imports no other room.
-# Then what every room shares (the errors, the log, the settings record), the reads (job/),
-# the pure decisions (decide/), the words of an ending and the job report's measures
-# (outcome/, jobreport/), the transports between hosts (hosts/), what acts on this host
-# (run/, roles/, sdk_v3/), and the order of things (cli.py).
+# Then what every room shares (the errors, the log, the settings record, the host's loop), the
+# reads (job/), the pure decisions (decide/), the words of an ending and the job report's
+# measures (outcome/, jobreport/), the transports between hosts (hosts/), what acts on this
+# host (run/, sdk_v3/), each launch family's role above it (roles/), the orchestrator that
+# drives a role's lifecycle (orchestrate.py), and the order of things (cli.py).
 LAYERS = (
     ("rank/",),
-    ("errors.py", "log.py", "settings.py"),
+    ("errors.py", "log.py", "settings.py", "loop.py"),
     ("job/",),
     ("decide/",),
     ("outcome/", "jobreport/"),
     ("hosts/",),
-    ("run/", "roles/", "sdk_v3/"),
+    ("run/", "sdk_v3/"),
+    ("roles/",),
+    ("orchestrate.py",),
     ("cli.py", "__main__.py", "__init__.py"),
 )
 

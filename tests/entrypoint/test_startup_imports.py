@@ -65,5 +65,5 @@ def test_a_whole_one_host_run_imports_none_of_the_rarely_needed_modules(tmp_path
     assert done.returncode == 0, done.stderr[-2000:]
     assert "trivial" in done.stdout
     imported = {line.rsplit("|", 1)[1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
-    assert "entrypoint.run.execute" in imported  # the probe sees the run's imports
+    assert "entrypoint.orchestrate" in imported  # the probe sees the run's imports
     assert sorted(m for m in NOT_ON_A_ONE_HOST_RUN if m in imported) == []

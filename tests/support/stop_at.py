@@ -9,7 +9,7 @@ the same call (a loop's) is the step of its first time. Nothing of the entrypoin
 comes from the kernel like the platform's, and the token's handler takes it as it would.
 
 Environment:
-  STOP_AT_FROM  module:qualname that opens the window when called (entrypoint.run.execute:run_plan);
+  STOP_AT_FROM  module:qualname that opens the window when called (entrypoint.orchestrate:run_plan);
                 unset: no window, no stop (only STOP_AT_CHILDREN)
   STOP_AT_TO    module:qualname that closes it when called; "" closes it when FROM returns
   STOP_AT_STEP  the step to send SIGTERM at (1 = the first line in the window); 0 sends none

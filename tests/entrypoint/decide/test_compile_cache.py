@@ -187,7 +187,7 @@ def make_cache(tmp_path, host: int = 0, max_bytes: int = 1 << 20) -> CompileCach
 
 
 def keeper(cache) -> keep.CacheKeeper:
-    return keep.CacheKeeper(cache, lambda: False, 0.05)
+    return keep.CacheKeeper(cache, 0.05)
 
 
 def test_an_archive_round_trip_restores_the_entries_with_their_ages(tmp_path):
@@ -195,12 +195,12 @@ def test_an_archive_round_trip_restores_the_entries_with_their_ages(tmp_path):
     fill(tmp_path / "local-0", {"fxgraph/ab/entry": 10, "tj/ctj.main.so": 20, "locks/ctj.lock": 0})
     first = keeper(cache)
     first.start()
-    first.finish(5)
+    first.end(5)
     assert any("host-0.tar.gz written (the end): 2 file(s)" in line for line in first.lines)
     again = make_cache(tmp_path, host=0)._replace(folder=str(tmp_path / "fresh"))
     second = keeper(again)
     second.start()
-    second.finish(5)
+    second.end(5)
     assert sorted(e[0] for e in keep.load_entries(again.folder)) == ["fxgraph/ab/entry", "tj/ctj.main.so"]
     assert os.path.getmtime(tmp_path / "fresh/tj/ctj.main.so") == 1_000_001
     assert "restored 2 file(s)" in second.lines[0]
@@ -304,7 +304,7 @@ def test_a_job_on_a_new_instance_walks_the_cache_folder_once(tmp_path, monkeypat
     (tmp_path / "local-0/fxgraph/b").mkdir(parents=True)
     (tmp_path / "local-0/fxgraph/b/e").write_bytes(b"new")
     walks.clear()
-    k.finish(5)
+    k.end(5)
     assert walks == [cache.folder]
     assert "0 FX graph entries at the start, 1 compiled by this job" in k.lines[-2]
     assert "written (the end): 2 file(s)" in k.lines[-1]
@@ -316,7 +316,7 @@ def test_a_folder_a_restart_left_is_walked_once_at_the_start_and_once_at_the_end
     walks = count_walks(monkeypatch, cache.folder)
     k = keeper(cache)
     k.start()
-    k.finish(5)
+    k.end(5)
     assert walks == [cache.folder, cache.folder]
     assert "holds 1 file(s)" in k.lines[-3] and "written (the end): 1 file(s)" in k.lines[-1]
 
@@ -331,13 +331,13 @@ def test_a_warm_job_that_compiled_nothing_does_not_write_its_archive_again(tmp_p
     k = keeper(cache)
     k.start()
     fill(tmp_path / "local-0", {"locks/cab.lock": 0})  # a rank loaded the kernel
-    k.finish(5)
+    k.end(5)
     assert (archive.stat().st_ino, archive.stat().st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
     assert k.lines[-1].endswith("holds the folder's entries already: not written again")
     again = keeper(cache._replace(folder=str(tmp_path / "next")))
     again.start()
     fill(tmp_path / "next", {"fxgraph/b/e": 5})  # this job compiled a graph
-    again.finish(5)
+    again.end(5)
     assert "written (the end): 3 file(s)" in again.lines[-1]
 
 
@@ -347,7 +347,7 @@ def test_another_hosts_archive_or_a_damaged_own_one_is_written_back_as_this_host
     write_archive_bytes(tmp_path / "ckpt/byoc-compile-cache/host-1.tar.gz", {"../out": b"x"}, keep.probe_stamp())
     k = keeper(cache)
     k.start()
-    k.finish(5)
+    k.end(5)
     with tarfile.open(cache.archive) as tar:
         assert tar.getnames() == [keep.STAMP_NAME, "fxgraph/a/e"]
 
@@ -360,7 +360,7 @@ def test_the_other_hosts_archives_are_merged_and_this_hosts_own_is_written(tmp_p
     k.start()
     (tmp_path / "local-1/fxgraph/b").mkdir(parents=True)
     (tmp_path / "local-1/fxgraph/b/e").write_bytes(b"new")
-    k.finish(5)
+    k.end(5)
     with tarfile.open(cache.archive) as tar:
         assert tar.getnames() == [keep.STAMP_NAME, "fxgraph/b/e", "fxgraph/a/e"]
     assert any("1 FX graph entry at the start, 1 compiled by this job" in line for line in k.lines)
@@ -383,15 +383,15 @@ def test_a_stop_writes_the_archive_while_the_ranks_still_run(tmp_path):
     cache = make_cache(tmp_path)
     fill(tmp_path / "local-0", {"fxgraph/ab/entry": 10})
     stopped = []
-    k = keep.CacheKeeper(cache, lambda: bool(stopped), 0.01)
+    k = keep.CacheKeeper(cache, 0.01)
     k.start()
-    stopped.append(True)
+    k.note_stop()
     for _ in range(500):
         if os.path.exists(cache.archive):
             break
         time.sleep(0.01)
     assert os.path.exists(cache.archive) and any("written (a stop)" in line for line in k.lines)
-    k.finish(5)
+    k.end(5)
     assert not any("written (the end)" in line for line in k.lines)  # nothing changed since
 
 

@@ -1,5 +1,6 @@
 """A failing rank's record reaches the leader's job port from another process (as from
-another host); a bare connection is only a liveness probe."""
+another host); a bare connection is only a liveness probe. What the port reads comes out
+typed, on the host's loop (entrypoint/loop.py)."""
 
 import socket
 import subprocess
@@ -9,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint.hosts.job_port import parse_root_cause_line
-from entrypoint.hosts.job_port import JobPort
+from entrypoint.hosts.job_port import (ClosedWatch, HostDone, JobPort, PortClosed, Refused, RootCauseLine, Sent,
+                                       deliver, parse_root_cause_line, send_message)
 from entrypoint.decide.plan import RECORD_ERRORS
 from entrypoint.hosts.net import can_connect
-from support.deadlines import DeadlineStop
+from entrypoint.loop import HostLoop, StopRequested, Waited
 
 
 def free_port() -> int:
@@ -25,55 +26,72 @@ def free_port() -> int:
 KEY = "ab" * 32
 
 
+class Heard:
+    """A host loop that keeps every event of the given types, in the order it took them."""
+
+    def __init__(self, *kinds) -> None:
+        self.loop = HostLoop()
+        self.events: list = []
+        self.loop.on({kind: self.events.append for kind in kinds})
+
+    def wait_for(self, count: int) -> list:
+        self.loop.wait(lambda: len(self.events) >= count, time.monotonic() + 60)
+        return self.events
+
+    def of(self, kind) -> list:
+        return [e for e in self.events if isinstance(e, kind)]
+
+
 @pytest.mark.parametrize("key_name", ["BYOC_JOB_PORT_KEY", "BYOC_JOB_REPORT_KEY"])  # the old name, for one release
 def test_failing_rank_reports_to_the_leaders_job_port(tmp_path, key_name):
-    port = free_port()
-    lines = []
-    job_port = JobPort(port, on_root_cause=lines.append, report_key=KEY)
+    port, heard = free_port(), Heard(RootCauseLine, Refused)
+    job_port = JobPort(port, heard.loop.post, job_key=KEY)
     try:
-        assert can_connect("127.0.0.1", port)  # a liveness probe: no report
+        assert can_connect("127.0.0.1", port)  # a liveness probe: nothing posted
         script = tmp_path / "rank.py"
         script.write_text("raise KeyError('missing shard 7')\n")
         env = {"PATH": "/usr/bin:/bin", "BYOC_JOB_PORTS": f"127.0.0.1:{port}", "SM_CURRENT_HOST": "algo-2", "RANK": "3",
                key_name: KEY}
         done = subprocess.run([sys.executable, RECORD_ERRORS, str(script)], env=env, capture_output=True, text=True, timeout=60)
         assert done.returncode == 1
-        deadline = time.monotonic() + 10
-        while not lines and time.monotonic() < deadline:
-            time.sleep(0.05)
-        causes = [parse_root_cause_line(line) for line in lines]
+        causes = [parse_root_cause_line(event.line) for event in heard.wait_for(1)]
         assert [(c.host, c.rank, c.type, c.message) for c in causes] == [("algo-2", "3", "KeyError", "'missing shard 7'")]
     finally:
         job_port.close()
     assert not can_connect("127.0.0.1", port)
 
 
-def test_worker_waits_until_the_leaders_job_port_closes():
+def test_a_wait_for_a_port_to_close_ends_when_it_closes_at_its_deadline_or_on_a_stop():
     """A worker host that finished waits for its leader (local mode stops every container as
-    soon as one exits): the wait ends when the leader closes its port, or at the bound."""
+    soon as one exits): the wait ends when the leader closes its port (ClosedWatch posts
+    PortClosed), at the deadline and not before, or when a stop is posted."""
     import threading
 
-    from entrypoint.hosts.job_port import wait_until_port_closes
-
     port = free_port()
-    leader = JobPort(port)
+    leader = JobPort(port, lambda event: None)
     closing = threading.Event()
 
     def close_leader() -> None:
         closing.set()
         leader.close()
 
+    heard = Heard(PortClosed)
     threading.Timer(0.5, close_leader).start()
-    assert wait_until_port_closes("127.0.0.1", port, timeout_s=60) == "closed"  # the close ended it, not the bound
+    watch = ClosedWatch(["127.0.0.1"], port, heard.loop.post)
+    assert heard.wait_for(1) == [PortClosed("127.0.0.1", port)]
     assert closing.is_set()  # and not before the leader closed
+    watch.close()
 
-    still_running = JobPort(port)
+    still_running = JobPort(port, lambda event: None)
     try:
-        stop = DeadlineStop(timeout_s=1.0)
-        start = time.monotonic()
-        assert wait_until_port_closes("127.0.0.1", port, timeout_s=1.0, stopped=stop) == "timeout"
-        assert time.monotonic() - start >= 1.0  # not before its deadline (nor on past it: that would be "stopped")
-        assert wait_until_port_closes("127.0.0.1", port, timeout_s=30, stopped=lambda: True) == "stopped"
+        quiet = Heard(PortClosed)
+        watch = ClosedWatch(["127.0.0.1"], port, quiet.loop.post)
+        deadline = time.monotonic() + 1.0
+        assert quiet.loop.wait(lambda: bool(quiet.events), deadline) is Waited.TIMEOUT
+        assert time.monotonic() >= deadline  # not before its deadline
+        quiet.loop.post(StopRequested(15))
+        assert quiet.loop.wait(lambda: bool(quiet.events), time.monotonic() + 3600) is Waited.STOPPED
+        watch.close()
     finally:
         still_running.close()
 
@@ -83,16 +101,15 @@ def send(port: int, text: str) -> None:
         conn.sendall(text.encode())
 
 
-def test_the_job_port_takes_reports_only_from_this_jobs_ranks(tmp_path):
-    """Anyone can connect; only a rank holding the job's report key is heard. Forged, unsigned,
-    re-keyed and replayed reports are dropped and logged."""
+def test_the_job_port_takes_root_causes_only_from_this_jobs_ranks(tmp_path):
+    """Anyone can connect; only a rank holding the job's key is heard. Forged, unsigned,
+    re-keyed and replayed messages are refused, saying why."""
     import json
 
     from entrypoint.rank.record_errors import MARKER, sign_report
 
-    port = free_port()
-    heard, refused = [], []
-    job_port = JobPort(port, on_root_cause=heard.append, report_key=KEY, on_refused=lambda a, why: refused.append(why))
+    port, heard = free_port(), Heard(RootCauseLine, Refused)
+    job_port = JobPort(port, heard.loop.post, job_key=KEY)
     try:
         def record(message: str, made: float) -> str:
             return MARKER + json.dumps({"host": "algo-9", "rank": "0", "type": "Forged", "message": message, "time": made})
@@ -106,14 +123,13 @@ def test_the_job_port_takes_reports_only_from_this_jobs_ranks(tmp_path):
         send(port, f"BYOC-SIGNED {sign_report(KEY, old)} {old}\n")
         good = record("genuine", now)
         send(port, f"BYOC-SIGNED {sign_report(KEY, good)} {good}\n")
-        deadline = time.monotonic() + 10
-        while (not heard or len(refused) < 4) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        heard.wait_for(5)
     finally:
         job_port.close()
-    assert [parse_root_cause_line(line).message for line in heard] == ["genuine"]
-    assert sorted(refused) == sorted(["not signed", "signed with another key", "signed with another key",
-                                      "made before this job started (a replay)"])
+    assert [parse_root_cause_line(e.line).message for e in heard.of(RootCauseLine)] == ["genuine"]
+    assert sorted(e.why for e in heard.of(Refused)) == sorted(["not signed", "signed with another key",
+                                                               "signed with another key",
+                                                               "made before this job started (a replay)"])
 
 
 def test_the_report_key_is_the_same_on_every_host_and_differs_between_jobs(tmp_path):
@@ -144,35 +160,30 @@ def test_the_report_key_is_the_same_on_every_host_and_differs_between_jobs(tmp_p
     assert key("algo-1", TRAINING_JOB_NAME="job-b") != key("algo-1")
 
 
-def test_a_signed_report_sent_again_during_the_run_is_taken_once():
+def test_a_signed_message_sent_again_during_the_run_is_taken_once():
     """A replay made during the run (its time is after the port opened) is known by its
-    signature: the second copy is refused and logged with the reason."""
+    signature: the second copy is refused, saying why."""
     import json
 
     from entrypoint.rank.record_errors import MARKER, sign_report
 
-    port = free_port()
-    heard, refused = [], []
-    job_port = JobPort(port, on_root_cause=heard.append, report_key=KEY,
-                       on_refused=lambda address, why: refused.append((address, why)))
+    port, heard = free_port(), Heard(RootCauseLine, Refused)
+    job_port = JobPort(port, heard.loop.post, job_key=KEY)
     try:
         record = MARKER + json.dumps({"host": "algo-2", "rank": "1", "type": "KeyError", "message": "'shard 7'",
                                       "time": time.time()})
         signed = f"BYOC-SIGNED {sign_report(KEY, record)} {record}\n"
         send(port, signed)
-        deadline = time.monotonic() + 10
-        while not heard and time.monotonic() < deadline:
-            time.sleep(0.05)
+        heard.wait_for(1)
         send(port, signed)
-        other = record.replace("'shard 7'", "'shard 8'")  # another report of the run is still heard
+        heard.wait_for(2)
+        other = record.replace("'shard 7'", "'shard 8'")  # another root cause of the run is still heard
         send(port, f"BYOC-SIGNED {sign_report(KEY, other)} {other}\n")
-        while (len(heard) < 2 or not refused) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(0.2)  # nothing more arrives
+        heard.wait_for(3)
     finally:
         job_port.close()
-    assert [parse_root_cause_line(line).message for line in heard] == ["'shard 7'", "'shard 8'"]
-    assert refused == [("127.0.0.1", "received before (a replay)")]
+    assert [parse_root_cause_line(e.line).message for e in heard.of(RootCauseLine)] == ["'shard 7'", "'shard 8'"]
+    assert heard.of(Refused) == [Refused("127.0.0.1", "received before (a replay)")]
 
 
 def test_the_signatures_remembered_are_bounded():
@@ -196,60 +207,27 @@ def test_the_signatures_remembered_are_bounded():
 
 
 def test_a_worker_hosts_outcome_reaches_the_leader_signed_and_once():
-    """send_host_done delivers (host, exit code) to the leader's on_host_done; with another
-    job's key, or sent again as it was (a replay), it is refused."""
-    from entrypoint.hosts.job_port import send_host_done
-
-    port, done, refused = free_port(), [], []
-    job_port = JobPort(port, on_root_cause=lambda line: None, report_key=KEY, on_host_done=lambda h, c: done.append((h, c)),
-                       on_refused=lambda address, why: refused.append(why))
+    """deliver brings a HostDone to the leader's loop, typed, with the sender's address; with
+    another job's key it is refused, named as a host's outcome (always logged); to a closed
+    port it is not delivered, and not tried again."""
+    port, heard = free_port(), Heard(HostDone, Refused)
+    job_port = JobPort(port, heard.loop.post, job_key=KEY)
     try:
-        assert send_host_done("127.0.0.1", port, KEY, "algo-2", 3)
-        assert send_host_done("127.0.0.1", port, "cd" * 32, "algo-3", 0)
-        deadline = time.monotonic() + 10
-        while len(done) + len(refused) < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert done == [("algo-2", 3)]
-        assert refused == ["a host's outcome, signed with another key"]  # named as one: always logged
+        assert deliver(heard.loop, "127.0.0.1", port, KEY, HostDone("algo-2", 3), 5.0)
+        assert deliver(heard.loop, "127.0.0.1", port, "cd" * 32, HostDone("algo-3", 0), 5.0)
+        heard.wait_for(2)
+        assert heard.of(HostDone) == [HostDone("algo-2", 3, "127.0.0.1")]
+        assert heard.of(Refused) == [Refused("127.0.0.1", "signed with another key", host_done=True)]
     finally:
         job_port.close()
-    assert not send_host_done("127.0.0.1", port, KEY, "algo-2", 0, within_s=0.5)  # nobody listens
+    assert send_message("127.0.0.1", port, KEY, HostDone("algo-2", 0)) is Sent.REFUSED  # nobody listens
+    assert not deliver(heard.loop, "127.0.0.1", port, KEY, HostDone("algo-2", 0), 3600.0)  # refused: not retried
 
 
-def test_the_leader_waits_for_every_worker_host_or_its_silence():
-    """HostOutcomes.wait_for ends when each host has reported or stopped answering; a host
-    still answering without a word keeps it waiting until the bound; a signal ends it."""
-    import threading
-
-    from entrypoint.hosts.job_port import HostOutcomes
-
-    outcomes = HostOutcomes()
-    quiet = socket.create_server(("127.0.0.1", 0))  # a worker host still running: answers, no word yet
-    port = quiet.getsockname()[1]
-    try:
-        added = threading.Event()
-
-        def add() -> None:
-            outcomes.add("127.0.0.1", 0)
-            added.set()
-
-        def stopped_after_the_word() -> bool:
-            return added.is_set()  # a wait that looks again after the word missed it: "stopped"
-
-        threading.Timer(0.5, add).start()
-        assert outcomes.wait_for(["127.0.0.1"], port, timeout_s=3600, stopped=stopped_after_the_word) == \
-            ({"127.0.0.1": 0}, [], "all")
-
-        later = HostOutcomes()
-        stop = DeadlineStop(timeout_s=1.0)
-        started = time.monotonic()
-        assert later.wait_for(["127.0.0.1"], port, timeout_s=1.0, stopped=stop) == ({}, [], "timeout")
-        assert time.monotonic() - started >= 1.0  # not before its deadline (nor on past it: that would be "stopped")
-        assert later.wait_for(["127.0.0.1"], port, timeout_s=30, stopped=lambda: True) == ({}, [], "stopped")
-        later.add("127.0.0.1", 2)
-        later.add("127.0.0.1", 0)  # the first word stands
-        assert later.codes() == {"127.0.0.1": 2}
-    finally:
-        quiet.close()
-    # The port closed with no word: the host went away (its own output/failure has why).
-    assert HostOutcomes().wait_for(["127.0.0.1"], port, timeout_s=30) == ({}, ["127.0.0.1"], "all")
+def test_a_delivery_to_an_unreachable_host_gives_up_at_its_deadline_or_on_a_stop():
+    loop = HostLoop()
+    started = time.monotonic()
+    assert not deliver(loop, "host.invalid", 1, KEY, HostDone("algo-2", 0), 0.5)
+    assert time.monotonic() - started >= 0.5  # tried until its deadline, not less
+    loop.post(StopRequested(15))
+    assert not deliver(loop, "host.invalid", 1, KEY, HostDone("algo-2", 0), 3600.0)  # the stop ends it

@@ -20,7 +20,7 @@ from entrypoint.hosts import mpi_wire
 from entrypoint.hosts import worker_output
 from entrypoint.hosts.worker_output import MAX_LINE_BYTES, build_worker_lines, parse_worker_line, start_worker_output
 from entrypoint.run import rank_output
-from entrypoint.run.stop import Stop
+from entrypoint.loop import HostLoop, StopRequested
 from entrypoint.run.supervise import OutputCollector
 from support.jobs import make_job, plan_for
 
@@ -119,7 +119,7 @@ def test_a_workers_lines_arrive_whole_as_written_and_to_the_end(tmp_path, ssh_on
     write(folder, "1/rank.0/stdout", b"from an earlier run\n")
     collector, sinks, said, seen = OutputCollector(), {"stdout": Sink(), "stderr": Sink()}, [], []
     collector.on_line = seen.append
-    output = start_worker_output(leader_plan(("algo-2",)), folder, sys.executable, collector, Stop(), sinks, said.append)
+    output = start_worker_output(leader_plan(("algo-2",)), folder, sys.executable, collector, HostLoop(), sinks, said.append)
     assert len(output.sessions) == 1 and lost(said) == []
     assert [line.split(" (")[0] for line in said] == ["1 worker(s) stream their ranks' output here over SSH"]
     hostile = b"[1,0]<stdout>: tag \r\x00\x1b[2J \xff\xfe \xed\xa0\x80 lone surrogate"
@@ -138,7 +138,7 @@ def test_a_workers_lines_arrive_whole_as_written_and_to_the_end(tmp_path, ssh_on
 def test_a_worker_whose_session_fails_or_never_answers_is_said_once_and_the_others_follow(tmp_path, ssh_on_path):
     collector, sinks, said = OutputCollector(), {"stdout": Sink(), "stderr": Sink()}, []
     plan = leader_plan(("algo-2", "refused", "silent"), ready_s=1.0)
-    output = start_worker_output(plan, str(tmp_path / "out"), sys.executable, collector, Stop(), sinks, said.append)
+    output = start_worker_output(plan, str(tmp_path / "out"), sys.executable, collector, HostLoop(), sinks, said.append)
     assert [s.host for s in output.sessions] == ["algo-2"]
     assert sorted(lost(said)) == [
         "refused: its ranks' output cannot reach this log: its session ended before it was ready "
@@ -150,18 +150,18 @@ def test_a_worker_whose_session_fails_or_never_answers_is_said_once_and_the_othe
 
 
 def test_a_session_that_ends_during_the_run_is_said_once(tmp_path, ssh_on_path):
-    said = []
+    said, loop = [], HostLoop()
     output = start_worker_output(leader_plan(("algo-2",)), str(tmp_path / "out"), sys.executable, OutputCollector(),
-                                 Stop(), {"stdout": Sink(), "stderr": Sink()}, said.append)
+                                 loop, {"stdout": Sink(), "stderr": Sink()}, said.append)
     os.killpg(output.sessions[0].proc.pid, signal.SIGKILL)
-    wait_until(lambda: lost(said))
+    loop.wait(lambda: bool(lost(said)), time.monotonic() + 60)  # the session's end is an event on the loop
     output.stop(30.0)
     assert lost(said) == ["algo-2: its ranks' output cannot reach this log: its session ended before mpirun did; the job goes on"]
 
 
 def test_a_stop_while_waiting_for_the_workers_ends_the_wait_and_their_sessions(tmp_path, ssh_on_path):
-    stop, said = Stop(), []
-    stop.on_signal(signal.SIGTERM, None)
+    loop, said = HostLoop(), []
+    loop.post(StopRequested(signal.SIGTERM))
     output = start_worker_output(leader_plan(("silent",)), str(tmp_path / "out"), sys.executable, OutputCollector(),
-                                 stop, {"stdout": Sink(), "stderr": Sink()}, said.append)
+                                 loop, {"stdout": Sink(), "stderr": Sink()}, said.append)
     assert output.sessions == [] and said == []  # no run starts: nothing of it is lost

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -20,8 +21,10 @@ from support.jobtree import write_tree  # noqa: E402
 from entrypoint import cli  # noqa: E402
 from entrypoint.outcome.records import SUCCESS  # noqa: E402
 from entrypoint.roles import base, job_port as job_port_role, mpi as mpi_role  # noqa: E402
-from entrypoint.run import execute  # noqa: E402
+from entrypoint import orchestrate  # noqa: E402
 from entrypoint.hosts import job_port  # noqa: E402
+from entrypoint.hosts.job_port import HostDone, HostFigures  # noqa: E402
+from entrypoint.loop import Waited  # noqa: E402
 
 MPI = {"sagemaker_mpi_enabled": True}
 TORCH = {"sagemaker_torch_distributed_enabled": True}
@@ -38,7 +41,7 @@ def host(tmp_path, monkeypatch):
             monkeypatch.delenv(name)
     monkeypatch.setenv("BYOC_RUNTIME_DIR", str(tmp_path / "run"))
     monkeypatch.setenv("BYOC_COMPILE_CACHE", "0")
-    monkeypatch.setattr(base, "wait_for_hosts", lambda hosts, timeout_s, stopped: [])  # every name resolves
+    monkeypatch.setattr(base, "wait_for_hosts", lambda hosts, timeout_s, loop: [])  # every name resolves
     root = tmp_path / "ml"
     events: list = []
 
@@ -56,15 +59,11 @@ def host(tmp_path, monkeypatch):
         signal.signal(s, handler)
 
 
-def sigterm_then_poll(stopped) -> bool:
+def sigterm_then_wait(loop) -> bool:
     """A step that gets SIGTERM, then waits on a peer that never answers, as the real waits do:
-    polling the token (bounded by a count, not a clock). Whether it saw the stop."""
+    on the host's loop. Whether the stop ended the wait."""
     os.kill(os.getpid(), signal.SIGTERM)
-    for _ in range(2000):
-        if stopped():
-            return True
-        signal.sigtimedwait([], 0.005)
-    return False
+    return loop.wait(deadline=time.monotonic() + 3600) is Waited.STOPPED
 
 
 # --- the MPI worker: sshd from start to close ----------------------------------------------------
@@ -73,11 +72,11 @@ def sigterm_then_poll(stopped) -> bool:
 def mpi_worker(host, monkeypatch):
     main, events, written = host
 
-    def start_worker(plan, stop):
+    def start_worker(plan, loop):
         events.append(("start sshd", written()))
         return "sshd", None
 
-    def wait_for_outcome(plan, stop, sshd):
+    def wait_for_outcome(plan, loop, sshd):
         events.append(("serve until the outcome", sshd))
         return mpi_role.WorkerOutcome(0)
 
@@ -96,10 +95,10 @@ def test_an_mpi_worker_serves_ssh_from_start_and_stops_it_only_after_its_outcome
 def test_an_mpi_worker_stopped_while_its_leader_has_not_started_still_stops_sshd(mpi_worker, monkeypatch):
     main, events, written = mpi_worker
 
-    def start_worker(plan, stop):
-        saw = sigterm_then_poll(stop.requested)
+    def start_worker(plan, loop):
+        saw = sigterm_then_wait(loop)
         events.append(("start: saw the stop", saw))
-        return None, mpi_role.WorkerOutcome(143, f"stopped by {stop.signal_name} before the leader started")
+        return None, mpi_role.WorkerOutcome(143, f"stopped by {loop.stop_name} before the leader started")
 
     monkeypatch.setattr(mpi_role, "start_worker", start_worker)
     assert main("algo-2", MPI) == 143
@@ -111,7 +110,7 @@ def test_an_mpi_worker_stopped_while_its_leader_has_not_started_still_stops_sshd
 def test_an_mpi_leader_tells_its_workers_after_its_outcome_is_written_then_stops_sshd(host, monkeypatch):
     main, events, written = host
     monkeypatch.setattr(mpi_role, "start_leader", lambda plan, stop: (events.append("start sshd") or "sshd", None))
-    monkeypatch.setattr(execute, "run_with_restarts", lambda *args: events.append("mpirun") or SUCCESS)
+    monkeypatch.setattr(orchestrate, "run_with_restarts", lambda *args: events.append("mpirun") or SUCCESS)
     monkeypatch.setattr(mpi_role.mpi_wire, "tell_workers",
                         lambda plan, code, reason, log: events.append(("tell the workers", code, written())))
     monkeypatch.setattr(mpi_role, "stop_leader", lambda plan, sshd: events.append(("stop sshd", sshd)))
@@ -133,15 +132,20 @@ def job_port_worker(host, monkeypatch):
             events.append("close the job port")
 
     monkeypatch.setattr(job_port_role, "JobPort", StandInPort)
-    monkeypatch.setattr(execute, "run_with_restarts", lambda *args: events.append("torchrun") or SUCCESS)
+    monkeypatch.setattr(orchestrate, "run_with_restarts", lambda *args: events.append("torchrun") or SUCCESS)
     return main, events, written
 
 
 def test_a_torchrun_worker_sends_its_figures_then_its_outcome_then_waits_for_the_leader(job_port_worker, monkeypatch):
     main, events, written = job_port_worker
-    monkeypatch.setattr(job_port, "send_host_figures", lambda *a, **k: events.append(("figures", written())) or True)
-    monkeypatch.setattr(job_port, "send_host_done", lambda *a, **k: events.append(("outcome", a[4])) or True)
-    monkeypatch.setattr(job_port, "wait_until_port_closes", lambda *a, **k: events.append("wait for the leader"))
+
+    def deliver(loop, host, port, key, message, within_s, settings):
+        events.append(("figures", written()) if isinstance(message, HostFigures) else ("outcome", message.exit_code))
+        return True
+
+    monkeypatch.setattr(job_port, "deliver", deliver)
+    monkeypatch.setattr(job_port_role.JobPortWorker, "wait_until_closed",
+                        lambda self, *a, **k: events.append("wait for the leader"))
     assert main("algo-2", TORCH) == 0
     assert events == ["open the job port", "torchrun", ("figures", ["success"]), ("outcome", 0), "wait for the leader",
                       "close the job port"]
@@ -152,17 +156,17 @@ def test_a_sigterm_taken_while_a_worker_sends_its_figures_is_still_seen_by_its_c
     BYOC_PEER_WAIT_TIMEOUT_S (300 s) for a leader that was gone."""
     main, events, written = job_port_worker
 
-    def send_figures(*args, stopped, **kwargs):
-        events.append(("figures: saw the stop", sigterm_then_poll(stopped)))
+    def deliver(loop, host, port, key, message, within_s, settings):
+        if isinstance(message, HostFigures):
+            events.append(("figures: saw the stop", sigterm_then_wait(loop)))
+        else:
+            loop.handle_pending()
+            events.append(("outcome: stopped already", loop.stopped()))
         return False
 
-    def send_done(*args, stopped, **kwargs):
-        events.append(("outcome: stopped already", stopped()))
-        return False
-
-    monkeypatch.setattr(job_port, "send_host_figures", send_figures)
-    monkeypatch.setattr(job_port, "send_host_done", send_done)
-    monkeypatch.setattr(job_port, "wait_until_port_closes", lambda *a, **k: events.append("wait for the leader"))
+    monkeypatch.setattr(job_port, "deliver", deliver)
+    monkeypatch.setattr(job_port_role.JobPortWorker, "wait_until_closed",
+                        lambda self, *a, **k: events.append("wait for the leader"))
     assert main("algo-2", TORCH) == 0  # the outcome was written before the stop: it stands
     assert ("outcome: stopped already", True) in events
     assert "wait for the leader" not in events

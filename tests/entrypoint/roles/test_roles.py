@@ -20,7 +20,8 @@ from support.jobtree import write_tree  # noqa: E402
 
 from entrypoint import cli  # noqa: E402
 from entrypoint.outcome.records import Outcome  # noqa: E402
-from entrypoint.run import execute  # noqa: E402
+from entrypoint import orchestrate  # noqa: E402
+from entrypoint.loop import Waited  # noqa: E402
 from entrypoint.roles.base import HostRole  # noqa: E402
 
 
@@ -53,8 +54,8 @@ class StandIn(HostRole):
         super().on_processes_started(supervisor)
         self.events.append("processes started")
 
-    def finish(self, outcome):
-        self.events.append(("finish", outcome.exit_code))
+    def settle(self, outcome):
+        self.events.append(("settle", outcome.exit_code))
         return self.finish_outcome or outcome
 
     def job_report(self, outcome):
@@ -90,7 +91,7 @@ def job(tmp_path, monkeypatch):
         for name, value in role_options.pop("env", {}).items():
             monkeypatch.setenv(name, value)
         options.update(role_options, root=root)
-        monkeypatch.setattr(execute, "choose_role",
+        monkeypatch.setattr(orchestrate, "choose_role",
                             lambda plan, collector, env, paths, stop: StandIn(plan, collector, env, paths, stop, "the script",
                                                                               False, events=events, **options))
         return cli.main(["train"])
@@ -100,10 +101,10 @@ def job(tmp_path, monkeypatch):
         signal.signal(s, handler)
 
 
-def test_a_successful_job_goes_start_run_finish_then_is_written_then_closed(job):
+def test_a_successful_job_goes_start_run_settle_then_is_written_then_closed(job):
     start, events, root = job
     assert start("print('trained')\n") == 0
-    assert events == ["start", "run", "processes started", ("ran", 0), ("finish", 0), ("close", 0, ["success"])]
+    assert events == ["start", "run", "processes started", ("ran", 0), ("settle", 0), ("close", 0, ["success"])]
 
 
 def test_a_role_that_cannot_start_runs_nothing_and_its_outcome_is_the_jobs(job):
@@ -115,12 +116,12 @@ def test_a_role_that_cannot_start_runs_nothing_and_its_outcome_is_the_jobs(job):
     assert not (root / "code/ran").exists()
 
 
-def test_finish_may_turn_this_hosts_success_into_the_jobs_failure(job):
+def test_settle_may_turn_this_hosts_success_into_the_jobs_failure(job):
     """A leader whose own part succeeded while a worker's failed: the job failed."""
     start, events, root = job
     code = start("print('fine here')\n", finish_outcome=Outcome(3, "host algo-2 ended its part with exit code 3\n"))
     assert code == 3
-    assert events[-2:] == [("finish", 0), ("close", 3, ["failure"])]
+    assert events[-2:] == [("settle", 0), ("close", 3, ["failure"])]
     assert (root / "output/failure").read_text().startswith("host algo-2 ended its part with exit code 3")
 
 
@@ -131,14 +132,14 @@ def test_a_relaunchable_role_runs_its_processes_again_within_one_run_step(job):
               "open('attempt', 'a').write('x')\n"
               "sys.exit(5 if first else 0)\n")
     assert start(script, relaunch=True, env={"BYOC_MAX_RESTARTS": "1"}) == 0
-    assert events == ["start", "run", "processes started", "processes started", ("ran", 0), ("finish", 0),
+    assert events == ["start", "run", "processes started", "processes started", ("ran", 0), ("settle", 0),
                       ("close", 0, ["success"])]
 
 
 def test_a_failing_script_is_reported_once_and_closed_with_its_code(job):
     start, events, root = job
     assert start("raise SystemExit(7)\n") == 7
-    assert events == ["start", "run", "processes started", ("ran", 7), ("finish", 7), ("close", 7, ["failure"])]
+    assert events == ["start", "run", "processes started", ("ran", 7), ("settle", 7), ("close", 7, ["failure"])]
     assert "exit code 7" in (root / "output/failure").read_text()
 
 
@@ -150,7 +151,7 @@ def test_an_error_of_ours_still_closes_the_role_as_a_failure(job, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("a bug of ours")
 
-    monkeypatch.setattr(execute, "run_with_restarts", broken)
+    monkeypatch.setattr(orchestrate, "run_with_restarts", broken)
     with pytest.raises(RuntimeError, match="a bug of ours"):
         start("print('never')\n")
     assert events == ["start", "run", ("close", 1, [])]
@@ -224,10 +225,10 @@ def test_a_stop_while_closing_ends_it_keeping_a_failure(job, tmp_path, capfd):
 
 class StoppedAt(StandIn):
     """A stand-in that gets SIGTERM at one step, then waits there the way the real roles' waits
-    do: polling the job's one stop token (a peer that never answers; bounded by a poll count,
-    not a clock). Records whether its wait saw the stop, and whether a later step saw it too."""
+    do: on the host's loop (a peer that never answers). Records whether its wait saw the stop,
+    and whether a later step saw it too."""
 
-    POLLS = 2000
+    WAIT_S = 60.0  # a peer that never answers: only a stop ends the wait before this
 
     def __init__(self, *args, stop_at_step: str, **kwargs):
         super().__init__(*args, **kwargs)
@@ -236,12 +237,9 @@ class StoppedAt(StandIn):
     def wait_for_a_peer(self, step: str) -> None:
         if step == self.stop_at_step:
             os.kill(os.getpid(), signal.SIGTERM)
-        for _ in range(self.POLLS):
-            if self.stop.requested():
-                self.events.append(("saw the stop", step))
-                return
-            time.sleep(0.005)
-        if step == self.stop_at_step:
+        if self.loop.wait(deadline=time.monotonic() + self.WAIT_S) is Waited.STOPPED:
+            self.events.append(("saw the stop", step))
+        elif step == self.stop_at_step:
             self.events.append(("missed the stop", step))
 
     def start(self):
@@ -258,10 +256,10 @@ class StoppedAt(StandIn):
         self.events.append(("ran", outcome.exit_code))
         return outcome
 
-    def finish(self, outcome):
-        self.events.append(("finish", outcome.exit_code))
-        if self.stop_at_step == "finish":
-            self.wait_for_a_peer("finish")
+    def settle(self, outcome):
+        self.events.append(("settle", outcome.exit_code))
+        if self.stop_at_step == "settle":
+            self.wait_for_a_peer("settle")
         return outcome
 
     def job_report(self, outcome):
@@ -286,7 +284,7 @@ def stopped_job(job, tmp_path, monkeypatch):
     def run(step: str, script: str) -> int:
         write_tree(root, script=script)
         monkeypatch.setenv("SAGEMAKER_BASE_DIR", str(root))
-        monkeypatch.setattr(execute, "choose_role",
+        monkeypatch.setattr(orchestrate, "choose_role",
                             lambda plan, collector, env, paths, stop: StoppedAt(
                                 plan, collector, env, paths, stop, "the script", False, events=events, root=root,
                                 stop_at_step=step))
@@ -320,8 +318,8 @@ def test_a_sigterm_while_a_leader_waits_for_its_workers_ends_the_wait_and_the_jo
     """The run's outcome was decided before the stop: the stop ends the wait; finishing (the
     report, the close) is not cut by a stop that came before it."""
     run, events, root = stopped_job
-    assert run("finish", "print('trained')\n") == 0
-    assert events[-6:] == [("finish", 0), ("saw the stop", "finish"), "report", "reported",
+    assert run("settle", "print('trained')\n") == 0
+    assert events[-6:] == [("settle", 0), ("saw the stop", "settle"), "report", "reported",
                            ("close", 0, ["success"]), "closed"]
 
 
@@ -358,7 +356,7 @@ def test_the_entrypoint_constructs_one_stop_token():
     import ast
 
     made = []
-    for path in (Path(execute.__file__).parents[1]).rglob("*.py"):
+    for path in (Path(orchestrate.__file__).parent).rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) == "Stop":
                 made.append(path.name)

@@ -103,9 +103,9 @@ def test_a_restore_never_writes_through_a_link_in_the_cache_folder(tmp_path, lev
     cache = make_cache(tmp_path)
     write_archive_bytes(tmp_path / "ckpt/byoc-compile-cache/host-0.tar.gz", MEMBERS)
     place_link(tmp_path / "local", out, level)
-    k = keep.CacheKeeper(cache, lambda: False, 0.05)
+    k = keep.CacheKeeper(cache, 0.05)
     k.start()
-    k.finish(5)
+    k.end(5)
     assert snapshot(out) == before, k.lines
     assert k.folder == cache.folder  # the folder itself is fine: the ranks get it
     assert (tmp_path / "local/other/y").read_bytes() == b"other"  # what no link is in the way of is restored
@@ -128,13 +128,13 @@ def test_the_cache_folder_itself_a_link_is_not_used_the_ranks_get_a_private_fold
     cache = make_cache(tmp_path)
     write_archive_bytes(tmp_path / "ckpt/byoc-compile-cache/host-0.tar.gz", MEMBERS)
     os.symlink(out, tmp_path / "local")
-    k = keep.CacheKeeper(cache, lambda: False, 0.05)
+    k = keep.CacheKeeper(cache, 0.05)
     k.start()
     private = k.folder
     assert private.startswith(str(tmp_path / keep.PRIVATE_PREFIX)) and os.path.isdir(private)
     assert f"{tmp_path / 'local'} is a symbolic link: the ranks use a private folder instead" in k.lines[0]
     assert sorted(e[0] for e in keep.load_entries(private)) == ["fxgraph/ab/entry", "fxgraph/ab/x", "other/y"]
-    k.finish(5)
+    k.end(5)
     assert snapshot(out) == before and os.readlink(tmp_path / "local") == str(out)
     assert not os.path.exists(private)  # removed at the end
     assert run_eviction_through_a_link_removes_nothing(tmp_path, out)
@@ -167,9 +167,9 @@ def test_writing_the_archive_never_writes_through_a_link(tmp_path, level):
         archives.mkdir(parents=True)
         name = f".host-0.tar.gz.{os.getpid()}.tmp" if level == "the archive's temporary name" else "host-0.tar.gz"
         os.symlink(out / "mine", archives / name)
-    k = keep.CacheKeeper(cache, lambda: False, 0.05)
+    k = keep.CacheKeeper(cache, 0.05)
     k.start()
-    k.finish(5)
+    k.end(5)
     assert snapshot(out) == before, k.lines
     if level == "the archives' folder":
         assert "not written" in k.lines[-1] and os.path.islink(archives)
@@ -187,7 +187,7 @@ def test_a_folder_torch_could_not_write_is_replaced_by_a_private_one(tmp_path, m
               "a link to a file": tmp_path / "link"}[what]
     if what == "a link to a file":
         os.symlink(tmp_path / "file", folder)
-    k = keep.CacheKeeper(CompileCache(str(folder), None, None, 1 << 20, 0.0), lambda: False, 0.05)
+    k = keep.CacheKeeper(CompileCache(str(folder), None, None, 1 << 20, 0.0), 0.05)
     k.start()
     assert k.folder != str(folder) and os.path.isdir(k.folder) and k.cache.folder == k.folder
     assert "the ranks use a private folder instead" in k.lines[0]
@@ -198,10 +198,10 @@ def test_a_folder_torch_could_not_write_is_replaced_by_a_private_one(tmp_path, m
 def test_without_any_usable_folder_the_ranks_get_torchs_default(tmp_path, monkeypatch):
     (tmp_path / "file").write_bytes(b"x")
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "file" / "tmp"))  # no private folder either
-    k = keep.CacheKeeper(CompileCache(str(tmp_path / "file" / "cache"), None, None, 1 << 20, 0.0), lambda: False, 0.05)
+    k = keep.CacheKeeper(CompileCache(str(tmp_path / "file" / "cache"), None, None, 1 << 20, 0.0), 0.05)
     k.start()
     assert k.folder is None and "the ranks get torch's own default folder, nothing is kept" in k.lines[0]
-    k.finish(5)  # nothing to walk, nothing to write
+    k.end(5)  # nothing to walk, nothing to write
     assert len(k.lines) == 1
 
 

@@ -167,7 +167,7 @@ def test_a_sigterm_between_two_attempts_starts_no_other_and_names_the_earlier_fa
     marks = tmp_path / "marks"
     marks.mkdir()
     env = entrypoint_env(root, BYOC_RUNTIME_DIR=str(tmp_path / "run"), MARKS=str(marks), BYOC_MAX_RESTARTS="1",
-                         STOP_AT_FROM="entrypoint.run.execute:clear_previous_outcome", STOP_AT_STEP="1",
+                         STOP_AT_FROM="entrypoint.orchestrate:clear_previous_outcome", STOP_AT_STEP="1",
                          STOP_AT_NOTE=str(tmp_path / "note"))
     done = subprocess.run([PYTHON, STOP_AT], env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert (tmp_path / "note").read_text().startswith("sent at entrypoint/outcome/writer.py"), done.stderr[-3000:]
@@ -179,7 +179,7 @@ def test_a_sigterm_between_two_attempts_starts_no_other_and_names_the_earlier_fa
     assert os.listdir(tmp_path / "run") == []
 
 
-INSTALL = ("entrypoint.run.execute:run_install_steps", "entrypoint.run.supervise:Supervisor.start")
+INSTALL = ("entrypoint.orchestrate:run_install_steps", "entrypoint.run.supervise:Supervisor.start")
 
 
 def test_a_sigterm_at_each_step_before_pip_starts_ends_start_up_and_runs_nothing(tmp_path):

@@ -1,10 +1,12 @@
-"""Run a LaunchPlan on this host, one straight line: install steps, then this host's role
-(run/roles.py: start, run with restarts, finish); the Outcome goes back to cli.main, which
+"""The orchestrator: run a LaunchPlan on this host, one straight line: install steps, then this
+host's role (roles/: start, run with restarts, settle); the Outcome goes back to cli.main, which
 writes it (the one writer of output/) and then closes the role and the job's folders (Launch).
 
-The one layer that acts, and a thin one: supervise.py starts and watches the processes,
-the role owns what runs beside them and its ordering rules, restarts.py decides whether a
-crashed run is started again, and report/ words the outcome.
+It sits above the roles and drives only their lifecycle (roles/base.py): run/supervise.py
+starts and watches the processes, the role owns what runs beside them and its ordering rules,
+decide/restarts.py decides whether a crashed run is started again, and outcome/ words the
+outcome. From the role's start to its outcome, every wait is on the host's loop
+(entrypoint/loop.py), where a stop is an event like the others.
 """
 
 from __future__ import annotations
@@ -14,10 +16,10 @@ import time
 
 from entrypoint.decide.plan import LaunchPlan
 from entrypoint.decide.specs import ProcessSpec
-from entrypoint.decide.restarts import RunEnding, build_restart_line, decide_restart
-from entrypoint.decide.settings import decide_capacity_stop_at
+from entrypoint.decide.restarts import build_restart_line, decide_restart
 from entrypoint.job.paths import MlPaths
 from entrypoint.log import log
+from entrypoint.loop import StopRequested
 from entrypoint.outcome.failure import (describe_exit_code, describe_job_failure, describe_root_cause,
                                         first_root_cause, secret_values)
 from entrypoint.outcome.records import SUCCESS, Outcome
@@ -79,20 +81,21 @@ def run_plan(plan: LaunchPlan, paths: MlPaths, environ: dict[str, str], launch: 
     keeper = start_compile_cache(plan, role, env) if outcome is None else None
     plan = role.plan  # the cache's folder may have changed in it (start_compile_cache)
     if outcome is None:
-        # From the role's start to the end, a stop is only noted: every wait of the role's polls
-        # the token, a run forwards it to its processes, finishing cuts its steps (run/stop.py).
+        # From the role's start to its outcome a stop is an event on the host's loop: every
+        # wait of the role's ends on it, a run forwards it to its processes (entrypoint/loop.py).
         stop.reaction = None
+        stop.loop.on({StopRequested: lambda event: log(f"received {stop.loop.stop_name}")})
         outcome = role.start() or build_stopped_at_start(stop)
     if outcome is not None:
         if keeper is not None:
             keeper.close()  # no rank ran: nothing new to keep
         return outcome
     try:
-        outcome = role.finish(role.run(lambda: run_with_restarts(plan, env, role, paths)))
+        outcome = role.settle(role.run(lambda: run_with_restarts(plan, env, role, paths, keeper)))
     finally:
         if keeper is not None:
-            keeper.finish(plan.settings.thread_join_s)
-            role.report_notes.extend(keeper.lines)
+            keeper.end(plan.settings.thread_join_s)
+            role.add_report_notes(keeper.lines)
     if outcome.exit_code == 0 and role.started_at is not None:
         log(f"{plan.current_host}: {role.what} succeeded in {time.monotonic() - role.started_at:.1f} s")
     return outcome
@@ -109,15 +112,14 @@ def start_compile_cache(plan: LaunchPlan, role: HostRole, env: dict[str, str]):
     from entrypoint.decide.compile_cache import decide_folder_env
     from entrypoint.run.compile_cache import CacheKeeper
 
-    keeper = CacheKeeper(plan.compile_cache, lambda: role.supervisor is not None and role.supervisor.stopped_by,
-                         plan.settings.stop_check_s)
+    keeper = CacheKeeper(plan.compile_cache, plan.settings.stop_check_s)
     keeper.start()
     if keeper.folder != plan.compile_cache.folder:
         plan_env = decide_folder_env(plan.env_dict, plan.compile_cache.folder, keeper.folder)
         for name in set(plan.env_dict) - set(plan_env):
             env.pop(name, None)
         env.update(plan_env)
-        role.plan = plan._replace(env=tuple(plan_env.items()), compile_cache=keeper.cache)
+        role.use_plan(plan._replace(env=tuple(plan_env.items()), compile_cache=keeper.cache))
     if plan.compile_cache.archive is not None:  # a phase of its own only where archives are unpacked
         role.mark("compile cache restored")
     return keeper
@@ -125,9 +127,11 @@ def start_compile_cache(plan: LaunchPlan, role: HostRole, env: dict[str, str]):
 
 def build_stopped_at_start(stop: Stop) -> Outcome | None:
     """A stop the role's start took while it waited for the other hosts, and did not report."""
-    if not stop.requested():
+    stop.loop.handle_pending()
+    if not stop.loop.stopped():
         return None
-    return Outcome(128 + stop.signum, describe_startup_stop(stop.signal_name, 128 + stop.signum))
+    code = 128 + stop.loop.stop_signum
+    return Outcome(code, describe_startup_stop(stop.loop.stop_name, code))
 
 
 def check_health(plan: LaunchPlan, env: dict[str, str], stop: Stop) -> Outcome | None:
@@ -159,7 +163,7 @@ def run_install_steps(plan: LaunchPlan, env: dict[str, str], role: HostRole) -> 
     return None
 
 
-def run_with_restarts(plan: LaunchPlan, env: dict[str, str], role: HostRole, paths: MlPaths) -> Outcome:
+def run_with_restarts(plan: LaunchPlan, env: dict[str, str], role: HostRole, paths: MlPaths, keeper=None) -> Outcome:
     """Run the plan's processes; after a crash, again, as long as decide_restart allows
     (restarts.py) and the role's part of the restart succeeds (a job-port host waits for the
     leader's word: roles/attempts.py). The last run's outcome, its report naming the failures
@@ -167,19 +171,18 @@ def run_with_restarts(plan: LaunchPlan, env: dict[str, str], role: HostRole, pat
     earlier: list[str] = []
     collector = role.collector
     while True:
-        hooks = RunHooks(plan.settings, plan.current_host, plan.settings.hang_timeout_s, role.on_processes_started,
-                         role.ask_other_hosts, role.on_rank_killed, build_stop_at(plan), role.before_processes_start)
+        hooks = role.build_run_hooks(plan.settings.hang_timeout_s, build_stop_at(plan),
+                                     keeper.note_stop if keeper is not None else None)
         run = run_processes(role.attempt_processes(), env, plan.cwd, collector, role.stop, hooks)
-        ending = RunEnding(run.exit_code, run.stopped_by, run.launch_error, role.lost or role.peer_failed)
-        why_not = decide_restart(role.relaunchable, plan.settings.max_restarts, len(earlier), ending)
+        why_not = decide_restart(role.relaunchable, plan.settings.max_restarts, len(earlier), role.build_ending(run))
         if why_not is None:
             cause = first_root_cause(collector.root_causes)
             summary = describe_root_cause(cause) if cause else describe_exit_code(run.exit_code, run.oom_kills,
                                                                                    signaled=run.signaled)
-            role.note_restart(role.attempt, run.exit_code, summary, cause.time if cause else time.time())
-            why_not = role.restart(role.attempt, build_restart_line(len(earlier), plan.settings.max_restarts, role.what,
-                                                                    run.exit_code, summary), run.exit_code, summary)
-            if why_not is not None and role.stop.requested():
+            why_not = role.restart(build_restart_line(len(earlier), plan.settings.max_restarts, role.what,
+                                                      run.exit_code, summary), run.exit_code, summary,
+                                   cause.time if cause else time.time())
+            if why_not is not None and role.stop.loop.stopped():
                 return build_stopped_while_restarting(role, earlier + [summary])
             if why_not is not None:
                 log(f"{plan.current_host}: not started again: {why_not}")
@@ -197,13 +200,13 @@ def build_stopped_while_restarting(role: HostRole, earlier: list[str]) -> Outcom
     """A stop that came while the hosts were starting the job again: it is not restarted, and
     the outcome is the stop's, naming the failures before it."""
     role.end_attempts()
-    code = 128 + role.stop.signum
-    return Outcome(code, describe_stop_before_restart(role.stop.signal_name, code, earlier))
+    code = 128 + role.stop.loop.stop_signum
+    return Outcome(code, describe_stop_before_restart(role.stop.loop.stop_name, code, earlier))
 
 
 def build_capacity_over(plan: LaunchPlan) -> Outcome | None:
     """A job that begins after its stop time (a training plan's capacity is ending) stops now."""
-    stop_at, now = decide_capacity_stop_at(plan.settings), time.time()
+    stop_at, now = plan.capacity_stop_at, time.time()
     if stop_at is None or now < stop_at:
         return None
     return Outcome(143, describe_capacity_over(plan.settings.capacity_ends_at, stop_at, now) + "\n")
@@ -212,10 +215,10 @@ def build_capacity_over(plan: LaunchPlan) -> Outcome | None:
 def build_stop_at(plan: LaunchPlan) -> tuple[float, str] | None:
     """When and why this host stops its processes itself: before a training plan's capacity ends."""
     settings = plan.settings
-    stop_at = decide_capacity_stop_at(settings)
-    if stop_at is None:
+    if plan.capacity_stop_at is None:
         return None
-    return stop_at, describe_capacity_stop(settings.capacity_ends_at, stop_at, settings.grace_period_s)
+    return plan.capacity_stop_at, describe_capacity_stop(settings.capacity_ends_at, plan.capacity_stop_at,
+                                                         settings.grace_period_s)
 
 
 def build_stopped_before_start(run: RunResult, earlier: list[str]) -> Outcome:
