@@ -108,12 +108,19 @@ def parse_mounts(text: str) -> list[tuple[str, str]]:
     return mounts
 
 
+def _is_inside(path: str, folder: str) -> bool:
+    """path is folder or below it (by whole names: /a is not inside /ab)."""
+    try:
+        return os.path.commonpath([path, folder]) == os.path.normpath(folder)
+    except ValueError:  # one absolute, one not
+        return False
+
+
 def filesystem_of(path: str, mounts: list[tuple[str, str]]) -> str | None:
     """The type of the filesystem holding path: the last-mounted, longest mount point above it."""
     best, best_len = None, -1
     for point, fstype in mounts:
-        inside = path == point or path.startswith(point.rstrip("/") + "/")
-        if inside and len(point) >= best_len:
+        if _is_inside(path, point) and len(point) >= best_len:
             best, best_len = fstype, len(point)
     return best
 

@@ -135,7 +135,7 @@ def build_host_figures(host: str, points: list[dict], phases: dict[str, float], 
 
 def wire_size(text: str) -> int:
     """The figures' size as the job port carries them: a JSON string inside the word, every
-    quote escaped (job_port.build_host_figures_record)."""
+    quote escaped (job_port.build_record)."""
     return len(json.dumps(text))
 
 

@@ -199,6 +199,50 @@ def test_every_timeout_and_interval_is_in_the_settings_record():
     assert not hidden, hidden
 
 
+# The modules that may pause with time.sleep, each for a reason no event can replace: the
+# process table's own pace (run/processes.py: a gap between two ranks' SIGUSR1, a process group
+# that is ending, read from /proc; used before and after the loop runs) and SDK v3's SSH setup,
+# a program of its own that runs before the entrypoint (sdk_v3/peer_trust.py). Every other wait
+# is the host loop's (loop.py), whose waits are on its queue; rank/ runs inside the ranks.
+SLEEPERS = {"run/processes.py", "sdk_v3/peer_trust.py"}
+
+
+def calls_of(tree: ast.Module, attribute: str) -> list[ast.Call]:
+    return [node for node in ast.walk(tree) if isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute) and node.func.attr == attribute]
+
+
+def test_only_the_loop_waits_outside_the_ranks_and_two_named_modules():
+    sleeping = {name for name, tree in modules().items() if calls_of(tree, "sleep") and not name.startswith("rank/")}
+    assert sleeping <= SLEEPERS, sleeping - SLEEPERS
+    assert len(SLEEPERS) <= 2
+
+
+def test_no_lock_in_the_roles():
+    """A role's state is the main thread's (its handlers run on the host loop): nothing to lock."""
+    locking = {f"{name}: {node.func.attr}" for name, tree in modules().items() if name.startswith("roles/")
+               for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+               and node.func.attr in ("Lock", "RLock", "Condition", "Semaphore", "Event")}
+    assert not locking, locking
+
+
+def test_the_stop_token_is_read_only_by_its_own_module():
+    """Waits end on the loop's StopRequested event (loop.py), never by polling the token."""
+    polling = {name for name, tree in modules().items() if calls_of(tree, "requested")}
+    assert polling <= {"run/stop.py"}, polling
+
+
+def test_no_message_is_dispatched_on_its_text_in_the_transports_and_the_roles():
+    """The job port's and the roles' messages are types (hosts/job_port.MESSAGE_KINDS), each
+    with one parser: no `startswith` on a protocol word, and at most two startswith at all."""
+    calls = [(name, node) for name, tree in modules().items() if name.startswith(("hosts/", "roles/"))
+             for node in calls_of(tree, "startswith")]
+    assert len(calls) <= 2, [name for name, _ in calls]
+    words = [name for name, node in calls for arg in node.args
+             if isinstance(arg, ast.Name) and arg.id.isupper() and arg.id not in ("RANK_OWNED_PREFIXES",)]
+    assert not words, words
+
+
 def test_the_import_reader_sees_lazy_type_only_and_sibling_imports():
     source = ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from entrypoint.decide.plan import LaunchPlan\n"
               "from entrypoint.hosts import ssh\nimport entrypoint.log\n"

@@ -9,8 +9,9 @@ import time
 
 import pytest
 
-from entrypoint.hosts.job_port import (HOST_FIGURES, MAX_REPORT_BYTES, JobPort, build_host_figures_record,
-                                       build_signed_line, send_host_figures)
+from entrypoint.hosts.job_port import (HOST_FIGURES, MAX_MESSAGE_BYTES, HostFigures, JobPort, Refused, build_record,
+                                       build_signed_line, deliver)
+from entrypoint.loop import HostLoop
 from entrypoint.jobreport import accelerators, sample
 from entrypoint.jobreport.build import build_report, build_summary_lines
 from entrypoint.jobreport.figures import fit_figures, parse_host_figures
@@ -75,7 +76,7 @@ def rank_file(r, n):
                        "data_wait_ms": [0.0] * n, "samples": [0] * n}}
 
 
-@pytest.mark.parametrize("max_bytes", [MAX_REPORT_BYTES - 5536, 20000, 3000])
+@pytest.mark.parametrize("max_bytes", [MAX_MESSAGE_BYTES - 5536, 20000, 3000])
 def test_figures_fit_the_limit_whatever_the_job_length(max_bytes):
     figures, text = fit_figures("algo-2", points(MAX_POINTS), {"end": 2000.0}, [rank_file(r, 512) for r in range(8)],
                                 1.0, 96, 0.5, max_bytes)
@@ -140,21 +141,21 @@ def wait_for(seen, count=1):
 
 
 def test_signed_figures_reach_the_leader_and_hostile_ones_are_refused():
-    port, figures, refused = free_port(), [], []
-    job_port = JobPort(port, on_root_cause=lambda line: None, report_key=KEY, on_figures=lambda h, t, s: figures.append((h, t)),
-                       on_refused=lambda a, why: refused.append(why))
+    port, loop, figures, refused = free_port(), HostLoop(), [], []
+    loop.on({HostFigures: figures.append, Refused: refused.append})
+    job_port = JobPort(port, loop.post, job_key=KEY)
     try:
-        assert send_host_figures("127.0.0.1", port, KEY, "algo-2", '{"host": "algo-2"}', within_s=5)
-        wait_for(figures)
-        assert figures == [("algo-2", '{"host": "algo-2"}')]
-        record = build_host_figures_record("algo-2", "{}", time.time())
+        assert deliver(loop, "127.0.0.1", port, KEY, HostFigures("algo-2", '{"host": "algo-2"}'), 5.0)
+        loop.wait(lambda: bool(figures), time.monotonic() + 60)
+        assert figures == [HostFigures("algo-2", '{"host": "algo-2"}', "127.0.0.1")]
+        record = build_record(HostFigures("algo-2", "{}"), time.time())
         for line in (record + "\n",  # unsigned
                      build_signed_line("ef" * 32, record),  # another job's key
                      build_signed_line(KEY, HOST_FIGURES + json.dumps({"time": time.time(), "figures": 1})),
-                     build_signed_line(KEY, build_host_figures_record("algo-2", "x" * MAX_REPORT_BYTES, time.time()))):
+                     build_signed_line(KEY, build_record(HostFigures("algo-2", "x" * MAX_MESSAGE_BYTES), time.time()))):
             with socket.create_connection(("127.0.0.1", port)) as conn:
                 conn.sendall(line.encode())
-        wait_for(refused, 4)
+        loop.wait(lambda: len(refused) >= 4, time.monotonic() + 60)
         assert len(figures) == 1 and len(refused) == 4, refused
     finally:
         job_port.close()
@@ -284,8 +285,8 @@ def test_the_figures_fit_the_port_as_carried_with_many_ranks():
     """The figures travel as a JSON string in the word, every quote escaped: that is what must fit."""
     figures, text = fit_figures("algo-2", points(64), {"end": 2000.0}, [rank_file(r, 64) for r in range(224)],
                                 1.0, 96, 0.5, 60000)
-    record = build_host_figures_record("algo-2", text, time.time())
-    assert len(build_signed_line(KEY, record).encode()) <= MAX_REPORT_BYTES
+    record = build_record(HostFigures("algo-2", text), time.time())
+    assert len(build_signed_line(KEY, record).encode()) <= MAX_MESSAGE_BYTES
 
 
 def test_restarts_are_counted_and_each_costs_from_its_failure_to_the_next_start():

@@ -275,22 +275,22 @@ def test_a_workers_live_figures_reach_the_leaders_port_signed_and_a_replay_does_
     with sockets.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    key, got, refused, arrived = "ab" * 32, [], [], threading.Event()
-    listener = job_port.JobPort(port, on_root_cause=lambda line: None, report_key=key,
-                                on_refused=lambda address, why: refused.append(why),
-                                on_live=lambda host, text, sender: (got.append((host, text, sender)), arrived.set()))
+    from entrypoint.loop import HostLoop
+
+    key, loop, got, refused = "ab" * 32, HostLoop(), [], []
+    loop.on({job_port.HostLive: got.append, job_port.Refused: lambda event: refused.append(event.why)})
+    listener = job_port.JobPort(port, loop.post, job_key=key)
     try:
         text = fit_update(build_update("algo-2", [{"time": 1.0, "cpu_pct": 2.0}], [], {}, None, Notes()), 16000)
         sent = job_port.send_live_figures("127.0.0.1", port, key, "algo-2", text)
-        assert arrived.wait(30) and got == [("algo-2", text, "127.0.0.1")]
+        loop.wait(lambda: bool(got), time.monotonic() + 60)
+        assert got == [job_port.HostLive("algo-2", text, "127.0.0.1")]
         assert sent > len(text)  # the bytes of the signed line, counted for the traffic
-        line = job_port.build_signed_line(key, job_port.build_host_live_record("algo-2", text, 1e10))
+        line = job_port.build_signed_line(key, job_port.build_record(job_port.HostLive("algo-2", text), 1e10))
         for _ in range(2):  # the same signed line twice: the second is a replay
             with sockets.create_connection(("127.0.0.1", port)) as conn:
                 conn.sendall(line.encode())
-        deadline = time.monotonic() + 30  # a hang guard
-        while not refused and time.monotonic() < deadline:
-            time.sleep(0.05)
+        loop.wait(lambda: bool(refused) and len(got) == 2, time.monotonic() + 60)
         assert refused == ["received before (a replay)"] and len(got) == 2
         assert job_port.send_live_figures("127.0.0.1", port, "not hex", "algo-2", text) == 0
     finally:
