@@ -101,6 +101,7 @@ class HostLoop:
         on for its processes), or time.monotonic() reaches deadline (None: no deadline)."""
         assert threading.current_thread() is threading.main_thread(), "the loop runs on the main thread"
         while True:
+            self.handle_pending()  # what is queued is taken first, even by a wait whose deadline passed
             if until():
                 return Waited.DONE
             if stop_ends and self.stop_signum is not None:
@@ -115,7 +116,6 @@ class HostLoop:
             except queue.Empty:
                 continue  # a tick: until() and the deadline are looked at again
             self.dispatch(event)
-            self.handle_pending()
 
     def take(self, timeout_s: float) -> bool:
         """Wait at most timeout_s for an event; handle it and every one queued behind it. True

@@ -126,7 +126,7 @@ class LaunchPlan(NamedTuple):
 
 
 def build_job_key(job: JobConfig, hosts: tuple[str, ...]) -> str:
-    """The key the ranks sign their root-cause reports with, the same on every host with no
+    """The key the ranks sign their root causes with, the same on every host with no
     message between them: derived from what every host of this job is given and nothing
     outside the job has — its name, hosts and hyperparameters — and BYOC_JOB_SECRET when the
     user sets one (a random value makes the key underivable by anyone without it)."""

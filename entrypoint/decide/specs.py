@@ -119,7 +119,7 @@ class RuntimeFiles(NamedTuple):
 
 def build_sha256_hex(data: bytes) -> str:
     """The hash behind the names every host of a job derives alike (the job's id, its private
-    folder's name, the report key). SHA-256 without hashlib where CPython has its own built-in
+    folder's name, the job key). SHA-256 without hashlib where CPython has its own built-in
     copy: hashlib loads OpenSSL's libcrypto first (~2 ms of every start-up here, on the launch path of every job)."""
     try:
         from _sha256 import sha256  # CPython 3.11 (the images' Python)

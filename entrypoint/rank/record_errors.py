@@ -26,7 +26,7 @@ import sys
 import time
 
 MARKER = "BYOC-ROOT-CAUSE "
-# A report sent to a job port is `BYOC-SIGNED <hmac> BYOC-ROOT-CAUSE {json}`: the HMAC-SHA256
+# A root cause sent to a job port is `BYOC-SIGNED <hmac> BYOC-ROOT-CAUSE {json}`: the HMAC-SHA256
 # of the record line with the job's key (BYOC_JOB_PORT_KEY, hex; made by the
 # entrypoint), so a host's port takes root causes only from this job's ranks. These words are a
 # standard-library copy of entrypoint/hosts/job_port.py's, the protocol's own module (a test
@@ -210,7 +210,7 @@ def build_root_cause_line(record: dict) -> str:
 
 def send_root_cause(record: dict, environ) -> None:
     """To every host's job port of environ's launch, for a launcher that saw a rank die."""
-    _report_to_hosts(build_root_cause_line(record)[len(MARKER):], environ)
+    _send_to_hosts(build_root_cause_line(record)[len(MARKER):], environ)
 
 
 def emit_root_cause(record: dict) -> None:
@@ -222,10 +222,10 @@ def emit_root_cause(record: dict) -> None:
         sys.stderr.flush()
     except (OSError, ValueError):
         pass
-    _report_to_hosts(line)
+    _send_to_hosts(line)
 
 
-def _report_to_hosts(line: str, environ=None) -> None:
+def _send_to_hosts(line: str, environ=None) -> None:
     """Send the record to every host's job port (entrypoint/hosts/job_port.py), if the launch has
     them (environ: the rank's, default ours): each host's output/failure then leads with the
     job's first failure, wherever it happened. In parallel and bounded: a dead host must not
@@ -234,11 +234,11 @@ def _report_to_hosts(line: str, environ=None) -> None:
     addresses = [a for a in environ.get(JOB_PORTS_ENV, "").split(",") if a]
     key = environ.get(JOB_KEY_ENV) or environ.get(JOB_KEY_OLD_ENV, "")
     if not addresses or not key:
-        return  # a port takes only signed reports: without the key, the stderr record must do
+        return  # a port takes only signed messages: without the key, the stderr record must do
     socket, threading = _stdlib("socket"), _stdlib("threading")
     record = MARKER + line
     try:
-        payload = f"{SIGNED}{sign_report(key, record)} {record}\n".encode("utf-8")
+        payload = f"{SIGNED}{sign_record(key, record)} {record}\n".encode("utf-8")
     except ValueError:  # not a hex key: nothing a port would take
         return
 
@@ -258,8 +258,8 @@ def _report_to_hosts(line: str, environ=None) -> None:
         t.join(max(0.0, deadline - time.monotonic()))
 
 
-def sign_report(key_hex: str, record: str) -> str:
-    """HMAC-SHA256 of a record line (`BYOC-ROOT-CAUSE {json}`) with the job's report key."""
+def sign_record(key_hex: str, record: str) -> str:
+    """HMAC-SHA256 of a record line (`BYOC-ROOT-CAUSE {json}`) with the job's key."""
     hmac = _stdlib("hmac")
     return hmac.new(bytes.fromhex(key_hex), record.encode("utf-8"), "sha256").hexdigest()
 

@@ -230,9 +230,9 @@ class JobPortLeader(JobPortRole):
             if host not in self.board.ended:
                 self.send_word(host, "stop", attempt, within_s=settings.host_done_failed_send_s)
         # A worker whose part ended (it succeeded as this attempt failed here) never says `ended`.
-        waited = self.loop.wait(lambda: all(h in self.board.ended for h in plan.peers) or self.lost is not None
-                                or bool(self.worker_outcomes), time.monotonic() + settings.attempt_end_wait_s)
-        if waited is Waited.STOPPED or self.lost is not None:
+        self.loop.wait(lambda: all(h in self.board.ended for h in plan.peers) or self.lost is not None
+                       or bool(self.worker_outcomes), time.monotonic() + settings.attempt_end_wait_s)
+        if self.loop.stopped() or self.lost is not None:  # whatever else ended the wait
             return self.lost or "a stop signal came"
         if self.worker_outcomes:
             return self.describe_ended_worker()
@@ -365,7 +365,7 @@ class JobPortWorker(JobPortRole):
             return f"the leader {plan.leader} could not be told (it has ended, or is unreachable)"
         waited = self.loop.wait(lambda: self.board.word is not None or self.lost is not None,
                                 time.monotonic() + settings.peer_wait_timeout_s)
-        if waited is Waited.STOPPED or self.lost is not None:
+        if self.loop.stopped() or self.lost is not None:  # whatever else ended the wait
             return self.lost or "a stop signal came"
         if waited is Waited.TIMEOUT:
             return f"no word from the leader {plan.leader} within {settings.peer_wait_timeout_s:g} s"

@@ -180,7 +180,7 @@ def test_the_ranks_copy_of_the_protocol_says_the_same_words_and_signs_the_same_w
     assert record_errors.JOB_KEY_OLD_ENV == job_port.JOB_KEY_OLD_ENV
     assert record_errors.JOB_PORTS_ENV == job_port.JOB_PORTS_ENV
     key, record = "ab" * 32, job_port.ROOT_CAUSE + '{"time": 1.0}'
-    assert record_errors.sign_report(key, record) == job_port.sign_record(key, record)
+    assert record_errors.sign_record(key, record) == job_port.sign_record(key, record)
 
 
 def test_the_role_is_switched_on_in_one_module_besides_the_plans_decisions():

@@ -25,7 +25,7 @@ TORCH = {"sagemaker_torch_distributed_enabled": True}
 
 
 def non_sm_env(plan):
-    """The plan's env but SM_*; the job's report key (a hash: tests/entrypoint/hosts/test_job_port.py)
+    """The plan's env but SM_*; the job's key (a hash: tests/entrypoint/hosts/test_job_port.py)
     is shown as what it must be, 64 hex digits, wherever the ranks report to job ports."""
     env = {k: v for k, v in plan.env if not k.startswith("SM_")}
     # Every rank learns where its host's report figures go: the job's runtime folder's report/.

@@ -106,7 +106,7 @@ def test_the_job_port_takes_root_causes_only_from_this_jobs_ranks(tmp_path):
     re-keyed and replayed messages are refused, saying why."""
     import json
 
-    from entrypoint.rank.record_errors import MARKER, sign_report
+    from entrypoint.rank.record_errors import MARKER, sign_record
 
     port, heard = free_port(), Heard(RootCauseLine, Refused)
     job_port = JobPort(port, heard.loop.post, job_key=KEY)
@@ -116,13 +116,13 @@ def test_the_job_port_takes_root_causes_only_from_this_jobs_ranks(tmp_path):
 
         now = time.time()
         send(port, record("unsigned", now) + "\n")
-        send(port, f"BYOC-SIGNED {sign_report('cd' * 32, record('other key', now))} {record('other key', now)}\n")
+        send(port, f"BYOC-SIGNED {sign_record('cd' * 32, record('other key', now))} {record('other key', now)}\n")
         tampered = record("tampered", now)
-        send(port, f"BYOC-SIGNED {sign_report(KEY, record('original', now))} {tampered}\n")
+        send(port, f"BYOC-SIGNED {sign_record(KEY, record('original', now))} {tampered}\n")
         old = record("replayed", now - 3600)
-        send(port, f"BYOC-SIGNED {sign_report(KEY, old)} {old}\n")
+        send(port, f"BYOC-SIGNED {sign_record(KEY, old)} {old}\n")
         good = record("genuine", now)
-        send(port, f"BYOC-SIGNED {sign_report(KEY, good)} {good}\n")
+        send(port, f"BYOC-SIGNED {sign_record(KEY, good)} {good}\n")
         heard.wait_for(5)
     finally:
         job_port.close()
@@ -132,7 +132,7 @@ def test_the_job_port_takes_root_causes_only_from_this_jobs_ranks(tmp_path):
                                                                "made before this job started (a replay)"])
 
 
-def test_the_report_key_is_the_same_on_every_host_and_differs_between_jobs(tmp_path):
+def test_the_job_key_is_the_same_on_every_host_and_differs_between_jobs(tmp_path):
     """Derived with no message between the hosts: from the job's name, hosts and
     hyperparameters, and BYOC_JOB_SECRET; in the plan's env (masked in the dry run: a *KEY)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -165,20 +165,20 @@ def test_a_signed_message_sent_again_during_the_run_is_taken_once():
     signature: the second copy is refused, saying why."""
     import json
 
-    from entrypoint.rank.record_errors import MARKER, sign_report
+    from entrypoint.rank.record_errors import MARKER, sign_record
 
     port, heard = free_port(), Heard(RootCauseLine, Refused)
     job_port = JobPort(port, heard.loop.post, job_key=KEY)
     try:
         record = MARKER + json.dumps({"host": "algo-2", "rank": "1", "type": "KeyError", "message": "'shard 7'",
                                       "time": time.time()})
-        signed = f"BYOC-SIGNED {sign_report(KEY, record)} {record}\n"
+        signed = f"BYOC-SIGNED {sign_record(KEY, record)} {record}\n"
         send(port, signed)
         heard.wait_for(1)
         send(port, signed)
         heard.wait_for(2)
         other = record.replace("'shard 7'", "'shard 8'")  # another root cause of the run is still heard
-        send(port, f"BYOC-SIGNED {sign_report(KEY, other)} {other}\n")
+        send(port, f"BYOC-SIGNED {sign_record(KEY, other)} {other}\n")
         heard.wait_for(3)
     finally:
         job_port.close()

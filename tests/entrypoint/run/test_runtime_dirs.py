@@ -187,7 +187,7 @@ def test_the_job_folders_are_gone_after_a_stop(tmp_path, ignores_term):
 
 
 def test_the_built_in_sha256_is_hashlibs():
-    """Job ids and report keys must be the same on every host, whichever SHA-256 each finds."""
+    """Job ids and job keys must be the same on every host, whichever SHA-256 each finds."""
     import hashlib
 
     from entrypoint.decide.specs import build_sha256_hex

@@ -1,0 +1,243 @@
+"""The host's one loop (entrypoint/loop.py): events posted from any thread or a signal handler
+are handled on the main thread, by type; a wait ends on its condition, its deadline or a stop.
+Then the roles on it, with stand-in transports: the job port's and the watches' events posted
+in every order, a stop among them at every point, and what the role decides."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from entrypoint.hosts.job_port import AttemptWord, HostDone, PeerLost  # noqa: E402
+from entrypoint.loop import HostLoop, StopRequested, Waited  # noqa: E402
+from entrypoint.run.stop import Stop  # noqa: E402
+
+
+class Ping(NamedTuple):
+    n: int
+
+
+class Other(NamedTuple):
+    text: str
+
+
+def test_events_are_handled_on_the_main_thread_in_the_order_posted_by_type():
+    loop, seen = HostLoop(), []
+    loop.on({Ping: lambda e: seen.append((e.n, threading.current_thread() is threading.main_thread()))})
+    poster = threading.Thread(target=lambda: [loop.post(Ping(n)) for n in range(100)])
+    poster.start()
+    poster.join()
+    loop.post(Other("no handler: dropped"))
+    assert loop.wait(lambda: len(seen) == 100, time.monotonic() + 60) is Waited.DONE
+    assert seen == [(n, True) for n in range(100)]
+
+
+def test_a_wait_ends_at_its_deadline_and_not_before():
+    loop = HostLoop()
+    deadline = time.monotonic() + 0.3
+    assert loop.wait(deadline=deadline) is Waited.TIMEOUT
+    assert time.monotonic() >= deadline
+    assert loop.wait(deadline=time.monotonic() - 1) is Waited.TIMEOUT  # past already: at once
+    assert loop.wait(lambda: True, deadline=time.monotonic() - 1) is Waited.DONE  # the condition first
+
+
+def test_a_stop_ends_every_wait_from_its_post_on_unless_the_wait_outlives_stops():
+    loop, taken = HostLoop(), []
+    loop.on({StopRequested: taken.append})
+    threading.Timer(0.1, loop.post, [StopRequested(signal.SIGTERM)]).start()
+    assert loop.wait(deadline=time.monotonic() + 3600) is Waited.STOPPED
+    assert loop.stop_name == "SIGTERM" and taken == [StopRequested(signal.SIGTERM)]
+    assert loop.wait(deadline=time.monotonic() + 3600) is Waited.STOPPED  # a later wait: at once
+    assert loop.wait(deadline=time.monotonic() + 0.1, stop_ends=False) is Waited.TIMEOUT  # a run's: goes on
+    loop.post(StopRequested(signal.SIGINT))
+    assert loop.stop_name == "SIGTERM"  # the first stop is the one named
+
+
+def test_a_real_signal_reaches_a_wait_blocked_on_the_queue():
+    """SIGTERM to this process while the main thread waits with no deadline of its own: the
+    stop token's handler posts StopRequested, and the wait ends (the loop's tick catches a
+    signal the kernel handed another thread)."""
+    stop = Stop()
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        stop.install()
+        threading.Timer(0.2, os.kill, [os.getpid(), signal.SIGTERM]).start()
+        assert stop.loop.wait() is Waited.STOPPED
+        assert stop.signals == ["SIGTERM"]
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def test_handlers_are_the_phases_and_off_gives_back_the_ones_before():
+    loop, seen = HostLoop(), []
+    outer = loop.on({Ping: lambda e: seen.append(("outer", e.n))})
+    inner = loop.on({Ping: lambda e: seen.append(("inner", e.n)), Other: lambda e: seen.append(e.text)})
+    loop.post(Ping(1))
+    loop.post(Other("x"))
+    loop.handle_pending()
+    loop.off(inner)
+    loop.post(Ping(2))
+    loop.post(Other("dropped"))
+    loop.handle_pending()
+    loop.off(outer)
+    loop.post(Ping(3))
+    loop.handle_pending()
+    assert seen == [("inner", 1), "x", ("outer", 2)]
+
+
+def test_take_waits_for_one_event_then_handles_what_is_queued_behind_it():
+    loop, seen = HostLoop(), []
+    loop.on({Ping: lambda e: seen.append(e.n)})
+    assert loop.take(0.05) is False and seen == []
+    for n in range(3):
+        loop.post(Ping(n))
+    assert loop.take(3600) is True and seen == [0, 1, 2]
+
+
+def test_only_the_main_thread_waits():
+    loop, errors = HostLoop(), []
+
+    def wait_elsewhere() -> None:
+        try:
+            loop.wait(deadline=time.monotonic())
+        except AssertionError as error:
+            errors.append(str(error))
+
+    thread = threading.Thread(target=wait_elsewhere)
+    thread.start()
+    thread.join()
+    assert errors == ["the loop runs on the main thread"]
+
+
+# --- a role on the loop, its transports stood in ------------------------------------------------
+
+@pytest.fixture
+def leader(tmp_path, monkeypatch):
+    """The real JobPortLeader of a 3-host torchrun job, in attempt 1 whose processes failed here;
+    no port, no watch threads, no network: what it sends is recorded, what it hears is posted."""
+    from support.jobtree import write_tree
+
+    from entrypoint.cli import load_plan, load_runtime
+    from entrypoint.job.config import load_job
+    from entrypoint.job.paths import build_paths
+    from entrypoint.job.probe import probe_machine
+    from entrypoint.roles import job_port as role_module
+    from entrypoint.run.supervise import OutputCollector
+
+    for name in list(os.environ):
+        if name.startswith(("SM_", "SAGEMAKER_", "BYOC_")):
+            monkeypatch.delenv(name)
+    root = write_tree(tmp_path / "ml", hosts=("algo-1", "algo-2", "algo-3"), current_host="algo-1",
+                      hyperparameters={"sagemaker_torch_distributed_enabled": True}, script="pass\n")
+    environ = {"SAGEMAKER_BASE_DIR": str(root), "BYOC_MAX_RESTARTS": "3", "BYOC_COMPILE_CACHE": "0",
+               "BYOC_RUNTIME_DIR": str(tmp_path / "run")}
+    monkeypatch.setenv("BYOC_RUNTIME_DIR", str(tmp_path / "run"))
+    plan = load_plan(load_job(build_paths(environ), environ), probe_machine(), load_runtime(environ, "0" * 16))
+    plan = plan._replace(settings=plan.settings._replace(attempt_end_wait_s=0.0))  # silence: named at once
+    paths = build_paths(environ)
+
+    def make():
+        role = role_module.JobPortLeader(plan, OutputCollector(), dict(environ), paths, Stop(), "torchrun", True)
+        sent: list = []
+        role.send_word = lambda host, word, attempt, exit_code=0, within_s=None: sent.append((host, word, attempt)) or True
+        role.peer_addresses = lambda host: ["10.0.0." + host[-1]]
+        role.loop.on({HostDone: role.on_host_done, AttemptWord: role.on_attempt_word, PeerLost: role.on_peer_lost})
+        role.watches = [StandInWatch()]  # the peers are being watched: a PeerLost counts
+        role.supervisor = StandInRun()
+        return role, sent
+
+    return make, None
+
+
+class StandInWatch:
+    def close(self) -> None:
+        pass
+
+
+class StandInRun:
+    """The run of attempt 1 on this host: its processes have ended."""
+
+    kill_at = None
+    stopped_by = None
+
+    def __init__(self) -> None:
+        self.stopped: list[str] = []
+
+    def is_running(self) -> bool:
+        return False
+
+    def stop_after_failure(self, why: str) -> None:
+        self.stopped.append(why)
+
+
+ENDED_2 = AttemptWord("ended", 1, "algo-2", 137, "10.0.0.2")
+ENDED_3 = AttemptWord("ended", 1, "algo-3", 143, "10.0.0.3")
+STALE = AttemptWord("ended", 2, "algo-3", 1, "10.0.0.3")  # another attempt's: dropped
+FORGED = AttemptWord("ended", 1, "algo-3", 1, "10.9.9.9")  # from another address: refused
+DONE_3 = HostDone("algo-3", 0, "10.0.0.3")
+LOST_3 = PeerLost("algo-3", "host algo-3 stopped answering on port 7778 for 30 s")
+STOP = StopRequested(signal.SIGTERM)
+
+
+def decide_expected(events) -> str | None:
+    """What the leader's restart must answer after these events, by its rules: a lost host ends
+    the restart, naming it; else a stop; else a worker whose part ended cannot take part in
+    another attempt; else every worker's `ended` (stale and forged words aside) starts attempt 2;
+    else the workers that never said it are named."""
+    if LOST_3 in events:
+        return LOST_3.reason
+    if STOP in events:
+        return "a stop signal came"
+    if DONE_3 in events:
+        return "host algo-3's part of the job had already ended: it cannot take part in another attempt"
+    if ENDED_2 in events and ENDED_3 in events:
+        return None
+    return "silent"
+
+
+EVENTS = (ENDED_2, ENDED_3, STALE, FORGED, DONE_3, LOST_3, STOP)
+
+
+def test_the_leaders_restart_answers_by_its_rules_whatever_the_order_of_what_it_hears(leader):
+    """Every order of every subset of the events (13 700 of them), each on a fresh leader."""
+    make, _ = leader
+    checked = 0
+    for size in range(len(EVENTS) + 1):
+        for order in itertools.permutations(EVENTS, size):
+            role, sent = make()
+            for event in order:
+                role.loop.post(event)
+            why = role.restart("attempt 1 failed", 1, "rank 0: exit code 1", time.time())
+            expected, context = decide_expected(order), [type(e).__name__ for e in order]
+            if expected == "silent":
+                assert why is not None and "did not say their processes of attempt 1" in why, (context, why)
+            else:
+                assert why == expected, (context, why)
+            starts = [s for s in sent if s[1] == "start"]
+            assert starts == ([("algo-2", "start", 2), ("algo-3", "start", 2)] if expected is None else []), context
+            assert role.attempt == (2 if expected is None else 1), context
+            checked += 1
+    assert checked == 13700
+
+
+@pytest.mark.parametrize("at", range(3))
+def test_a_stop_at_every_point_of_the_leaders_restart_ends_it_and_starts_no_attempt(leader, at):
+    """The stop posted before, between or after the workers' `ended`: no attempt starts."""
+    make, _ = leader
+    role, sent = make()
+    words = [ENDED_2, ENDED_3]
+    for event in words[:at] + [STOP] + words[at:]:
+        role.loop.post(event)
+    assert role.restart("attempt 1 failed", 1, "rank 0: exit code 1", time.time()) == "a stop signal came"
+    assert not [s for s in sent if s[1] == "start"] and role.attempt == 1
