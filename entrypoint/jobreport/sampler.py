@@ -18,8 +18,6 @@ from entrypoint.jobreport.accelerators import start_tools
 # At most this many points a series keeps; past it, neighbouring points are merged (a day at
 # 1 s is 86,400 points: the report shows the whole span at a coarser step).
 MAX_POINTS = 2048
-PHASES = ("entrypoint start", "job read", "hosts resolved", "peers ready", "processes started",
-          "first training step", "end")
 
 
 def merge_points(a: dict, b: dict) -> dict:
