@@ -253,7 +253,7 @@ def run(environ: dict[str, str], paths: MlPaths, launch: orchestrate.Launch) -> 
         # (gpu_env.py): SageMaker makes it; a bare local tree may not have it.
         os.makedirs(paths.output_data_dir, exist_ok=True)
     except OSError:
-        pass  # a read-only output folder: the job still runs (outcome.py says so at the end)
+        pass  # a read-only output folder: the job still runs (outcome/writer.py says so at the end)
     return orchestrate.run_plan(plan, paths, environ, launch)
 
 

@@ -82,10 +82,6 @@ class TrainConfig:
         if any(h < 1 for h in self.hidden_sizes):
             raise ValueError(f"--hidden_sizes must be positive integers, got {list(self.hidden_sizes)}")
 
-    def to_dict(self) -> dict:
-        return {f.name: (list(v) if isinstance(v := getattr(self, f.name), tuple) else v)
-                for f in dataclasses.fields(self)}
-
 
 class HyperparameterError(ValueError):
     pass

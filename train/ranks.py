@@ -30,10 +30,6 @@ class RankInfo:
         return self.rank == 0
 
     @property
-    def is_local_leader(self) -> bool:
-        return self.local_rank == 0
-
-    @property
     def distributed(self) -> bool:
         return self.world_size > 1
 

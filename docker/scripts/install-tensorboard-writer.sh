@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # tensorboardX: the event writer of the job's live TensorBoard scalars (entrypoint/jobreport/
-# tb_events.py). Lighter than the tensorboard package (no server, no grpcio): its wheel is
+# live/tb_events.py). Lighter than the tensorboard package (no server, no grpcio): its wheel is
 # ~90 kB, and protobuf, numpy and packaging, its only requirements, are already in every venv
 # (sagemaker-training requires protobuf). Pinned in docker/versions.env.
 set -euo pipefail

@@ -16,7 +16,7 @@ class ReportSpec(NamedTuple):
     interval_s: float
     gpu_count: int
     neuron_cores: int
-    # The job watched live (jobreport/live.py): our TensorBoard events' folder (None: none
+    # The job watched live (jobreport/live/): our TensorBoard events' folder (None: none
     # written), how often the live figures move (TensorBoard, the workers' to the leader) and
     # the status line's interval (0: no status line).
     tensorboard_dir: str | None = None

@@ -10,7 +10,7 @@ ms in all); `decide_preflight` is pure. Checks:
     model loses the whole run at the end (fatal below FATAL_DISK_BYTES); under /opt/ml/output
     (output/failure, output/data, NCCL's dumps) a warning only: the training itself does not
     need it, and an outcome that cannot be written goes to the log with the right exit code
-    (outcome.py);
+    (outcome/writer.py);
   - accelerators: fewer GPUs or Neuron cores than the instance type has (a failed device)
     makes the collective init hang or fail; fatal, the fix is to rerun (a new instance);
   - `ulimit -l` with EFA: libfabric pins memory; a limit below unlimited fails at the first

@@ -12,7 +12,7 @@ connection carries nothing or lines of UTF-8 text, at most MAX_MESSAGE_BYTES:
     BYOC-SIGNED <hmac> BYOC-HOST-FIGURES {json}         a worker host's figures for the job report
                                                         (to the leader, just before HOST-DONE)
     BYOC-SIGNED <hmac> BYOC-HOST-LIVE {json}            a worker host's live figures (to the leader,
-                                                        every live interval: jobreport/live.py)
+                                                        every live interval: jobreport/live/)
     BYOC-SIGNED <hmac> BYOC-ATTEMPT {json}              a restart's words (roles/attempts.py): the
                                                         leader's to a worker (stop, start, end), a
                                                         worker's to the leader (ended)
@@ -25,7 +25,7 @@ connection carries nothing or lines of UTF-8 text, at most MAX_MESSAGE_BYTES:
 - BYOC-HOST-FIGURES's json: host, time, figures (jobreport/figures.py: the host's sampled series,
   phases and ranks' step figures, cut to fit MAX_MESSAGE_BYTES; the leader keeps only the fields
   it knows, every number checked: parse_host_figures).
-- BYOC-HOST-LIVE's json: host, time, figures (jobreport/live.py: what is new since the last
+- BYOC-HOST-LIVE's json: host, time, figures (jobreport/live/: what is new since the last
   one, at most settings.live_figures_bytes; the leader checks every number as above).
 - BYOC-ATTEMPT's json: word, attempt, host, exit_code, time. `attempt` numbers the job's runs
   from 1: a word about another attempt than the one a host is in is stale and dropped, so no
@@ -390,7 +390,7 @@ def deliver(loop, host: str, port: int, key_hex: str, message, within_s: float,
 
 def send_live_figures(leader: str, port: int, key_hex: str, host: str, figures_json: str,
                       settings: LaunchSettings = DEFAULTS) -> int:
-    """This host's live figures (jobreport/live.py) to the leader's port, one try (the next
+    """This host's live figures (jobreport/live/) to the leader's port, one try (the next
     interval brings newer ones), from the live thread. The bytes sent, 0 when not delivered."""
     message = HostLive(host, figures_json)
     try:

@@ -27,7 +27,6 @@ from entrypoint.job.json_text import decode_json
 from entrypoint.job.paths import MlPaths
 
 DRIVERS_CHANNEL = "sm_drivers"
-CODE_CHANNEL = "code"
 TRAIN_SCRIPT = "sm_train.sh"
 SOURCE_CODE_JSON = "sourcecode.json"
 DISTRIBUTED_JSON = "distributed.json"

@@ -38,12 +38,12 @@ class HostReport:
         except OSError:
             pass  # no rank figures: the ranks find no folder and write none
         self.sampler.start()
-        self.live = None  # the live thread (live_loop.py), when the role starts one
+        self.live = None  # the live thread (live/loop.py), when the role starts one
 
     def start_live(self, log, send=None, capacity_ends_at: float | None = None, max_bytes: int = 16000) -> None:
         """The job watched live: a worker's updates to the leader (send), or the leader's
         events and status line; never the job's failure."""
-        from entrypoint.jobreport.live_loop import LiveLoop
+        from entrypoint.jobreport.live.loop import LiveLoop
 
         try:
             self.live = LiveLoop(self.spec, self.host, self.sampler, self.throughput, log, send, capacity_ends_at,

@@ -1,5 +1,5 @@
-"""This host's side of the job report: a sampler thread at BYOC_REPORT_INTERVAL_S (1 s by
-default) and the launch's phases. A role owns one (roles/) from the moment the plan is
+"""This host's sampler: a thread reading its counters (counters.py) at BYOC_REPORT_INTERVAL_S
+(1 s by default), and the launch's phases. A role owns one (roles/) from the moment the plan is
 decided to the end of its part; what it gathered becomes the host's figures (figures.py).
 
 The sampler's own CPU is measured (its thread's CPU time and the streaming tools'), and goes
@@ -12,14 +12,12 @@ import os
 import threading
 import time
 
-from entrypoint.jobreport import sample
+from entrypoint.jobreport import counters
 from entrypoint.jobreport.accelerators import start_tools
 
 # At most this many points a series keeps; past it, neighbouring points are merged (a day at
 # 1 s is 86,400 points: the report shows the whole span at a coarser step).
 MAX_POINTS = 2048
-PHASES = ("entrypoint start", "job read", "hosts resolved", "peers ready", "processes started",
-          "first training step", "end")
 
 
 def merge_points(a: dict, b: dict) -> dict:
@@ -68,11 +66,11 @@ class HostSampler:
     def _run(self) -> None:
         started = time.thread_time()
         self._tools = start_tools(self.interval_s, self._gpu_count, self._neuron_cores)
-        disks = sample.probe_whole_disks()
-        before = sample.probe_counters(time.time(), self.root_pid, disks, time.monotonic())
+        disks = counters.probe_whole_disks()
+        before = counters.probe_counters(time.time(), self.root_pid, disks, time.monotonic())
         while not self._stop.wait(self.interval_s):
-            after = sample.probe_counters(time.time(), self.root_pid, disks, time.monotonic())
-            point = sample.build_rates(before, after)
+            after = counters.probe_counters(time.time(), self.root_pid, disks, time.monotonic())
+            point = counters.build_rates(before, after)
             self._add_accelerators(point)
             with self._lock:
                 self.points.append(point)

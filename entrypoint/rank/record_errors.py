@@ -391,11 +391,8 @@ def _record_fatal_signals() -> None:
 PARTIAL_LINE_FLUSH_S = 0.2
 
 
-# Set where no rank wrapper runs the ranks (SageMaker SDK v3's drivers): the image's
-# byoc-whole-lines.pth then calls start_whole_lines in every Python process.
-WHOLE_LINES_ENV = "BYOC_WHOLE_LINES"
-
-
+# Where no rank wrapper runs the ranks (SageMaker SDK v3's drivers), BYOC_WHOLE_LINES=1 is set
+# and the image's byoc-whole-lines.pth calls start_whole_lines in every Python process.
 def start_whole_lines() -> None:
     """Make stdout and stderr write each line with one write(2): launchers tag what each write
     delivers (mpirun's `[1,0]<stdout>:`), so a line written in pieces is cut, and glued to

@@ -32,7 +32,7 @@ import time
 REPORT_DIR_ENV = "BYOC_REPORT_DIR"
 WRITE_EVERY_S = 5.0
 MAX_POINTS = 512
-MODULE_NAME = "byoc_rank_figures"  # where a script's library finds this module (train/lib)
+MODULE_NAME = "byoc_rank_figures"  # where a script's library finds this module (train/report_hooks.py)
 GPU_PENDING = 512  # events' pairs not yet completed on the GPU, at most (the oldest dropped past it)
 COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_to_all",
                "all_to_all_single", "barrier", "broadcast", "broadcast_object_list", "gather", "reduce",

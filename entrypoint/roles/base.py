@@ -175,8 +175,6 @@ class MultiHostRole(HostRole):
     watch on the peers from the first run on (it spans the restarts of a job), and a lost
     host ending the current run."""
 
-    watch_port_name = ""
-
     def __init__(self, *args):
         super().__init__(*args)
         self.watches: list | None = None  # hosts/job_port.PeerWatch

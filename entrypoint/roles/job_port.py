@@ -88,7 +88,7 @@ class JobPortRole(MultiHostRole):
         self.worker_figures[host] = parsed
 
     def on_live(self, live_figures: HostLive) -> None:
-        """A worker's live figures (jobreport/live.py): only the leader takes them, from that
+        """A worker's live figures (jobreport/live/): only the leader takes them, from that
         worker's own address, as on_figures; the live thread parses them."""
         host, sender = live_figures.host, live_figures.sender
         live = self.report_part.live if self.report_part is not None else None

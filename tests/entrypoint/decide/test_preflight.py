@@ -137,7 +137,7 @@ def test_a_fatal_finding_stops_the_job_before_the_script(tmp_path):
 def test_a_full_output_folder_warns_and_the_job_still_runs(tmp_path):
     """/opt/ml/output holds output/failure, output/data and NCCL's dumps, but the training does
     not need it: a full one is a warning naming it, the script runs, and the job keeps the
-    script's exit code (the outcome that cannot be written goes to the log: outcome.py). The
+    script's exit code (the outcome that cannot be written goes to the log: outcome/writer.py). The
     model folder has room; only the output folder is full."""
     skip_without_mount_namespaces("/opt/ml/output")
     root = write_tree(tmp_path, script="print('the script ran')\nraise SystemExit(3)\n")

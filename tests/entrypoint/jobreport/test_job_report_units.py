@@ -12,7 +12,7 @@ import pytest
 from entrypoint.hosts.job_port import (HOST_FIGURES, MAX_MESSAGE_BYTES, HostFigures, JobPort, Refused, build_record,
                                        build_signed_line, deliver)
 from entrypoint.loop import HostLoop
-from entrypoint.jobreport import accelerators, sample
+from entrypoint.jobreport import accelerators, counters
 from entrypoint.jobreport.build import build_report, build_summary_lines
 from entrypoint.jobreport.figures import fit_figures, parse_host_figures
 from entrypoint.jobreport.sampler import MAX_POINTS, halve_points
@@ -166,22 +166,22 @@ def test_signed_figures_reach_the_leader_and_hostile_ones_are_refused():
 
 def test_proc_stat_with_spaces_and_parentheses_in_the_command_name():
     fields = ["S", "7"] + ["0"] * 9 + ["100", "50", "25", "25"] + ["0"] * 6 + ["10"]
-    parsed = sample.parse_proc_stat("42 (a) b (c)) " + " ".join(fields))
-    assert parsed == (42, 7, 200 / sample.CLOCK_TICKS, 10 * sample.PAGE_BYTES)
-    assert sample.parse_proc_stat("garbage") is None
+    parsed = counters.parse_proc_stat("42 (a) b (c)) " + " ".join(fields))
+    assert parsed == (42, 7, 200 / counters.CLOCK_TICKS, 10 * counters.PAGE_BYTES)
+    assert counters.parse_proc_stat("garbage") is None
 
 
 def test_the_tree_is_root_and_what_is_below_it_only():
     stats = [(1, 0, 1.0, 10), (5, 1, 2.0, 20), (6, 5, 3.0, 30), (7, 1, 4.0, 40), (9, 0, 100.0, 1000)]
-    assert sample.build_tree(stats, 5) == (5.0, 50)
+    assert counters.build_tree(stats, 5) == (5.0, 50)
 
 
 def test_cpu_rates_and_counters_that_go_backwards():
-    machine, cores = sample.parse_cpu_lines("cpu  10 0 10 80 0 0 0 0\ncpu0 5 0 5 40 0 0 0 0\ncpu1 5 0 5 40 0 0 0 0\n")
+    machine, cores = counters.parse_cpu_lines("cpu  10 0 10 80 0 0 0 0\ncpu0 5 0 5 40 0 0 0 0\ncpu1 5 0 5 40 0 0 0 0\n")
     assert machine == (20, 100) and cores == ((10, 50), (10, 50))
-    a = sample.Counters(0.0, ((0, 0),), (0, 0), 5.0, 0, None, (100, 100), None)
-    b = sample.Counters(1.0, ((50, 100),), (50, 100), 4.0, 0, None, (50, 100 + 2_000_000), None)
-    rates = sample.build_rates(a, b)
+    a = counters.Counters(0.0, ((0, 0),), (0, 0), 5.0, 0, None, (100, 100), None)
+    b = counters.Counters(1.0, ((50, 100),), (50, 100), 4.0, 0, None, (50, 100 + 2_000_000), None)
+    rates = counters.build_rates(a, b)
     assert rates["tree_cpu_pct"] == 0.0 and rates["net_rx_mbps"] == 0.0 and rates["net_tx_mbps"] == 2.0
     assert rates["core_pct"] == [50.0] and rates["cgroup_mb"] is None and rates["disk_read_mbps"] is None
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from entrypoint.jobreport.live_loop import LiveLoop
+from entrypoint.jobreport.live.loop import LiveLoop
 from entrypoint.decide.job_report import ReportSpec
-from entrypoint.jobreport.status_line import FIELDS, parse_status_line
+from entrypoint.jobreport.live.status_line import FIELDS, parse_status_line
 from support.jobtree import PYTHON, REPO, entrypoint_env, write_tree
 
 accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator",

@@ -1,4 +1,4 @@
-"""One rule for the live view (jobreport/live.py, live_view.py, live_loop.py, tb_events.py): a
+"""One rule for the live view (jobreport/live/: update.py, view.py, loop.py, tb_events.py): a
 figure outside what the writer can hold is left out with a note, and the view goes on. At the
 edges (a step of 2**63-1, 2**63, 2**64, negative, not whole, a bool; a value inf, NaN, a
 400-digit int, beyond a 32-bit float; a rank's name just under, at and over the cut length),
@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 
 from entrypoint.decide.job_report import ReportSpec
-from entrypoint.jobreport import tb_events
-from entrypoint.jobreport.live import MAX_NAME, MAX_STEP, build_rank_name
-from entrypoint.jobreport.live_loop import LiveLoop
-from entrypoint.jobreport.live_view import build_tag_part
-from entrypoint.jobreport.status_line import parse_status_line
+from entrypoint.jobreport.live import tb_events
+from entrypoint.jobreport.live.update import MAX_NAME, MAX_STEP, build_rank_name
+from entrypoint.jobreport.live.loop import LiveLoop
+from entrypoint.jobreport.live.view import build_tag_part
+from entrypoint.jobreport.live.status_line import parse_status_line
 from support.jobtree import run_entrypoint, write_tree
 
 loader = pytest.importorskip("tensorboard.backend.event_processing.event_file_loader",

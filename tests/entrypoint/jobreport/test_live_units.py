@@ -1,4 +1,4 @@
-"""The job watched live, piece by piece (jobreport/live.py, live_view.py, live_loop.py,
+"""The job watched live, piece by piece (jobreport/live/: update.py, view.py, loop.py,
 status_line.py, tb_events.py): the status line's format, the live updates' bounds and what
 hostile figures become, the tags, and the events file on a folder that cannot take it (real
 mounts: a read-only and a full tmpfs)."""
@@ -13,12 +13,14 @@ import pytest
 
 from entrypoint.decide.settings import parse_launch_settings
 from entrypoint.errors import JobDefinitionError
-from entrypoint.jobreport import live, live_view, tb_events
-from entrypoint.jobreport.live import Notes, build_rank_update, build_update, fit_update, parse_update
-from entrypoint.jobreport.live_loop import decide_tick_s
-from entrypoint.jobreport.live_view import LiveView, build_rank_values, build_tag_part
+from entrypoint.jobreport.live import tb_events
+from entrypoint.jobreport.live import update as live_update
+from entrypoint.jobreport.live import view as live_view
+from entrypoint.jobreport.live.update import Notes, build_rank_update, build_update, fit_update, parse_update
+from entrypoint.jobreport.live.loop import decide_tick_s
+from entrypoint.jobreport.live.view import LiveView, build_rank_values, build_tag_part
 from entrypoint.decide.job_report import decide_tensorboard_dir
-from entrypoint.jobreport.status_line import FIELDS, RankNow, build_status_line, parse_status_line
+from entrypoint.jobreport.live.status_line import FIELDS, RankNow, build_status_line, parse_status_line
 
 HOSTILE_TEXT = "r\ud800 \x1b[31m\n\t/../x"
 
@@ -95,7 +97,7 @@ def test_hostile_rank_figures_are_left_out_with_a_note():
 
 def test_a_huge_series_is_cut_to_its_newest_points():
     update = build_rank_update(rank_raw(100_000), 0, Notes())
-    assert len(update["points"]) == live.MAX_POINTS and update["points"][-1][0] == 100_000
+    assert len(update["points"]) == live_update.MAX_POINTS and update["points"][-1][0] == 100_000
 
 
 def test_updates_carry_only_what_is_new():
@@ -150,7 +152,7 @@ def test_notes_are_said_once_and_bounded():
     notes = Notes()
     for i in range(100):
         notes.add(f"note {i % 30}")
-    assert len(notes.seen) == live.MAX_NOTES
+    assert len(notes.seen) == live_update.MAX_NOTES
 
 
 # --- the view: tags, compute, stragglers ----------------------------------------------------------

@@ -7,7 +7,7 @@ notes), once, and the job goes on without its events: they are a view of the job
 failure. A figure the writer cannot hold (a step outside int64, a value that is not a finite
 number within a 32-bit float) is not the folder's fault: that figure is left out with a note,
 once, and the rest are written. The file is written from the live thread only
-(jobreport/live.py), so it needs no lock.
+(live/loop.py), so it needs no lock.
 """
 
 from __future__ import annotations

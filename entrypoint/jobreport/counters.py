@@ -1,8 +1,8 @@
-"""One sample of this host: the counters /proc and the cgroup keep (parse_ pure, probe_ read).
-
-A sample holds cumulative counters; the sampler turns two samples into rates
-(build_rates). Every probe returns None for what this machine does not have (no cgroup v1 or
-v2 memory file, no /proc/diskstats in a sandbox): the report leaves that line out.
+"""This host's counters, as /proc and the cgroup keep them (parse_ pure, probe_ read): one
+reading is a Counters record of cumulative counts; the sampler's thread (sampler.py) reads them
+each interval and turns two readings into a point of rates (build_rates). Every probe returns
+None for what this machine does not have (no cgroup v1 or v2 memory file, no /proc/diskstats
+in a sandbox): the report leaves that line out.
 """
 
 from __future__ import annotations

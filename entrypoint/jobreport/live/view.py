@@ -1,4 +1,4 @@
-"""The leader's live view of the job: every host's updates (jobreport/live.py) turned into
+"""The leader's live view of the job: every host's updates (live/update.py) turned into
 TensorBoard scalars and texts, and the recent figures the status line reads.
 
 Tags group in TensorBoard's UI by their first part: `host/<host>/<series>` (`gpu0_util_pct`
@@ -15,8 +15,8 @@ import statistics
 import time
 from collections import deque
 
-from entrypoint.jobreport.live import HOST_FIELDS, RECENT, Notes, finite
-from entrypoint.jobreport.status_line import RankNow
+from entrypoint.jobreport.live.update import HOST_FIELDS, RECENT, Notes, finite
+from entrypoint.jobreport.live.status_line import RankNow
 from entrypoint.jobreport.stragglers import MIN_STEPS, decide_outliers, describe
 
 # Each tick's rank scalars, at most: a rank's new steps are averaged into at most

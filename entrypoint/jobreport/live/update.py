@@ -1,12 +1,5 @@
-"""The job watched live: what moves (the updates; pure but for the rank files' loader).
-live_loop.py runs them, live_view.py turns them into scalars. Every interval, each host's new
-figures (its sampled points, its ranks' new steps) reach the leader, which writes them as
-TensorBoard scalars (tb_events.py) and, every BYOC_STATUS_INTERVAL_S, logs the status line
-(status_line.py).
-
-    a worker (job port)   LiveLoop.tick: build_update -> fit_update -> BYOC-HOST-LIVE to the leader
-    the leader / 1 host   LiveLoop.tick: build_update (its own) + the workers' (parse_update)
-                          -> LiveView.take -> events file, status line
+"""A host's live update: what moves (pure, but for the rank files' loader); jobreport/live/
+says who sends it and who reads it.
 
 Whatever a figure holds (a rank file is the script's process's; a worker's words come over the
 network), one rule: a figure outside what the writer can hold (a value that is not a finite

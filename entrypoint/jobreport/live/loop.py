@@ -1,4 +1,4 @@
-"""This host's live thread (jobreport/live.py says what moves): started with the host's part
+"""This host's live thread (jobreport/live/update.py says what moves): started with the host's part
 of the job report (jobreport/host.py), ended with it.
 
 - a worker of a job-port launch (torchrun, parameter server): every tick, its update to the
@@ -14,8 +14,8 @@ import threading
 import time
 from collections import deque
 
-from entrypoint.jobreport.live import Notes, build_update, fit_update, load_rank_raws, parse_update
-from entrypoint.jobreport.status_line import build_status_line
+from entrypoint.jobreport.live.update import Notes, build_update, fit_update, load_rank_raws, parse_update
+from entrypoint.jobreport.live.status_line import build_status_line
 
 MAX_QUEUED = 64  # workers' updates waiting for the next tick; past it, the newest are dropped
 
@@ -33,19 +33,19 @@ def decide_tick_s(tensorboard_dir: str | None, live_interval_s: float, status_in
 class LiveLoop:
     def __init__(self, spec, host: str, sampler, throughput, log, send=None, capacity_ends_at: float | None = None,
                  max_bytes: int = 16000):
-        from entrypoint.jobreport.live_view import LiveView
+        from entrypoint.jobreport.live.view import LiveView
 
         self.spec, self.host, self.sampler, self.throughput, self.log = spec, host, sampler, throughput, log
         self.send = send  # a worker's: text -> bytes delivered (0: not)
         self.max_bytes = max_bytes  # a worker's update, at most (settings.live_figures_bytes)
         self.capacity_ends_at = capacity_ends_at
         self.notes, self.notes_logged = Notes(), 0
-        self.sent: dict = {}  # what this host's updates covered so far (live.build_update)
+        self.sent: dict = {}  # what this host's updates covered so far (update.build_update)
         self.started_at = sampler.phases.get("entrypoint start", time.time())
         self.view = LiveView(self.started_at, self.notes)
         self.events = None
         if spec.tensorboard_dir and send is None:
-            from entrypoint.jobreport.tb_events import EventsFile
+            from entrypoint.jobreport.live.tb_events import EventsFile
 
             # what it leaves out, and a folder it cannot write, are notes: logged and in the report
             self.events = EventsFile(spec.tensorboard_dir, lambda text: self.notes.add(text, always=True))
