@@ -11,7 +11,7 @@ of an older commit, to compare. Only the leader's main thread is followed (threa
 probe peers run beside it).
 
 The walk: the module of each call made within --depth calls of the launch's own line (cli.py
-and execute.py, where run_plan is), in order, a run of calls into one module counted once.
+and orchestrate.py, where run_plan is), in order, a run of calls into one module counted once.
 The plan's record (its properties) and log.py are data and a leaf, not rooms. A return is a
 move into a module the walk had left before. Printed, for depths 1 to 3: the walk, the
 returns, the calls per module.

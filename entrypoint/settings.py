@@ -44,7 +44,7 @@ class LaunchSettings(NamedTuple):
     # The job report (entrypoint/jobreport/, docs/job-report.md).
     report: bool = True  # BYOC_REPORT: 0 turns it off
     report_interval_s: float = 1.0  # BYOC_REPORT_INTERVAL_S: how often each host is sampled
-    # The job watched live (jobreport/live.py, docs/job-report.md).
+    # The job watched live (jobreport/live/, docs/job-report.md).
     tensorboard: bool | None = None  # BYOC_TENSORBOARD: 1 on without a config, 0 off with one; None: the config
     live_interval_s: float = 10.0  # BYOC_LIVE_INTERVAL_S: TensorBoard events, a worker's figures to the leader
     status_interval_s: float = 300.0  # BYOC_STATUS_INTERVAL_S: the status line; 0: off

@@ -435,7 +435,7 @@ def decide(
     if topo.interface_note:
         notes.append(topo.interface_note)
     code_dir = job.paths.code_dir
-    if job.sdk_v3 is not None:  # an SDK v3 ModelTrainer job: v3's rules for the program (decide/v3_orchestrate.py)
+    if job.sdk_v3 is not None:  # an SDK v3 ModelTrainer job: v3's rules for the program (decide/v3_launch.py)
         from entrypoint.decide import v3_launch
 
         entry, program_argv, install = v3_launch.decide_v3_program(job, code_facts, runtime.python, RECORD_ERRORS)

@@ -1,19 +1,19 @@
 """The job's one stop token: made once by cli.main, and the process's SIGTERM/SIGINT handler from
-then to the end. Every wait and every role reads it; none makes its own, so a stop taken during
-one wait is never lost to the next (the torchrun/PS worker that took a SIGTERM while sending
-its figures used to wait out BYOC_PEER_WAIT_TIMEOUT_S in close).
+then to the end. None makes its own, so a stop taken during one wait is never lost to the next
+(the torchrun/PS worker that took a SIGTERM while sending its figures used to wait out
+BYOC_PEER_WAIT_TIMEOUT_S in close).
 
-What a stop does depends on the phase, and the phase's owner says it with `reacting`:
+The handler posts StopRequested on the host's loop (entrypoint/loop.py) in every phase, and the
+phase's owner may add a reaction that cuts a blocking call (`reacting`):
 - start-up (cli.main): StartupStopped is raised, ending whatever step runs;
-- from a role's start on (orchestrate.py): the stop is only noted; every wait polls
-  `requested()` and ends, and run_processes forwards it to the processes (its reaction
-  meanwhile: run/supervise.Supervisor.on_signal). run_processes reads `requested()` only
-  once that reaction is in place: a stop is seen there (nothing starts) or taken by the
-  reaction (forwarded, held while Popen runs), never neither;
+- from a role's start on (orchestrate.py): no reaction; the loop's waits end on the event, and
+  a run forwards it to its processes (run/supervise.Supervisor.on_stop, the run's handler). A
+  stop counts from its post: a run started after it starts nothing; one taken while a process
+  starts reaches that process once it is started;
 - finishing (run/finishing.py): `begin_finishing`, then its steps are cut.
 A stop before finishing is the run's to answer (forwarded, then its outcome written); only a
-stop after the outcome counts for finishing, so `requested()` counts from `begin_finishing`.
-Main thread only: the handler and every writer of its fields run there.
+stop after the outcome counts for finishing, so the loop's stop and `requested()` start afresh
+at `begin_finishing`. Main thread only: the handler and every writer of its fields run there.
 """
 
 from __future__ import annotations
