@@ -37,7 +37,6 @@ TRITON_ENV = "TRITON_CACHE_DIR"
 HEADER_ENV = "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS"
 LOCAL_FOLDER = "/var/tmp/byoc-compile-cache"  # BYOC_COMPILE_CACHE_DIR replaces it
 ARCHIVE_FOLDER = "byoc-compile-cache"  # in the checkpoint folder
-DEFAULT_MAX_MB = 1024
 
 
 class CompileCache(NamedTuple):
