@@ -1,57 +1,152 @@
-"""Every timeout, interval and port of a launch, in one record (a value: it imports nothing).
+"""Every timeout, interval and port of a launch, in one record (a value: it imports nothing of
+the project).
 
-The first group comes from the job's environment (BYOC_* variables, parsed and checked by
-decide/settings.py: a bad value is a bad job definition); the second group is fixed. A module
-that waits, polls or gives up takes its number from a LaunchSettings (the plan's,
-`plan.settings`) or, where no plan reaches it (a helper that runs without one, a probe of the
-machine before the plan), from DEFAULTS, so no number hides as a module constant or a bare
-literal. It sits below every room (tests/entrypoint/test_layout.py: LAYERS), so the reads
+SETTINGS declares each setting a job sets in its environment once, as torch's launcher and
+TorchX declare their options: its field, environment name, kind, default, bounds and one line
+of help. decide/settings.py reads the environment by walking it (a bad value is a bad job
+definition), LaunchSettings takes its first group of fields and their defaults from it, and
+tests/docs/test_settings_table.py holds the docs' settings tables to it. The record's second
+group is fixed: numbers no job sets, each with why it is that value. A module that waits,
+polls or gives up takes its number from a LaunchSettings (the plan's, `plan.settings`) or,
+where no plan reaches it (a helper that runs without one, a probe of the machine before the
+plan), from DEFAULTS, so no number hides as a module constant or a bare literal
+(tests/entrypoint/test_layout.py holds both). It sits below every room (LAYERS), so the reads
 (job/) take their timeouts from it too.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
+
+
+class Setting(NamedTuple):
+    """One setting of the job's environment (a row of SETTINGS)."""
+
+    field: str  # LaunchSettings' field
+    env: str  # the environment variable
+    # int, float: a number by decide/numbers.py's one rule, within low..high; bool: a switch
+    # (1/on/true/yes, 0/off/false/no); str: words, read by its `parser`
+    kind: type
+    default: Any  # when the variable is unset or empty
+    help: str  # one line: what it sets
+    low: float | None = None  # a number's bounds, both included; no high: none
+    high: float | None = None
+    old_env: str = ""  # the name it had before, read when env is unset or empty
+    # The default is this field's value + offset when that is within high (a port beside
+    # another), else `default`.
+    follows: str = ""
+    offset: int = 0
+    zero_is_off: bool = False  # 0 turns it off, though below low
+    none_means: str = ""  # what a default of None stands for
+    parser: str = ""  # a reader of its own in decide/settings.py (PARSERS): not a number or a switch
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("master_port", "BYOC_MASTER_PORT", int, 7777, "torchrun's (and rpc's) rendezvous port on the leader",
+            1, 65535),
+    # Restarts in place are for transient crashes; a job failing the same way a hundred times
+    # is not transient. BYOC_TORCHRUN_MAX_RESTARTS: its name from before restarts covered every
+    # launcher.
+    Setting("max_restarts", "BYOC_MAX_RESTARTS", int, 0, "restarts in place after a rank fails (decide/restarts.py)",
+            0, 100, old_env="BYOC_TORCHRUN_MAX_RESTARTS"),
+    Setting("grace_period_s", "BYOC_GRACE_PERIOD_S", float, 90.0,
+            "SIGTERM to SIGKILL when the job is stopped (StopTrainingJob allows 120 s)", 0.0),
+    Setting("host_resolution_timeout_s", "BYOC_HOST_RESOLUTION_TIMEOUT_S", float, 300.0,
+            "how long a multi-host launch waits for its hosts' names to resolve", 0.0),
+    Setting("neuron_parallel_compile", "RUN_NEURON_PARALLEL_COMPILE", bool, False,
+            "Neuron's own: 1 pre-compiles the graphs (neuron_parallel_compile); anything else is off",
+            parser="exactly_one"),
+    Setting("ssh_port", "BYOC_SSH_PORT", int, 22, "sshd's port on every host (mpirun)", 1, 65535),
+    Setting("peer_wait_timeout_s", "BYOC_PEER_WAIT_TIMEOUT_S", float, 300.0,
+            "a peer's first answer (SSH, the leader's ports), and a host's last word at the end", 0.0),
+    Setting("host_lost_timeout_s", "BYOC_HOST_LOST_TIMEOUT_S", float, 30.0,
+            "silence on its port after which a host counts as lost", 1.0, 60.0),
+    Setting("job_port", "BYOC_JOB_PORT", int, 7778, "each host's liveness port, which takes the hosts' signed words",
+            1, 65535, follows="master_port", offset=1),
+    Setting("hang_timeout_s", "BYOC_HANG_TIMEOUT_S", float, 0.0,
+            "output silence after which the job counts as hung (stacks, exit 124); 0: off", 0.0),
+    # The deep health check before the training (decide/health.py, run/health_check.py).
+    Setting("health_check", "BYOC_HEALTH_CHECK", str, "",
+            "\"deep\": an all-reduce across the GPUs before the training; \"\" or \"off\": none",
+            parser="health_check"),
+    Setting("health_check_min_fraction", "BYOC_HEALTH_CHECK_MIN_FRACTION", float, 0.5,
+            "the deep health check fails below this fraction of the expected bus bandwidth", 0.0, 1.0),
+    Setting("health_check_host_gbps", "BYOC_HEALTH_CHECK_HOST_GBPS", float, 0.0,
+            "the bus bandwidth expected within a host, GB/s; 0: the instance table's", 0.0),
+    Setting("health_check_job_gbps", "BYOC_HEALTH_CHECK_JOB_GBPS", float, 0.0,
+            "the bus bandwidth expected across hosts, GB/s; 0: the instance table's", 0.0),
+    Setting("health_check_mib", "BYOC_HEALTH_CHECK_MIB", int, 1024, "the deep health check's all-reduce, MiB",
+            1, 65536),
+    Setting("health_check_port", "BYOC_HEALTH_CHECK_PORT", int, 7779, "the deep health check's rendezvous port",
+            1, 65535, follows="master_port", offset=2),
+    Setting("health_check_timeout_s", "BYOC_HEALTH_CHECK_TIMEOUT_S", float, 600.0,
+            "the whole deep health check, the wait for the other hosts included", 1.0),
+    # The job report (entrypoint/jobreport/, docs/job-report.md).
+    Setting("report", "BYOC_REPORT", bool, True, "the job report (output/data/report/)"),
+    Setting("report_interval_s", "BYOC_REPORT_INTERVAL_S", float, 1.0, "how often the job report samples each host",
+            0.1, 60.0),
+    # The job watched live (jobreport/live/, docs/job-report.md).
+    Setting("tensorboard", "BYOC_TENSORBOARD", bool, None,
+            "the live TensorBoard scalars: 1 on without a TensorBoard output config, 0 off with one",
+            none_means="the config"),
+    Setting("live_interval_s", "BYOC_LIVE_INTERVAL_S", float, 10.0,
+            "how often the TensorBoard scalars and a worker's live figures move", 0.5, 3600.0),
+    Setting("status_interval_s", "BYOC_STATUS_INTERVAL_S", float, 300.0, "how often the status line is logged; 0: off",
+            1.0, 86400.0, zero_is_off=True),
+    # torch.compile's caches kept between jobs (decide/compile_cache.py, run/compile_cache.py).
+    Setting("compile_cache", "BYOC_COMPILE_CACHE", bool, True, "torch.compile's caches kept in the checkpoint folder"),
+    Setting("compile_cache_max_mb", "BYOC_COMPILE_CACHE_MAX_MB", int, 1024,
+            "the compile cache folder's bound, MB: least recently used files go first", 1, 1 << 20),
+    Setting("compile_cache_save_every_s", "BYOC_COMPILE_CACHE_SAVE_EVERY_S", float, 600.0,
+            "how often the compile cache's archive is written; 0: only at the end and on a stop", 0.0),
+    # The training plan's capacity end (epoch s, decide/capacity.py): None without one; the raw
+    # value when it could not be read (the plan says so, and nothing is stopped).
+    Setting("capacity_ends_at", "SAGEMAKER_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP", float, None,
+            "SageMaker's: when the training plan's capacity ends", none_means="no end", parser="capacity_end"),
+    Setting("capacity_end_unreadable", "SAGEMAKER_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP", str, None,
+            "the capacity's end as given, when it is no time this image reads", none_means="readable",
+            parser="capacity_end_unreadable"),
+    Setting("capacity_stop_lead", "BYOC_CAPACITY_STOP_LEAD_S", float, None,
+            "how long before the capacity's termination begins every host stops its processes", 0.0,
+            none_means="the grace period"),
+)
+SETTINGS_BY_FIELD = {row.field: row for row in SETTINGS}
+
+
+def _default(field: str) -> Any:
+    return SETTINGS_BY_FIELD[field].default
 
 
 class LaunchSettings(NamedTuple):
-    # --- from the job's environment (parse_launch_settings) -------------------------------------
-    master_port: int = 7777  # BYOC_MASTER_PORT: torchrun's rendezvous, MASTER_PORT
-    max_restarts: int = 0  # BYOC_MAX_RESTARTS: restarts in place after a rank fails (restarts.py)
-    grace_period_s: float = 90.0  # BYOC_GRACE_PERIOD_S: SIGTERM to SIGKILL on a stop
-    host_resolution_timeout_s: float = 300.0  # BYOC_HOST_RESOLUTION_TIMEOUT_S
-    neuron_parallel_compile: bool = False  # RUN_NEURON_PARALLEL_COMPILE=1
-    ssh_port: int = 22  # BYOC_SSH_PORT
-    peer_wait_timeout_s: float = 300.0  # BYOC_PEER_WAIT_TIMEOUT_S: a peer's first answer, a host's last word
-    host_lost_timeout_s: float = 30.0  # BYOC_HOST_LOST_TIMEOUT_S: silence that makes a host lost
-    job_port: int = 7778  # BYOC_JOB_PORT (default: BYOC_MASTER_PORT + 1)
-    hang_timeout_s: float = 0.0  # BYOC_HANG_TIMEOUT_S: output silence that makes a job hung; 0: off
-    # The training plan's capacity end (epoch s) from SAGEMAKER_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP
-    # (capacity.py), None without one; the raw value when it could not be read.
-    capacity_ends_at: float | None = None
-    capacity_end_unreadable: str | None = None
-    # BYOC_CAPACITY_STOP_LEAD_S: how long before the capacity's termination begins the ranks get
-    # SIGTERM; None: the grace period (capacity_stop_lead_s below gives the value in force).
-    capacity_stop_lead: float | None = None
-    # The deep health check before the training (decide/health.py, run/health_check.py).
-    health_check: str = ""  # BYOC_HEALTH_CHECK: "deep", or "" (off)
-    health_check_min_fraction: float = 0.5  # BYOC_HEALTH_CHECK_MIN_FRACTION of the expected bus bandwidth
-    health_check_host_gbps: float = 0.0  # BYOC_HEALTH_CHECK_HOST_GBPS: expected within a host; 0: the table's
-    health_check_job_gbps: float = 0.0  # BYOC_HEALTH_CHECK_JOB_GBPS: expected across hosts; 0: the table's
-    health_check_mib: int = 1024  # BYOC_HEALTH_CHECK_MIB: the all-reduce's size
-    health_check_port: int = 7779  # BYOC_HEALTH_CHECK_PORT (default: BYOC_MASTER_PORT + 2)
-    health_check_timeout_s: float = 600.0  # BYOC_HEALTH_CHECK_TIMEOUT_S: every host's check, all of it
-    # The job report (entrypoint/jobreport/, docs/job-report.md).
-    report: bool = True  # BYOC_REPORT: 0 turns it off
-    report_interval_s: float = 1.0  # BYOC_REPORT_INTERVAL_S: how often each host is sampled
-    # The job watched live (jobreport/live/, docs/job-report.md).
-    tensorboard: bool | None = None  # BYOC_TENSORBOARD: 1 on without a config, 0 off with one; None: the config
-    live_interval_s: float = 10.0  # BYOC_LIVE_INTERVAL_S: TensorBoard events, a worker's figures to the leader
-    status_interval_s: float = 300.0  # BYOC_STATUS_INTERVAL_S: the status line; 0: off
-    # torch.compile's caches kept between jobs (decide/compile_cache.py, run/compile_cache.py).
-    compile_cache: bool = True  # BYOC_COMPILE_CACHE: 0 turns it off
-    compile_cache_max_mb: int = 1024  # BYOC_COMPILE_CACHE_MAX_MB: the folder's bound, oldest out first
-    compile_cache_save_every_s: float = 600.0  # BYOC_COMPILE_CACHE_SAVE_EVERY_S: 0: only at the end and on a stop
+    # --- from the job's environment: SETTINGS, in its order (parse_launch_settings) ------------
+    master_port: int = _default("master_port")
+    max_restarts: int = _default("max_restarts")
+    grace_period_s: float = _default("grace_period_s")
+    host_resolution_timeout_s: float = _default("host_resolution_timeout_s")
+    neuron_parallel_compile: bool = _default("neuron_parallel_compile")
+    ssh_port: int = _default("ssh_port")
+    peer_wait_timeout_s: float = _default("peer_wait_timeout_s")
+    host_lost_timeout_s: float = _default("host_lost_timeout_s")
+    job_port: int = _default("job_port")
+    hang_timeout_s: float = _default("hang_timeout_s")
+    health_check: str = _default("health_check")
+    health_check_min_fraction: float = _default("health_check_min_fraction")
+    health_check_host_gbps: float = _default("health_check_host_gbps")
+    health_check_job_gbps: float = _default("health_check_job_gbps")
+    health_check_mib: int = _default("health_check_mib")
+    health_check_port: int = _default("health_check_port")
+    health_check_timeout_s: float = _default("health_check_timeout_s")
+    report: bool = _default("report")
+    report_interval_s: float = _default("report_interval_s")
+    tensorboard: bool | None = _default("tensorboard")
+    live_interval_s: float = _default("live_interval_s")
+    status_interval_s: float = _default("status_interval_s")
+    compile_cache: bool = _default("compile_cache")
+    compile_cache_max_mb: int = _default("compile_cache_max_mb")
+    compile_cache_save_every_s: float = _default("compile_cache_save_every_s")
+    capacity_ends_at: float | None = _default("capacity_ends_at")
+    capacity_end_unreadable: str | None = _default("capacity_end_unreadable")
+    capacity_stop_lead: float | None = _default("capacity_stop_lead")
 
     # --- fixed ----------------------------------------------------------------------------------
     # How often this host's process tree is polled (exits, deadlines, hang checks).
@@ -109,12 +204,28 @@ class LaunchSettings(NamedTuple):
     mpi_teardown_signal_gap_s: int = 1
     # One run of a machine tool at start (nvidia-smi, neuron-ls, fi_info).
     tool_probe_timeout_s: float = 20.0
-    # How often SDK v3's SSH helper looks for its peers' keys (sdk_v3/peer_trust.py).
+    # How often SDK v3's SSH helper looks for its peers' keys (sdk_v3/peer_trust.py), and how
+    # long one ssh-keyscan of a peer may take (its -T takes whole seconds): a peer's sshd answers
+    # in milliseconds, and the helper tries again until BYOC_PEER_WAIT_TIMEOUT_S.
     v3_ssh_poll_s: float = 0.5
+    v3_keyscan_timeout_s: int = 2
+    # The MPI worker's ssh-keyscan of its leader's sshd (whole seconds: -T), and what the run of
+    # the tool itself may take beyond it (ssh-keyscan's own timeout counts per read, not in all).
+    keyscan_timeout_s: int = 3
+    keyscan_margin_s: float = 5.0
     # Training plans begin terminating a capacity's instances this long before it ends.
     capacity_termination_lead_s: float = 1800.0
-    # How long a helper thread (an output pump, a watch) may take to end once told to.
+    # How long a helper thread (an output pump, a watch, the job report's sampler beyond its
+    # interval) may take to end once told to.
     thread_join_s: float = 5.0
+    # The job report's streaming tools (nvidia-smi, neuron-monitor) get this long to exit after
+    # SIGTERM, then SIGKILL: both exit at once on it, and the report's end does not wait on a
+    # stuck one.
+    tool_stop_wait_s: float = 2.0
+    # Stopping the live thread waits this long for a tick in progress (a worker's one send to the
+    # leader, each connection within peer_probe_timeout_s; the leader's TensorBoard write), so
+    # the last tick does not run beside it; a tick takes far less, so only a stuck disk waits it.
+    live_stop_wait_s: float = 30.0
     # The deep health check's all-reduces: untimed ones first (NCCL's connections, warm caches),
     # then the timed ones (nccl-tests' defaults: 5 and 20).
     health_check_warmup: int = 5

@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import re
 
-CAPACITY_END_ENV = "SAGEMAKER_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP"
+from entrypoint.settings import SETTINGS_BY_FIELD
+
+CAPACITY_END_ENV = SETTINGS_BY_FIELD["capacity_ends_at"].env  # SAGEMAKER_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP
 MILLISECONDS_FROM = 1e11
 _NUMBER = re.compile(r"^[0-9]+(\.[0-9]+)?$")
 

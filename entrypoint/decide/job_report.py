@@ -19,9 +19,9 @@ class ReportSpec(NamedTuple):
     # The job watched live (jobreport/live/): our TensorBoard events' folder (None: none
     # written), how often the live figures move (TensorBoard, the workers' to the leader) and
     # the status line's interval (0: no status line).
-    tensorboard_dir: str | None = None
-    live_interval_s: float = 10.0
-    status_interval_s: float = 300.0
+    tensorboard_dir: str | None
+    live_interval_s: float
+    status_interval_s: float
 
 
 TENSORBOARD_SUBFOLDER = "byoc-job"  # ours, beside the script's own event files (a run of its own)
@@ -37,8 +37,8 @@ def decide_tensorboard_dir(switch: bool | None, configured_path: str | None, def
 
 
 def decide_report_spec(enabled: bool, interval_s: float, runtime_folder: str, gpu_count: int,
-                       neuron_cores: int, tensorboard_dir: str | None = None, live_interval_s: float = 10.0,
-                       status_interval_s: float = 300.0) -> ReportSpec | None:
+                       neuron_cores: int, tensorboard_dir: str | None, live_interval_s: float,
+                       status_interval_s: float) -> ReportSpec | None:
     if not enabled:
         return None
     return ReportSpec(os.path.join(runtime_folder, "report"), interval_s, gpu_count, neuron_cores, tensorboard_dir,

@@ -1,18 +1,15 @@
 """The launch's settings (entrypoint/settings.py: the LaunchSettings record, every timeout,
-interval and port) read from the job's environment (pure): BYOC_* variables, checked here; a
-bad value is a bad job definition.
+interval and port) read from the job's environment (pure), by walking the one table of them
+(entrypoint/settings.py: SETTINGS): BYOC_* variables, checked here; a bad value is a bad job
+definition.
 """
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Any, Callable, Mapping
 
 from entrypoint.errors import JobDefinitionError
-from entrypoint.settings import LaunchSettings
-
-# Restarts in place are for transient crashes; a job failing the same way a hundred times is
-# not transient.
-MAX_RESTARTS_LIMIT = 100
+from entrypoint.settings import SETTINGS, LaunchSettings, Setting
 
 
 def decide_capacity_stop_at(settings: LaunchSettings) -> float | None:
@@ -23,60 +20,59 @@ def decide_capacity_stop_at(settings: LaunchSettings) -> float | None:
     return decide_capacity_stop(settings.capacity_ends_at, settings.capacity_termination_lead_s, lead)
 
 
-def _parse_number(environ: Mapping[str, str], name: str, default: float, kind: type, low: float,
-                  high: float | None = None):
+def parse_launch_settings(environ: Mapping[str, str]) -> LaunchSettings:
+    """Every row of the table (entrypoint/settings.py: SETTINGS), in its order: a port that
+    follows another setting comes after it."""
+    values: dict[str, Any] = {}
+    for row in SETTINGS:
+        values[row.field] = parse_setting_row(row, environ, values)
+    return LaunchSettings(**values)
+
+
+def parse_setting_row(row: Setting, environ: Mapping[str, str], parsed: Mapping[str, Any]) -> Any:
+    """One setting's value: its default when unset or empty (its old name read then, where it
+    has one), else the value checked against its kind and bounds."""
+    if row.parser:
+        return PARSERS[row.parser](row, environ)
+    name = row.env if environ.get(row.env) or not row.old_env else row.old_env
+    if row.kind is bool:
+        return parse_switch(environ, name, row.default)
+    return _parse_number(environ, name, decide_default(row, parsed), row.kind, row.low, row.high, row.zero_is_off)
+
+
+def decide_default(row: Setting, parsed: Mapping[str, Any]) -> Any:
+    """The row's default; for one that follows another setting (a port beside the master port),
+    that setting's value + offset, when within the row's bounds."""
+    if not row.follows:
+        return row.default
+    value = parsed[row.follows] + row.offset
+    return value if row.high is None or value <= row.high else row.default
+
+
+def describe_default(row: Setting) -> str:
+    """The default as the docs' settings tables write it (tests/docs/test_settings_table.py)."""
+    if row.follows:
+        return f"{row.follows.replace('_', ' ')} + {row.offset}"
+    if row.default is None:
+        return row.none_means
+    if row.kind is bool:
+        return "1" if row.default else "0"
+    if row.kind is str:
+        return row.default or "off"
+    return f"{row.default:g}"
+
+
+def _parse_number(environ: Mapping[str, str], name: str, default: float | None, kind: type, low: float,
+                  high: float | None = None, zero_is_off: bool = False):
     """A BYOC_* number, by the one rule of decide/numbers.py; default when unset or empty."""
-    from entrypoint.decide.numbers import parse_setting
+    from entrypoint.decide.numbers import parse_number, parse_setting
 
     raw = environ.get(name)
     if raw is None or raw == "":
         return default
+    if zero_is_off and parse_number(raw, kind) == 0:
+        return kind(0)
     return parse_setting(name, raw, kind, low, high)
-
-
-def parse_launch_settings(environ: Mapping[str, str]) -> LaunchSettings:
-    def number(name: str, default: float, kind: type, low: float, high: float | None = None):
-        return _parse_number(environ, name, default, kind, low, high)
-
-    master_port = number("BYOC_MASTER_PORT", 7777, int, 1, 65535)
-    # BYOC_TORCHRUN_MAX_RESTARTS: the name from before restarts covered every launcher.
-    restarts_name = "BYOC_MAX_RESTARTS" if environ.get("BYOC_MAX_RESTARTS") else "BYOC_TORCHRUN_MAX_RESTARTS"
-    return LaunchSettings(
-        master_port=master_port,
-        max_restarts=number(restarts_name, 0, int, 0, MAX_RESTARTS_LIMIT),
-        grace_period_s=number("BYOC_GRACE_PERIOD_S", 90.0, float, 0.0),
-        host_resolution_timeout_s=number("BYOC_HOST_RESOLUTION_TIMEOUT_S", 300.0, float, 0.0),
-        neuron_parallel_compile=environ.get("RUN_NEURON_PARALLEL_COMPILE") == "1",
-        ssh_port=number("BYOC_SSH_PORT", 22, int, 1, 65535),
-        peer_wait_timeout_s=number("BYOC_PEER_WAIT_TIMEOUT_S", 300.0, float, 0.0),
-        host_lost_timeout_s=number("BYOC_HOST_LOST_TIMEOUT_S", 30.0, float, 1.0, 60.0),
-        job_port=number("BYOC_JOB_PORT", master_port + 1 if master_port < 65535 else 7778, int, 1, 65535),
-        hang_timeout_s=number("BYOC_HANG_TIMEOUT_S", 0.0, float, 0.0),
-        health_check=parse_health_check(environ.get("BYOC_HEALTH_CHECK", "")),
-        health_check_min_fraction=number("BYOC_HEALTH_CHECK_MIN_FRACTION", 0.5, float, 0.0, 1.0),
-        health_check_host_gbps=number("BYOC_HEALTH_CHECK_HOST_GBPS", 0.0, float, 0.0),
-        health_check_job_gbps=number("BYOC_HEALTH_CHECK_JOB_GBPS", 0.0, float, 0.0),
-        health_check_mib=number("BYOC_HEALTH_CHECK_MIB", 1024, int, 1, 65536),
-        health_check_port=number("BYOC_HEALTH_CHECK_PORT", master_port + 2 if master_port < 65534 else 7779, int, 1,
-                                 65535),
-        health_check_timeout_s=number("BYOC_HEALTH_CHECK_TIMEOUT_S", 600.0, float, 1.0),
-        report=parse_switch(environ, "BYOC_REPORT", True),
-        report_interval_s=number("BYOC_REPORT_INTERVAL_S", 1.0, float, 0.1, 60.0),
-        tensorboard=parse_switch(environ, "BYOC_TENSORBOARD", None),
-        live_interval_s=number("BYOC_LIVE_INTERVAL_S", 10.0, float, 0.5, 3600.0),
-        status_interval_s=parse_status_interval(environ),
-        compile_cache=parse_switch(environ, "BYOC_COMPILE_CACHE", True),
-        compile_cache_max_mb=number("BYOC_COMPILE_CACHE_MAX_MB", 1024, int, 1, 1 << 20),
-        compile_cache_save_every_s=number("BYOC_COMPILE_CACHE_SAVE_EVERY_S", 600.0, float, 0.0),
-        **parse_capacity_settings(environ),
-    )
-
-
-def parse_status_interval(environ: Mapping[str, str]) -> float:
-    """BYOC_STATUS_INTERVAL_S: 0 turns the status line off; else 1 s to a day."""
-    if environ.get("BYOC_STATUS_INTERVAL_S", "").strip() in ("0", "0.0"):
-        return 0.0
-    return _parse_number(environ, "BYOC_STATUS_INTERVAL_S", 300.0, float, 1.0, 86400.0)
 
 
 def parse_switch(environ: Mapping[str, str], name: str, default: bool | None) -> bool | None:
@@ -102,9 +98,25 @@ def parse_health_check(raw: str) -> str:
                              f"across the GPUs before the training) or \"off\".")
 
 
-def parse_capacity_settings(environ: Mapping[str, str]) -> dict:
-    from entrypoint.decide.capacity import CAPACITY_END_ENV, parse_capacity_end
+def parse_capacity_ends_at(row: Setting, environ: Mapping[str, str]) -> float | None:
+    """The training plan's capacity end (epoch s, decide/capacity.py), None without one."""
+    from entrypoint.decide.capacity import parse_capacity_end
 
-    ends_at, readable = parse_capacity_end(environ.get(CAPACITY_END_ENV))
-    return {"capacity_ends_at": ends_at, "capacity_end_unreadable": None if readable else environ.get(CAPACITY_END_ENV),
-            "capacity_stop_lead": _parse_number(environ, "BYOC_CAPACITY_STOP_LEAD_S", None, float, 0.0)}
+    return parse_capacity_end(environ.get(row.env))[0]
+
+
+def parse_capacity_end_unreadable(row: Setting, environ: Mapping[str, str]) -> str | None:
+    """The capacity's end as given when it is no time this image reads (the plan says so)."""
+    from entrypoint.decide.capacity import parse_capacity_end
+
+    return None if parse_capacity_end(environ.get(row.env))[1] else environ.get(row.env)
+
+
+# The rows read by a reader of their own (Setting.parser): words, not a number or a switch.
+PARSERS: dict[str, Callable[[Setting, Mapping[str, str]], Any]] = {
+    # Neuron's own variable: only "1" is on, anything else off (never a bad job definition).
+    "exactly_one": lambda row, environ: environ.get(row.env) == "1",
+    "health_check": lambda row, environ: parse_health_check(environ.get(row.env, "")),
+    "capacity_end": parse_capacity_ends_at,
+    "capacity_end_unreadable": parse_capacity_end_unreadable,
+}

@@ -7,6 +7,8 @@ import time
 
 from entrypoint.settings import DEFAULTS, LaunchSettings
 
+BACKOFF = 2  # each wait for a name twice the one before
+
 
 def resolve_addresses(host: str) -> list[str]:
     try:
@@ -18,7 +20,7 @@ def resolve_addresses(host: str) -> list[str]:
     return sorted({info[4][0] for info in infos})
 
 
-def can_connect(host: str, port: int, timeout_s: float = 2.0) -> bool:
+def can_connect(host: str, port: int, timeout_s: float = DEFAULTS.peer_probe_timeout_s) -> bool:
     try:
         import socket  # multi-host paths only
 
@@ -48,4 +50,4 @@ def wait_for_hosts(hosts: tuple[str, ...], timeout_s: float, loop, settings: Lau
             return pending
         if not loop.pause(min(delay, max(0.0, deadline - time.monotonic()))):
             return pending
-        delay = min(delay * 2, settings.resolve_longest_wait_s)
+        delay = min(delay * BACKOFF, settings.resolve_longest_wait_s)

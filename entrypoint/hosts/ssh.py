@@ -21,6 +21,7 @@ import re
 import subprocess
 
 from entrypoint.decide.specs import SshFiles
+from entrypoint.settings import DEFAULTS
 
 SSHD = "/usr/sbin/sshd"
 
@@ -216,13 +217,13 @@ def prepare_sshd_runtime() -> None:
     os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
 
 
-def scan_host_key(host: str, port: int, timeout_s: int = 3) -> str | None:
+def scan_host_key(host: str, port: int, timeout_s: int = DEFAULTS.keyscan_timeout_s) -> str | None:
     try:
         done = subprocess.run(
             ["ssh-keyscan", "-T", str(timeout_s), "-t", "ed25519", "-p", str(port), host],
             capture_output=True,
             text=True,
-            timeout=timeout_s + 5,
+            timeout=timeout_s + DEFAULTS.keyscan_margin_s,
         )
     except subprocess.TimeoutExpired:
         return None

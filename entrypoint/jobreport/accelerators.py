@@ -9,6 +9,8 @@ import json
 import os
 import threading
 
+from entrypoint.settings import DEFAULTS
+
 GPU_QUERY = "index,utilization.gpu,memory.used,power.draw"
 
 
@@ -87,7 +89,7 @@ class StreamingTool:
 
         self.proc.terminate()
         try:
-            self.proc.wait(timeout=2)
+            self.proc.wait(timeout=DEFAULTS.tool_stop_wait_s)
         except subprocess.TimeoutExpired:
             self.proc.kill()
         if self._cleanup:

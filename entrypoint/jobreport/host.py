@@ -12,6 +12,7 @@ from entrypoint.jobreport.figures import fit_figures, load_rank_files
 from entrypoint.jobreport.metric_lines import ReportedThroughput
 from entrypoint.jobreport.sampler import HostSampler
 from entrypoint.decide.job_report import HOST_FIGURES_FILE, ReportSpec
+from entrypoint.settings import DEFAULTS
 
 def probe_process_start() -> float:
     """When this process started (epoch s): the entrypoint's first phase, measured by the
@@ -40,7 +41,8 @@ class HostReport:
         self.sampler.start()
         self.live = None  # the live thread (live/loop.py), when the role starts one
 
-    def start_live(self, log, send=None, capacity_ends_at: float | None = None, max_bytes: int = 16000) -> None:
+    def start_live(self, log, send=None, capacity_ends_at: float | None = None,
+                   max_bytes: int = DEFAULTS.live_figures_bytes) -> None:
         """The job watched live: a worker's updates to the leader (send), or the leader's
         events and status line; never the job's failure."""
         from entrypoint.jobreport.live.loop import LiveLoop

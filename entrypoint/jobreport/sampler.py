@@ -14,6 +14,7 @@ import time
 
 from entrypoint.jobreport import counters
 from entrypoint.jobreport.accelerators import start_tools
+from entrypoint.settings import DEFAULTS
 
 # At most this many points a series keeps; past it, neighbouring points are merged (a day at
 # 1 s is 86,400 points: the report shows the whole span at a coarser step).
@@ -94,7 +95,7 @@ class HostSampler:
         if self._stop.is_set():
             return
         self._stop.set()
-        self._thread.join(timeout=self.interval_s + 5)
+        self._thread.join(timeout=self.interval_s + DEFAULTS.thread_join_s)
         for tool in self._tools.values():
             self.cpu_s += tool.cpu_s()
             tool.stop()

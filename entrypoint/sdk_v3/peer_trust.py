@@ -147,7 +147,7 @@ def run_trust_exchange(
     deadline = time.monotonic() + timeout_s
     while pending:
         for host in list(pending):
-            key = ssh.scan_host_key(host, port, timeout_s=2)
+            key = ssh.scan_host_key(host, port, timeout_s=DEFAULTS.v3_keyscan_timeout_s)
             addresses = net.resolve_addresses(host) if key else []
             if key and addresses:
                 trusted[host] = (key, addresses)

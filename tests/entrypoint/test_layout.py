@@ -195,10 +195,9 @@ def test_the_role_is_switched_on_in_one_module_besides_the_plans_decisions():
 
 
 def test_every_timeout_and_interval_is_in_the_settings_record():
-    """No module-level number ending in _S outside decide/settings.py (a time that hides as a
-    constant); the rank's modules, which run by path with the standard library only, aside."""
-    hidden = [f"{name}: {target.id}" for name, tree in modules().items()
-              if name != "decide/settings.py" and not name.startswith("rank/")
+    """No module-level number ending in _S (a time that hides as a constant); the rank's
+    modules, which run by path with the standard library only, aside."""
+    hidden = [f"{name}: {target.id}" for name, tree in modules().items() if not name.startswith("rank/")
               for node in tree.body if isinstance(node, ast.Assign)
               for target in node.targets if isinstance(target, ast.Name) and target.id.endswith("_S")]
     assert not hidden, hidden
@@ -246,6 +245,56 @@ def test_no_message_is_dispatched_on_its_text_in_the_transports_and_the_roles():
     words = [name for name, node in calls for arg in node.args
              if isinstance(arg, ast.Name) and arg.id.isupper() and arg.id not in ("RANK_OWNED_PREFIXES",)]
     assert not words, words
+
+
+# The modules whose timing numbers are still bare literals: hosts/ is being rewritten (issue
+# 44, one loop per host), which takes them into settings.py's fixed group.
+BARE_TIMING_NOT_YET: set[str] = set()
+
+
+def is_timing_name(name: str | None) -> bool:
+    """A time by its name: *_s (not a rate, *_per_s), *timeout*, *delay*."""
+    return bool(name) and ((name.endswith("_s") and not name.endswith("_per_s")) or "timeout" in name or "delay" in name)
+
+
+def find_bare_timing_numbers(tree: ast.Module) -> list[str]:
+    """Numbers other than 0 written into a wait: a sleep's, wait's or join's argument, a
+    timeout keyword (timeout=, *_s=), a timing parameter's default, a timing variable's value."""
+    def literal(node) -> bool:
+        return any(isinstance(n, ast.Constant) and type(n.value) in (int, float) and n.value != 0
+                   for n in ast.walk(node))
+
+    found = []
+    for node in ast.walk(tree):
+        waits = []
+        if isinstance(node, ast.Call):
+            called = getattr(node.func, "attr", getattr(node.func, "id", None))
+            arithmetic = [a for a in node.args[:1] if isinstance(a, (ast.Constant, ast.BinOp, ast.UnaryOp))]
+            waits = [*(arithmetic if called in ("sleep", "wait", "join") else []),
+                     *(k.value for k in node.keywords if is_timing_name(k.arg))]
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            a = node.args
+            named = list(zip((a.posonlyargs + a.args)[::-1], a.defaults[::-1])) + list(zip(a.kwonlyargs, a.kw_defaults))
+            waits = [default for arg, default in named if default is not None and is_timing_name(arg.arg)]
+        elif isinstance(node, ast.Assign):
+            names = [getattr(t, "id", getattr(t, "attr", None)) for t in node.targets]
+            waits = [node.value] if any(is_timing_name(n) for n in names) else []
+        found += [(node.lineno, ast.unparse(w)) for w in waits if literal(w)]
+    return [f"{line}: {text}" for line, text in sorted(found)]
+
+
+def test_no_timing_number_is_a_bare_literal():
+    """A sleep, a wait, a join or a timeout takes its number from the settings record
+    (settings.py), where its comment says why that value; the rank's modules (standard library
+    only) aside."""
+    assert find_bare_timing_numbers(ast.parse(
+        "time.sleep(0.5)\nt.join(timeout=x + 5)\ndef f(timeout_s=3): pass\ndelay = 0.1\np.wait(2)\n"
+        "time.sleep(s.wait_poll_s)\nt.join(timeout=s.thread_join_s)\ndef g(gap_s=0.0): pass\n"
+        "cpu_s = 0.0\n','.join(p[:4] for p in parts)\nsamples_per_s = n * 1000.0\n")) == ["1: 0.5", "2: x + 5", "3: 3", "4: 0.1", "5: 2"]
+    bare = [f"{name}:{where}" for name, tree in modules().items()
+            if not name.startswith("rank/") and name != "settings.py" and name not in BARE_TIMING_NOT_YET
+            for where in find_bare_timing_numbers(tree)]
+    assert not bare, bare
 
 
 def test_the_import_reader_sees_lazy_type_only_and_sibling_imports():

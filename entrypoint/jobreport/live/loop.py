@@ -16,6 +16,7 @@ from collections import deque
 
 from entrypoint.jobreport.live.update import Notes, build_update, fit_update, load_rank_raws, parse_update
 from entrypoint.jobreport.live.status_line import build_status_line
+from entrypoint.settings import DEFAULTS
 
 MAX_QUEUED = 64  # workers' updates waiting for the next tick; past it, the newest are dropped
 
@@ -32,7 +33,7 @@ def decide_tick_s(tensorboard_dir: str | None, live_interval_s: float, status_in
 
 class LiveLoop:
     def __init__(self, spec, host: str, sampler, throughput, log, send=None, capacity_ends_at: float | None = None,
-                 max_bytes: int = 16000):
+                 max_bytes: int = DEFAULTS.live_figures_bytes):
         from entrypoint.jobreport.live.view import LiveView
 
         self.spec, self.host, self.sampler, self.throughput, self.log = spec, host, sampler, throughput, log
@@ -142,7 +143,7 @@ class LiveLoop:
             return
         self._stop.set()
         if self._thread.is_alive():
-            self._thread.join(timeout=30)
+            self._thread.join(timeout=DEFAULTS.live_stop_wait_s)
         if self.tick_s is None:
             return
         if self.send is None:
