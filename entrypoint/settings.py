@@ -149,8 +149,10 @@ class LaunchSettings(NamedTuple):
     capacity_stop_lead: float | None = _default("capacity_stop_lead")
 
     # --- fixed ----------------------------------------------------------------------------------
-    # How often this host's process tree is polled (exits, deadlines, hang checks).
-    process_poll_s: float = 0.01
+    # The longest a run goes without looking at its processes: an exit wakes it at once
+    # (SIGCHLD posts ChildExited on the loop), so this only paces the hang check, the
+    # capacity's stop time and an exit whose SIGCHLD the kernel handed another thread.
+    process_poll_s: float = 0.1
     # How often a wait on something outside the process tree is polled (a file the leader
     # writes over SSH, a worker's SSH, a process group that is ending).
     wait_poll_s: float = 0.05

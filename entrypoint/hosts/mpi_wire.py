@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import shlex
 import signal
+from typing import NamedTuple
 import subprocess
 
 from entrypoint.decide.job_report import HOST_FIGURES_FILE
@@ -32,6 +33,13 @@ RANK_OUTPUT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__fil
 # What a signal to a worker's entrypoint means (its handlers: roles/mpi.MpiWorker).
 STACKS_SIGNAL = signal.SIGUSR1  # its ranks print their Python stacks
 FIGURES_SIGNAL = signal.SIGUSR2  # it writes this host's figures for the job report
+
+
+class LeaderAsked(NamedTuple):
+    """The leader's signal reached this worker's entrypoint (posted on the host loop by the
+    handler; the role answers on the main thread)."""
+
+    signum: int
 
 # The leader's SSH sessions to its workers (probes, telling the outcome) run this many at a
 # time: each is an ssh process (~5 MB, a key exchange), and a small leader instance with

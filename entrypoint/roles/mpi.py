@@ -314,14 +314,23 @@ class MpiWorker(HostRole):
         return None if ended is None else self.build_outcome(ended)
 
     def run(self, launch) -> Outcome:
-        """Not the plan's processes: the leader's words (hosts/mpi_wire.py) arrive as signals."""
-        handlers = {mpi_wire.STACKS_SIGNAL: self.on_stack_request, mpi_wire.FIGURES_SIGNAL: self.on_figures_request}
-        previous = {sig: signal.signal(sig, handler) for sig, handler in handlers.items()}
+        """Not the plan's processes: the leader's words (hosts/mpi_wire.py) arrive as signals,
+        which only post LeaderAsked; the loop's handler answers."""
+        handlers = self.loop.on({mpi_wire.LeaderAsked: self.on_leader_asked})
+        posting = lambda signum, _frame: self.loop.post(mpi_wire.LeaderAsked(signum))  # noqa: E731
+        previous = {sig: signal.signal(sig, posting) for sig in (mpi_wire.STACKS_SIGNAL, mpi_wire.FIGURES_SIGNAL)}
         try:
             return self.build_outcome(wait_for_outcome(self.plan, self.loop, self.sshd))
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+            self.loop.off(handlers)
+
+    def on_leader_asked(self, asked: mpi_wire.LeaderAsked) -> None:
+        if asked.signum == mpi_wire.STACKS_SIGNAL:
+            self.ask_ranks_for_stacks()
+        elif self.report_part is not None:
+            self.write_figures()
 
     def build_outcome(self, ended: WorkerOutcome) -> Outcome:
         if ended.exit_code == 0:
@@ -330,19 +339,10 @@ class MpiWorker(HostRole):
         return Outcome(ended.exit_code, describe_job_outcome(describe_worker_failure(
             self.plan.current_host, self.plan.leader, ended.exit_code, ended.reason, ended.leader_failure)))
 
-    def on_stack_request(self, _signum, _frame) -> None:
+    def ask_ranks_for_stacks(self) -> None:
         """The ranks mpirun started here (under orted, which we adopted as subreaper)."""
         asked = processes.signal_ranks_below([os.getpid()], mpi_wire.STACKS_SIGNAL)
         log(f"SIGUSR1: asked {len(asked)} rank process(es) on {self.plan.current_host} for their Python stacks")
-
-    def on_figures_request(self, _signum, _frame) -> None:
-        """The leader asks for this host's figures (hosts/mpi_wire.collect_worker_figures): written
-        by a thread of their own, never in the handler (it may interrupt anything, a write to
-        stderr or the sampler's lock included)."""
-        if self.report_part is not None:
-            import threading
-
-            threading.Thread(target=self.write_figures, daemon=True).start()
 
     def write_figures(self) -> None:
         try:

@@ -51,7 +51,8 @@ class LiveLoop:
             # what it leaves out, and a folder it cannot write, are notes: logged and in the report
             self.events = EventsFile(spec.tensorboard_dir, lambda text: self.notes.add(text, always=True))
         self.tick_s = decide_tick_s(spec.tensorboard_dir, spec.live_interval_s, spec.status_interval_s, send is not None)
-        self.inbox: deque = deque()  # (host, text) from the job port's threads (deque: thread-safe ends)
+        self.inbox: deque = deque()  # (host, text) from the role's handler (deque: thread-safe ends)
+        self.dropped = 0  # updates take_remote found no room for
         self.messages = self.bytes_sent = self.largest = 0  # a worker's traffic to the leader
         self.cpu_s = 0.0  # this thread's CPU time, with the sampler's in the report
         self.next_status = time.monotonic() + spec.status_interval_s
@@ -65,11 +66,12 @@ class LiveLoop:
         return self
 
     def take_remote(self, host: str, text: str) -> None:
-        """A worker's update from the job port (its thread): queued for the live thread."""
+        """A worker's update from the job port (the role's handler, on the main thread): queued
+        for the live thread, which alone writes the notes (it says the drops it counts here)."""
         if len(self.inbox) < MAX_QUEUED:
             self.inbox.append((host, text))
         else:
-            self.notes.add("workers' live figures arrived faster than they were read: some were dropped")
+            self.dropped += 1  # the main thread's alone; the live thread only reads it
 
     def _run(self) -> None:
         while not self._stop.wait(self.tick_s):
@@ -100,6 +102,8 @@ class LiveLoop:
             self.largest = max(self.largest, delivered)
 
     def take_updates(self, own: dict) -> None:
+        if self.dropped:
+            self.notes.add("workers' live figures arrived faster than they were read: some were dropped")
         updates = [own]
         while self.inbox:
             host, text = self.inbox.popleft()
