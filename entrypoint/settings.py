@@ -176,11 +176,11 @@ class LaunchSettings(NamedTuple):
     # leader may be what failed.
     host_done_send_s: float = 3.0
     host_done_failed_send_s: float = 1.0
-    # A report signed before the job port opened is a replay; this much clock difference
+    # A message signed before the job port opened is a replay; this much clock difference
     # between hosts is allowed.
-    report_clock_skew_s: float = 60.0
-    # How long the job port reads one connection's report.
-    report_read_timeout_s: float = 5.0
+    message_clock_skew_s: float = 60.0
+    # How long the job port reads one connection's message.
+    message_read_timeout_s: float = 5.0
     # The leader's probe of a worker's SSH port while it waits for the workers to accept it.
     ssh_probe_timeout_s: float = 1.0
     # One SSH session of the leader to a worker (telling the outcome, asking for stacks).

@@ -358,6 +358,7 @@ class _Shared(NamedTuple):
     settings: LaunchSettings
     runtime: Runtime
     notes: list[str]
+    capacity_stop_at: float | None = None  # decided once: the plan's, and its note's
 
 
 def build_plan(shared: _Shared, role: Role, processes: tuple[ProcessSpec, ...], extra_env: dict[str, str],
@@ -381,7 +382,7 @@ def build_plan(shared: _Shared, role: Role, processes: tuple[ProcessSpec, ...], 
         settings=shared.settings,
         files=shared.runtime.files,
         notes=tuple(shared.notes),
-        capacity_stop_at=decide_capacity_stop_at(shared.settings),
+        capacity_stop_at=shared.capacity_stop_at,
     )
 
 
@@ -405,14 +406,13 @@ def describe_restart_limits(settings: LaunchSettings, launcher: str, launcher_ki
             f"a rendezvous of its own; a lost host is not replaced (the job fails)"]
 
 
-def describe_capacity_end(settings: LaunchSettings) -> list[str]:
+def describe_capacity_end(settings: LaunchSettings, stop_at: float | None) -> list[str]:
     from entrypoint.decide.capacity import CAPACITY_END_ENV, describe_utc
 
     if settings.capacity_end_unreadable is not None:
         return [f"{CAPACITY_END_ENV}={settings.capacity_end_unreadable!r} is not a time this image reads (epoch "
                 f"seconds, epoch milliseconds or ISO 8601): the job is not stopped before the training plan's "
                 f"capacity ends"]
-    stop_at = decide_capacity_stop_at(settings)
     if stop_at is None:
         return []
     return [f"training plan: the capacity ends at {describe_utc(settings.capacity_ends_at)} and its instances are "
@@ -457,7 +457,8 @@ def decide(
     notes.extend(kind_notes)
     notes.extend(n for n in (topo.gpu_share_note, topo.processes_per_host_note) if n)
     notes.extend(describe_restart_limits(settings, dist.launcher, launcher_kind, len(topo.distribution_hosts)))
-    notes.extend(describe_capacity_end(settings))
+    capacity_stop_at = decide_capacity_stop_at(settings)
+    notes.extend(describe_capacity_end(settings, capacity_stop_at))
     tensorboard_dir = decide_tensorboard_dir(settings.tensorboard, job.tensorboard_path,
                                              os.path.join(job.paths.output_dir, "tensorboard"))
     thread_env, thread_note = threads.build_thread_env(job.environ, facts, topo, job.resource.current_instance_type,
@@ -472,7 +473,7 @@ def decide(
         sm_env.update(v3_launch.build_v3_env(job, topo, sm_env, settings.master_port))
     shared = _Shared(job, topo, dist.launcher, code, entry, install,
                      {**sm_env, **gpu_env, **topology.build_gpu_share_env(topo), **neuron_env,
-                      **compile_env, **report_env, **thread_env}, settings, runtime, notes)
+                      **compile_env, **report_env, **thread_env}, settings, runtime, notes, capacity_stop_at)
     plan = decide_role_plan(shared, dist, facts, launcher_kind, program_argv)._replace(report=report,
                                                                                        compile_cache=compile_cache)
     return decide_health_check(plan, job, facts, topo, runtime.python) if settings.health_check else plan

@@ -30,7 +30,7 @@ connection carries nothing or lines of UTF-8 text, at most MAX_MESSAGE_BYTES:
 - BYOC-ATTEMPT's json: word, attempt, host, exit_code, time. `attempt` numbers the job's runs
   from 1: a word about another attempt than the one a host is in is stale and dropped, so no
   rank of attempt N can be started beside a peer of attempt N-1 (docs/reliability.md).
-- A record made more than REPORT_CLOCK_SKEW_S before the port opened, or whose signature was
+- A record made more than settings.message_clock_skew_s before the port opened, or whose signature was
   seen before, is a replay and refused; so is anything unsigned or signed with another key.
 - The ranks find every host's port in BYOC_JOB_PORTS (`host:port,host:port`).
 
@@ -254,7 +254,7 @@ def parse_signed_line(line: str, key_hex: str, not_before: float,
         made = None
     if made is None:
         return None, "neither a root-cause record nor a host's outcome or figures"
-    if made < not_before - settings.report_clock_skew_s:
+    if made < not_before - settings.message_clock_skew_s:
         return None, "made before this job started (a replay)"
     return record, None
 
@@ -314,7 +314,7 @@ class JobPort:
     def _read_connection(self, conn, address) -> None:
         data = b""
         try:
-            conn.settimeout(self._settings.report_read_timeout_s)
+            conn.settimeout(self._settings.message_read_timeout_s)
             while len(data) < MAX_MESSAGE_BYTES:
                 chunk = conn.recv(8192)
                 if not chunk:

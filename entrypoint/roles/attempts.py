@@ -22,7 +22,17 @@ main thread) change it, and its waits between attempts are the loop's (roles/job
 
 from __future__ import annotations
 
+import enum
+
 from entrypoint.hosts.job_port import AttemptWord
+
+
+class Taken(enum.Enum):
+    """What the leader's board made of a worker's `ended`."""
+
+    STALE = "stale"  # about another attempt: dropped
+    TAKEN = "taken"  # this attempt's
+    OVER = "over"  # this attempt's, and no attempt follows: that worker is told `end`
 
 
 class AttemptBoard:
@@ -37,13 +47,12 @@ class AttemptBoard:
         self.next_stop_why: str | None = None  # the same for the next attempt, heard before it began
         self.over = False  # the leader's: no attempt follows this one
 
-    def take_ended(self, word: AttemptWord) -> str:
-        """The leader's: a worker's `ended`. Returns "stale", "taken", or "over" (no attempt
-        follows: the caller tells that worker `end`)."""
+    def take_ended(self, word: AttemptWord) -> Taken:
+        """The leader's: a worker's `ended`."""
         if word.attempt != self.attempt:
-            return "stale"
+            return Taken.STALE
         self.ended.setdefault(word.host, word.exit_code)
-        return "over" if self.over else "taken"
+        return Taken.OVER if self.over else Taken.TAKEN
 
     def take_leader_word(self, word: AttemptWord) -> str | None:
         """A worker's: the leader's `stop`, `start` or `end`. Why this attempt's run must stop

@@ -44,10 +44,10 @@ class HostRole:
         self.plan = plan
         self.stop = stop  # the job's one stop token (run/stop.py)
         self.loop = stop.loop  # the host's loop (entrypoint/loop.py): every wait here is on it
-        self.collector = collector  # supervise.OutputCollector: the tail and root causes, for reports
+        self.collector = collector  # supervise.OutputCollector: the tail and root causes, for the failure's words
         self.env = env  # the processes' environment (the container's and the plan's)
         self.paths = paths
-        self.what = what  # the job in a few words, for the log and reports
+        self.what = what  # the job in a few words, for the log and the outcome
         self.relaunchable = relaunchable  # a crash may be restarted in place here (restarts.py)
         self.supervisor = None  # the current run's (supervise.Supervisor)
         self.started_at: float | None = None  # time.monotonic() when the job's processes first started
@@ -165,7 +165,7 @@ class HostRole:
         return None
 
     def describe_failure(self, what: str, run=None) -> str:
-        """The failure report of one step of this host's part (supervise.RunResult run)."""
+        """The failure's words for one step of this host's part (supervise.RunResult run)."""
         return describe_run_failure(what, self.collector, self.plan.current_host,
                                     build_step_ending(run, self.lost, self.peer_failed))
 
@@ -185,7 +185,7 @@ class MultiHostRole(HostRole):
         self.loop.on({PeerLost: self.on_peer_lost})
         unresolved = wait_for_hosts(self.plan.hosts, settings.host_resolution_timeout_s, self.loop)
         if self.loop.stopped():
-            return None  # the orchestrator reports a stop during start-up
+            return None  # the orchestrator words a stop during start-up
         if not unresolved:
             self.resolved = True
             self.mark("hosts resolved")

@@ -23,7 +23,7 @@ from entrypoint.loop import Waited
 from entrypoint.outcome.failure import first_root_cause
 from entrypoint.outcome.hosts import describe_port_problem, describe_worker_host_failure
 from entrypoint.outcome.records import Outcome
-from entrypoint.roles.attempts import AttemptBoard
+from entrypoint.roles.attempts import AttemptBoard, Taken
 from entrypoint.roles.base import MultiHostRole
 
 MAX_REFUSED_LOGGED = 5
@@ -208,11 +208,11 @@ class JobPortLeader(JobPortRole):
                                      f"leader's workers")
             return
         taken = self.board.take_ended(word)
-        if taken == "stale":
+        if taken is Taken.STALE:
             return
         self.stop_attempt(f"host {word.host}'s processes of attempt {word.attempt} ended with exit code "
                           f"{word.exit_code}: the attempt cannot go on")
-        if taken == "over":  # no attempt follows: that worker waits for this word; one try, off the loop
+        if taken is Taken.OVER:  # no attempt follows: that worker waits for this word; one try, off the loop
             message = AttemptWord("end", word.attempt, self.plan.current_host)
             threading.Thread(target=job_port.send_message, daemon=True,
                              args=(word.host, self.plan.settings.job_port, self.plan.env_dict.get(JOB_KEY_ENV, ""),
@@ -321,11 +321,11 @@ class JobPortLeader(JobPortRole):
                                         settings.worker_gone_after_s, reported)
         for host in pending:
             if host in self.closed_ports and host not in self.worker_outcomes:
-                log(f"{plan.current_host}: worker host {host} stopped answering without reporting its outcome "
+                log(f"{plan.current_host}: worker host {host} stopped answering without sending its outcome "
                     f"(its own output/failure has it)")
         if waited is Waited.TIMEOUT:
             silent = ", ".join(h for h in plan.peers if h not in self.worker_outcomes and h not in self.closed_ports)
-            log(f"{plan.current_host}: worker host(s) {silent} had not reported the end of their part after "
+            log(f"{plan.current_host}: worker host(s) {silent} had not sent word of the end of their part after "
                 f"{settings.peer_wait_timeout_s:g} s (BYOC_PEER_WAIT_TIMEOUT_S); ending without their outcome")
         failed = [(h, self.worker_outcomes[h]) for h in plan.peers if self.worker_outcomes.get(h, 0) != 0]
         return failed[0] if failed else None

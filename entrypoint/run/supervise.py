@@ -519,10 +519,8 @@ def run_processes(processes_: tuple[ProcessSpec, ...], env: dict[str, str], cwd:
     try:
         with stop.reacting(None):  # a stop is posted, never raised, while processes run
             loop.handle_pending()
-            if loop.stopped():
-                name = signal.Signals(loop.stop_signum).name
-                log(f"received {name} before the processes started")
-                return RunResult(128 + loop.stop_signum, name, stop.at, started=False)
+            if loop.stopped():  # said when it was taken (on_stop, or the phase's handler before the run)
+                return RunResult(128 + loop.stop_signum, loop.stop_name, stop.at, started=False)
             code = start_beside(supervisor, hooks.before_start, loop, stop) or \
                 start_and_wait(supervisor, processes_, env, cwd, hooks.on_started)
     finally:

@@ -122,10 +122,10 @@ def test_only_the_main_thread_waits():
 
 # --- a role on the loop, its transports stood in ------------------------------------------------
 
-@pytest.fixture
-def leader(tmp_path, monkeypatch):
-    """The real JobPortLeader of a 3-host torchrun job, in attempt 1 whose processes failed here;
-    no port, no watch threads, no network: what it sends is recorded, what it hears is posted."""
+def make_roles(tmp_path, monkeypatch, current: str):
+    """Makes the real job-port role of `current` in a 3-host torchrun job, in attempt 1 whose
+    processes failed here; no port, no watch threads, no network: what it sends is recorded,
+    what it hears is posted. Silences are named at once (the waits' deadlines are now)."""
     from support.jobtree import write_tree
 
     from entrypoint.cli import load_plan, load_runtime
@@ -138,17 +138,18 @@ def leader(tmp_path, monkeypatch):
     for name in list(os.environ):
         if name.startswith(("SM_", "SAGEMAKER_", "BYOC_")):
             monkeypatch.delenv(name)
-    root = write_tree(tmp_path / "ml", hosts=("algo-1", "algo-2", "algo-3"), current_host="algo-1",
+    root = write_tree(tmp_path / current, hosts=("algo-1", "algo-2", "algo-3"), current_host=current,
                       hyperparameters={"sagemaker_torch_distributed_enabled": True}, script="pass\n")
     environ = {"SAGEMAKER_BASE_DIR": str(root), "BYOC_MAX_RESTARTS": "3", "BYOC_COMPILE_CACHE": "0",
                "BYOC_RUNTIME_DIR": str(tmp_path / "run")}
     monkeypatch.setenv("BYOC_RUNTIME_DIR", str(tmp_path / "run"))
     plan = load_plan(load_job(build_paths(environ), environ), probe_machine(), load_runtime(environ, "0" * 16))
-    plan = plan._replace(settings=plan.settings._replace(attempt_end_wait_s=0.0))  # silence: named at once
+    plan = plan._replace(settings=plan.settings._replace(attempt_end_wait_s=0.0, peer_wait_timeout_s=0.0))
     paths = build_paths(environ)
+    kind = role_module.JobPortLeader if plan.is_leader else role_module.JobPortWorker
 
     def make():
-        role = role_module.JobPortLeader(plan, OutputCollector(), dict(environ), paths, Stop(), "torchrun", True)
+        role = kind(plan, OutputCollector(), dict(environ), paths, Stop(), "torchrun", True)
         sent: list = []
         role.send_word = lambda host, word, attempt, exit_code=0, within_s=None: sent.append((host, word, attempt)) or True
         role.peer_addresses = lambda host: ["10.0.0." + host[-1]]
@@ -157,7 +158,17 @@ def leader(tmp_path, monkeypatch):
         role.supervisor = StandInRun()
         return role, sent
 
-    return make, None
+    return make
+
+
+@pytest.fixture
+def leader(tmp_path, monkeypatch):
+    return make_roles(tmp_path, monkeypatch, "algo-1"), None
+
+
+@pytest.fixture
+def worker(tmp_path, monkeypatch):
+    return make_roles(tmp_path, monkeypatch, "algo-2")
 
 
 class StandInWatch:
@@ -241,3 +252,45 @@ def test_a_stop_at_every_point_of_the_leaders_restart_ends_it_and_starts_no_atte
         role.loop.post(event)
     assert role.restart("attempt 1 failed", 1, "rank 0: exit code 1", time.time()) == "a stop signal came"
     assert not [s for s in sent if s[1] == "start"] and role.attempt == 1
+
+
+START_2 = AttemptWord("start", 2, "algo-1", 0, "10.0.0.1")
+END_1 = AttemptWord("end", 1, "algo-1", 0, "10.0.0.1")
+STOP_1 = AttemptWord("stop", 1, "algo-1", 0, "10.0.0.1")
+START_3 = AttemptWord("start", 3, "algo-1", 0, "10.0.0.1")  # two ahead: stale
+FORGED_START = AttemptWord("start", 2, "algo-1", 0, "10.9.9.9")  # not the leader's address
+LOST_1 = PeerLost("algo-1", "host algo-1 stopped answering on port 7778 for 30 s")
+WORKER_EVENTS = (START_2, END_1, STOP_1, START_3, FORGED_START, LOST_1, STOP)
+
+
+def decide_worker_expected(events) -> str | None:
+    """A worker's restart: a lost leader, else a stop, ends it; else the leader's first word
+    stands (`start 2`: attempt 2; `end 1`: the job ends); else no word came."""
+    if LOST_1 in events:
+        return LOST_1.reason
+    if STOP in events:
+        return "a stop signal came"
+    word = next((e for e in events if e in (START_2, END_1)), None)
+    if word is START_2:
+        return None
+    if word is END_1:
+        return "the leader algo-1 ends the job after attempt 1"
+    return "no word from the leader algo-1 within 0 s"
+
+
+def test_a_workers_restart_answers_by_its_rules_whatever_the_order_of_what_it_hears(worker):
+    """Every order of every subset of the events (13 700), each on a fresh worker: it says
+    `ended 1` to the leader first, whatever it heard before."""
+    checked = 0
+    for size in range(len(WORKER_EVENTS) + 1):
+        for order in itertools.permutations(WORKER_EVENTS, size):
+            role, sent = worker()
+            for event in order:
+                role.loop.post(event)
+            why = role.restart("attempt 1 failed", 1, "rank 3: exit code 1", time.time())
+            context = [f"{type(e).__name__}:{getattr(e, 'word', '')}" for e in order]
+            assert why == decide_worker_expected(order), (context, why)
+            assert sent == [("algo-1", "ended", 1)], context
+            assert role.attempt == (2 if why is None else 1), context
+            checked += 1
+    assert checked == 13700

@@ -14,7 +14,7 @@ import pytest
 from entrypoint.hosts.job_port import (ATTEMPT, AttemptWord, JobPort, Refused, Sent, build_attempt_record,
                                        build_signed_line, parse_attempt_record, send_message)
 from entrypoint.loop import HostLoop
-from entrypoint.roles.attempts import AttemptBoard
+from entrypoint.roles.attempts import AttemptBoard, Taken
 from entrypoint.settings import DEFAULTS
 
 KEY = "cd" * 32
@@ -73,13 +73,13 @@ def test_the_board_takes_words_only_for_the_attempt_it_is_in():
     board = AttemptBoard()
     assert board.take_leader_word(AttemptWord("start", 3, "algo-1")) is None and board.word is None  # two ahead
     assert board.take_leader_word(AttemptWord("end", 2, "algo-1")) is None and board.word is None  # another's end
-    assert board.take_ended(AttemptWord("ended", 2, "algo-2", 1)) == "stale"
-    assert board.take_ended(AttemptWord("ended", 1, "algo-2", 1)) == "taken"
+    assert board.take_ended(AttemptWord("ended", 2, "algo-2", 1)) is Taken.STALE
+    assert board.take_ended(AttemptWord("ended", 1, "algo-2", 1)) is Taken.TAKEN
     assert board.ended == {"algo-2": 1}
     assert board.next() == 2 and board.ended == {}  # what was heard of attempt 1 is forgotten
-    assert board.take_ended(AttemptWord("ended", 1, "algo-3", 1)) == "stale"  # late word of attempt 1
+    assert board.take_ended(AttemptWord("ended", 1, "algo-3", 1)) is Taken.STALE  # late word of attempt 1
     board.over = True
-    assert board.take_ended(AttemptWord("ended", 2, "algo-3", 1)) == "over"
+    assert board.take_ended(AttemptWord("ended", 2, "algo-3", 1)) is Taken.OVER
 
 
 def test_the_leaders_start_or_end_is_the_word_a_worker_waits_for_and_the_first_stands():
