@@ -26,6 +26,7 @@ import threading
 import time
 from typing import Callable, NamedTuple
 
+from entrypoint.log import log
 from entrypoint.settings import DEFAULTS
 
 
@@ -76,14 +77,26 @@ class HostLoop:
         """The first stop's signal name (SIGTERM), or None."""
         return None if self.stop_signum is None else signal.Signals(self.stop_signum).name
 
+    def handles(self, kind: type) -> bool:
+        return kind in self._handlers
+
     def stopped(self) -> bool:
         """A stop was posted (the stop token's handler)."""
         return self.stop_signum is not None
 
     def dispatch(self, event) -> None:
+        """The event to its handler. A handler that raises is a defect of ours: said with its
+        traceback, and the loop goes on (the wait that took it must still reach its deadline)."""
         handler = self._handlers.get(type(event))
-        if handler is not None:
+        if handler is None:
+            return
+        try:
             handler(event)
+        except Exception as exc:  # noqa: BLE001 - a wait's decision must not die of one event
+            import traceback
+
+            log(f"internal error while handling {type(event).__name__}: {type(exc).__name__}: {exc}")
+            traceback.print_exc()
 
     def handle_pending(self) -> None:
         """Every event queued now, handled here (main thread)."""

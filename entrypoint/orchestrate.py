@@ -84,7 +84,7 @@ def run_plan(plan: LaunchPlan, paths: MlPaths, environ: dict[str, str], launch: 
         # From the role's start to its outcome a stop is an event on the host's loop: every
         # wait of the role's ends on it, a run forwards it to its processes (entrypoint/loop.py).
         stop.reaction = None
-        stop.loop.on({StopRequested: lambda event: log(f"received {stop.loop.stop_name}")})
+        stop.loop.on({StopRequested: lambda event: log(f"received {signal.Signals(event.signum).name}")})
         outcome = role.start() or build_stopped_at_start(stop)
     if outcome is not None:
         if keeper is not None:

@@ -388,6 +388,18 @@ def deliver(loop, host: str, port: int, key_hex: str, message, within_s: float,
             return False
 
 
+def send_until(host: str, port: int, key_hex: str, message, within_s: float,
+               settings: LaunchSettings = DEFAULTS) -> bool:
+    """deliver, for a thread that only sends (no loop of its own): its pauses between tries are
+    on an Event no one sets, each settings.stop_check_s."""
+    deadline, pause = time.monotonic() + within_s, threading.Event()
+    while (sent := send_message(host, port, key_hex, message, settings)) is Sent.FAILED:
+        if time.monotonic() >= deadline:
+            return False
+        pause.wait(min(settings.stop_check_s, max(0.0, deadline - time.monotonic())))
+    return sent is Sent.DELIVERED
+
+
 def send_live_figures(leader: str, port: int, key_hex: str, host: str, figures_json: str,
                       settings: LaunchSettings = DEFAULTS) -> int:
     """This host's live figures (jobreport/live/) to the leader's port, one try (the next

@@ -64,13 +64,13 @@ def build_worker_lines(pending: bytes, data: bytes) -> tuple[list[bytes], bytes]
 class SessionReady(NamedTuple):
     """A worker's follower said READY_LINE: it follows its folder."""
 
-    host: str
+    session: object  # the WorkerSession (one per worker and run: an earlier run's is not this one's)
 
 
 class SessionEnded(NamedTuple):
     """A worker's session's stdout reached its end."""
 
-    host: str
+    session: object
 
 
 class WorkerSession:
@@ -101,7 +101,7 @@ class WorkerSession:
         pending = b""
         try:
             if self.proc.stdout.readline() == READY_LINE:
-                self.post(SessionReady(self.host))
+                self.post(SessionReady(self))
                 while chunk := self.proc.stdout.read1(65536):
                     lines, pending = build_worker_lines(pending, chunk)
                     self._deliver(lines)
@@ -111,7 +111,7 @@ class WorkerSession:
             if pending:
                 self._deliver([pending])
             self.threads[1].join(timeout=DEFAULTS.thread_join_s)  # ssh's last words say why, if it ended early
-            self.post(SessionEnded(self.host))
+            self.post(SessionEnded(self))
 
     def on_ready(self) -> None:
         self.ready = True
@@ -173,17 +173,25 @@ class WorkerOutput:
     def __init__(self, sessions: list[WorkerSession], loop) -> None:
         self.sessions = sessions
         self.loop = loop
-        by_host = {s.host: s for s in sessions}
-        self.handlers = loop.on({SessionReady: lambda event: by_host[event.host].on_ready(),
-                                 SessionEnded: lambda event: by_host[event.host].on_ended()})
+        mine = list(sessions)  # a late event of another run's session is not this run's
+        self.handlers = loop.on({SessionReady: lambda event: event.session in mine and event.session.on_ready(),
+                                 SessionEnded: lambda event: event.session in mine and event.session.on_ended()})
 
     def stop(self, join_s: float) -> None:
         """Every session's lines to their end, within join_s (a stop that comes meanwhile cuts
-        the wait; one that came during the run does not: its ranks' last words count most)."""
+        the wait; one that came during the run does not: its ranks' last words count most).
+        A stop here is still the run's too (its handler before this one's)."""
         for session in self.sessions:
             session.close()
+        self.loop.handle_pending()  # what came before this wait is the run's alone
         cut: list = []
-        previous = self.loop.on({StopRequested: cut.append})
+
+        def on_stop(event) -> None:
+            cut.append(event)
+            if previous.get(StopRequested) is not None:
+                previous[StopRequested](event)  # the run's: it forwards and notes the stop
+
+        previous = self.loop.on({StopRequested: on_stop})
         try:
             self.loop.wait(lambda: bool(cut) or all(s.ended for s in self.sessions), time.monotonic() + join_s,
                            stop_ends=False)

@@ -2,7 +2,7 @@
 
 `decide_*`/`build_*` are pure. `inspect_code` reads the code folder (or a local tarball's
 member list) without changing anything; `fetch_code` puts the code in place (the one step here
-that writes). Installing requirements is a step of the launch plan, run by execute.
+that writes). Installing requirements is a step of the launch plan, run by orchestrate.py.
 """
 
 from __future__ import annotations

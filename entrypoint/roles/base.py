@@ -14,8 +14,8 @@
 
 and the hooks a run calls: before_processes_start (None, or a callable given the supervisor),
 on_processes_started(supervisor), on_rank_killed(env, signum), ask_other_hosts (None, or a
-callable). Each role reads the job's one stop token (run/stop.py)
-in every wait. One module per launch family: single.py, mpi.py, job_port.py; choose.py is the
+callable). Every wait of a role is on the host's loop (entrypoint/loop.py), where its handlers
+take what the other hosts say and a stop ends the wait. One module per launch family: single.py, mpi.py, job_port.py; choose.py is the
 one switch on plan.role.
 """
 
@@ -209,6 +209,8 @@ class MultiHostRole(HostRole):
         super().on_processes_started(supervisor)  # the base's part: the "processes started" phase
         if self.watches is None:
             self.watches = self.start_watches()
+        if self.lost is not None:  # lost while this run's processes started (a restart's): it ends too
+            supervisor.stop_after_failure(f"{self.lost}: the job cannot go on")
 
     def start_watches(self) -> list:
         return []

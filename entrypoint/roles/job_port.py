@@ -53,6 +53,11 @@ class JobPortRole(MultiHostRole):
                                 settings=plan.settings)
         except OSError as exc:
             return self.start_problem(describe_port_problem(plan.settings.job_port, plan.current_host, exc), None)
+        from entrypoint.hosts.net import resolve_addresses
+
+        # Resolved now, once (every name resolved a moment ago): the handlers that check a
+        # sender run on the loop, where a lookup that blocks would hold every wait up.
+        self.addresses = {host: resolve_addresses(host) for host in plan.peers}
         self.loop.on({RootCauseLine: lambda event: self.collector.add_line_text(event.line),
                       HostDone: self.on_host_done, HostFigures: self.on_figures, HostLive: self.on_live,
                       AttemptWord: self.on_attempt_word, Refused: self.on_refused,
@@ -101,14 +106,10 @@ class JobPortRole(MultiHostRole):
         live.take_remote(host, live_figures.figures)
 
     def peer_addresses(self, host: str) -> list:
-        """A peer's addresses, resolved once: a word it sends must come from one of them (the
-        job's key is in every rank's environment, so a signature alone does not tell a host
-        from a rank elsewhere claiming to be it)."""
-        from entrypoint.hosts.net import resolve_addresses
-
-        if not self.addresses.get(host):
-            self.addresses[host] = resolve_addresses(host)
-        return self.addresses[host]
+        """A peer's addresses, resolved at the start (start_beside): a word it sends must come
+        from one of them (the job's key is in every rank's environment, so a signature alone
+        does not tell a host from a rank elsewhere claiming to be it)."""
+        return self.addresses.get(host, [])
 
     def on_attempt_word(self, word: AttemptWord) -> None:
         """A restart's word (roles/attempts.py); each role takes those meant for it."""
@@ -212,11 +213,12 @@ class JobPortLeader(JobPortRole):
             return
         self.stop_attempt(f"host {word.host}'s processes of attempt {word.attempt} ended with exit code "
                           f"{word.exit_code}: the attempt cannot go on")
-        if taken is Taken.OVER:  # no attempt follows: that worker waits for this word; one try, off the loop
-            message = AttemptWord("end", word.attempt, self.plan.current_host)
-            threading.Thread(target=job_port.send_message, daemon=True,
-                             args=(word.host, self.plan.settings.job_port, self.plan.env_dict.get(JOB_KEY_ENV, ""),
-                                   message, self.plan.settings)).start()
+        if taken is Taken.OVER:  # no attempt follows: that worker waits for this word, sent off the loop
+            plan = self.plan
+            message = AttemptWord("end", word.attempt, plan.current_host)
+            threading.Thread(target=job_port.send_until, daemon=True,
+                             args=(word.host, plan.settings.job_port, plan.env_dict.get(JOB_KEY_ENV, ""), message,
+                                   plan.settings.host_done_failed_send_s, plan.settings)).start()
 
     def restart(self, line: str, exit_code: int, cause: str, failed_at: float) -> str | None:
         """Every worker's processes of the failed attempt gone (each told `stop`, each saying

@@ -56,7 +56,9 @@ class Finish:
             raise FinishCut(why)
 
     def stopped(self) -> bool:
-        return self.stopped_by is not None
+        """A stop came since begin_finishing: before on_stop was this phase's reaction too
+        (the token posts every stop on the loop, whose stop starts afresh there)."""
+        return self.stopped_by is not None or self.stop.loop.stopped()
 
     def step(self, what: str, limit_s: float, action, *args, after_stop_s: float | None = None) -> None:
         """action(*args), cut at limit_s or by a stop; after a stop, skipped, or given
@@ -88,7 +90,7 @@ def start_finish(stop: Stop) -> Finish:
 
 
 def run_finish(finish: Finish, launch, outcome) -> None:
-    """The role's report and close (execute.Launch), each bounded; the folders removed last."""
+    """The role's report and close (orchestrate.Launch), each bounded; the folders removed last."""
     from entrypoint.settings import DEFAULTS
 
     role = launch.role

@@ -60,6 +60,8 @@ class Stop:
         self.loop.post(StopRequested(signum))  # every wait on the loop ends on it, in every phase
         if self.reaction is not None:
             self.reaction(signum)  # start-up and finishing also cut the blocking call in progress
+        elif not self.loop.handles(StopRequested):
+            log(f"received {name}")  # nobody will say it: between the outcome and finishing
 
     def raise_startup_stopped(self, signum: int) -> None:
         """The start-up reaction: as PID 1 a process gets no default action for SIGTERM, so
@@ -89,6 +91,8 @@ class Stop:
         self.floor = len(self.signals)
         self.loop.handle_pending()
         self.loop.stop_signum = None
+        if self.requested():  # one that came while the queued events were handled: finishing's
+            self.loop.stop_signum = self.signum
 
     @contextlib.contextmanager
     def reacting(self, reaction):

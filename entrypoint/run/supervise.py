@@ -5,12 +5,13 @@
   groups get SIGKILL. When one of several processes fails, the others get the same treatment.
 - Output is streamed live, byte for byte; a bounded tail is kept for the failure report, and
   the root-cause lines that ranks print (see rank/record_errors.py) are collected.
-- A stop reaches a run through the job's one token (run/stop.py): from before the first
-  process starts, its reaction is Supervisor.on_signal; a token already stopped starts nothing.
-  A stop taken at any moment of a start either prevents it (no process started: the run
-  reports started=False) or reaches the process started with SIGTERM: one that comes while
-  Popen runs (the child exists, but is not in `children` yet) is held, and forwarded as soon
-  as Popen returns; once a stop came, no further process is started.
+- A stop reaches a run through the host's loop (entrypoint/loop.py): the stop token posts
+  StopRequested, and the run's handler (Supervisor.on_stop) forwards it to every process
+  started so far. A stop counts from its post: the run looks at the loop just before each
+  start, so a stop either prevents it (no process started: the run reports started=False) or
+  reaches the process started with SIGTERM: one posted while Popen runs is taken as soon as
+  Popen returns; once a stop came, no further process is started. SIGCHLD and SIGUSR1 only
+  post ChildExited and StacksRequested; the run's wait is the loop's (take).
 - After the processes end, their output pumps get one shared deadline (settings.thread_join_s),
   not one each: a process the script left running that holds its stdout open costs it once.
 """
@@ -523,6 +524,9 @@ def run_processes(processes_: tuple[ProcessSpec, ...], env: dict[str, str], cwd:
                 return RunResult(128 + loop.stop_signum, loop.stop_name, stop.at, started=False)
             code = start_beside(supervisor, hooks.before_start, loop, stop) or \
                 start_and_wait(supervisor, processes_, env, cwd, hooks.on_started)
+            # What was posted as the run ended (another host's root cause, a lost host) is
+            # taken before its outcome is decided.
+            loop.handle_pending()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -568,6 +572,8 @@ def start_and_wait(supervisor: Supervisor, processes_: tuple[ProcessSpec, ...], 
         supervisor.signal_all(signal.SIGKILL)  # what did start cannot run without the rest
         for _, proc in supervisor.children:
             proc.wait()
+        for follower in supervisor.followers:
+            follower.stop(supervisor.settings.thread_join_s)
         return RunResult(EXIT_BAD_JOB, launch_error=str(error))
     supervisor.loop.handle_pending()  # a stop posted as the last one started reaches it now
     if not supervisor.children and supervisor.stopped_by is not None:  # stopped before the first start
