@@ -294,3 +294,88 @@ def test_a_workers_restart_answers_by_its_rules_whatever_the_order_of_what_it_he
             assert role.attempt == (2 if why is None else 1), context
             checked += 1
     assert checked == 13700
+
+
+# --- what the review of the loop found -----------------------------------------------------------
+
+def test_a_handler_that_raises_is_said_and_the_wait_goes_on(capfd):
+    loop, seen = HostLoop(), []
+
+    def broken(event):
+        raise KeyError("late session")
+
+    loop.on({Other: broken, Ping: lambda e: seen.append(e.n)})
+    loop.post(Other("boom"))
+    loop.post(Ping(1))
+    assert loop.wait(lambda: seen == [1], time.monotonic() + 60) is Waited.DONE
+    err = capfd.readouterr().err
+    assert "internal error while handling Other: KeyError: 'late session'" in err and "Traceback" in err
+
+
+def test_a_stop_that_comes_while_finishing_begins_counts_for_finishing():
+    """The signal lands while begin_finishing takes what was queued (a handler runs): the
+    loop's stop, reset for finishing, still holds it, and Finish sees it before its reaction
+    is in place."""
+    from entrypoint.run.finishing import Finish
+
+    stop = Stop()
+    stop.loop.on({Ping: lambda e: stop.on_signal(signal.SIGTERM, None)})
+    stop.loop.post(Ping(1))
+    stop.begin_finishing()
+    assert stop.loop.stop_name == "SIGTERM" and Finish(stop).stopped()
+    quiet = Stop()
+    quiet.loop.post(StopRequested(signal.SIGTERM))  # a stop the run answered: not finishing's
+    quiet.signals.append("SIGTERM")
+    quiet.begin_finishing()
+    assert not quiet.loop.stopped() and not Finish(quiet).stopped()
+
+
+def test_what_is_posted_as_the_processes_end_is_taken_before_the_run_returns(tmp_path):
+    """The last line's event (posted by the output pump, as a port's reader would post a
+    root cause) is handled before run_processes returns: the outcome is decided with it."""
+    from entrypoint.decide.specs import ProcessSpec
+    from entrypoint.run.supervise import OutputCollector, run_processes
+
+    stop, seen = Stop(), []
+    stop.loop.on({Other: lambda e: seen.append(e.text)})
+    collector = OutputCollector()
+    collector.on_line = lambda line: line == "last" and stop.loop.post(Other(line))
+    run = run_processes((ProcessSpec("p", (sys.executable, "-c", "print('last')")),), dict(os.environ),
+                        str(tmp_path), collector, stop)
+    assert run.exit_code == 0 and seen == ["last"]
+
+
+def test_a_host_lost_while_a_restarts_processes_start_stops_them(leader):
+    make, _ = leader
+    role, _ = make()
+    role.loop.post(LOST_3)
+    role.loop.handle_pending()  # taken between two attempts: the old run is over
+    new_run = StandInRun()
+    role.on_processes_started(new_run)
+    assert new_run.stopped == [f"{LOST_3.reason}: the job cannot go on"]
+
+
+def test_a_stop_while_the_workers_output_drains_is_the_runs_too_and_cuts_the_wait():
+    from entrypoint.hosts.worker_output import WorkerOutput
+
+    class SilentSession:
+        """A worker whose last lines never arrive."""
+
+        ended, said = False, []
+
+        def close(self) -> None:
+            pass
+
+        def end(self) -> None:
+            pass
+
+        def say_lost(self, why: str) -> None:
+            self.said.append(why)
+
+    loop, run_saw = HostLoop(), []
+    loop.on({StopRequested: run_saw.append})  # the run's handler
+    output = WorkerOutput([SilentSession()], loop)
+    threading.Timer(0.2, loop.post, [StopRequested(signal.SIGTERM)]).start()
+    output.stop(3600.0)
+    assert run_saw == [StopRequested(signal.SIGTERM)]
+    assert output.sessions[0].said == ["its last lines did not arrive within 3600 s"]
