@@ -331,7 +331,8 @@ def test_a_stop_that_comes_while_finishing_begins_counts_for_finishing():
 
 
 def test_what_is_posted_as_the_processes_end_is_taken_before_the_run_returns(tmp_path):
-    """The last line's event (posted by the output pump, as a port's reader would post a
+    """An event posted after the processes ended (here by the output pump, for a line a
+    process the script left behind writes a moment later, as a port's reader would post a
     root cause) is handled before run_processes returns: the outcome is decided with it."""
     from entrypoint.decide.specs import ProcessSpec
     from entrypoint.run.supervise import OutputCollector, run_processes
@@ -340,7 +341,8 @@ def test_what_is_posted_as_the_processes_end_is_taken_before_the_run_returns(tmp
     stop.loop.on({Other: lambda e: seen.append(e.text)})
     collector = OutputCollector()
     collector.on_line = lambda line: line == "last" and stop.loop.post(Other(line))
-    run = run_processes((ProcessSpec("p", (sys.executable, "-c", "print('last')")),), dict(os.environ),
+    left_behind = "import subprocess; subprocess.Popen(['setsid', 'sh', '-c', 'sleep 0.3; echo last'])"
+    run = run_processes((ProcessSpec("p", (sys.executable, "-c", left_behind)),), dict(os.environ),
                         str(tmp_path), collector, stop)
     assert run.exit_code == 0 and seen == ["last"]
 
