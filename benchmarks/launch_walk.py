@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-LINE = ("cli.py", "orchestrate.py", "run/execute.py")  # run/execute.py: where run_plan was before issue 44
+LINE = ("cli.py", "orchestrate.py", "run/execute.py")  # the last: run_plan's module in a tree before issue 44
 NOT_ROOMS = ("log.py", "plan.py", "decide/plan.py")
 
 

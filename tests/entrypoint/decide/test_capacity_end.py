@@ -59,7 +59,7 @@ def test_an_unreadable_value_is_said_in_the_plan_and_stops_nothing(raw):
     assert settings.capacity_ends_at is None and settings.capacity_end_unreadable == raw
     from entrypoint.decide.plan import describe_capacity_end
 
-    assert "is not a time this image reads" in describe_capacity_end(settings)[0]
+    assert "is not a time this image reads" in describe_capacity_end(settings, decide_capacity_stop_at(settings))[0]
 
 
 def test_the_stop_is_thirty_minutes_and_the_grace_period_before_the_end():

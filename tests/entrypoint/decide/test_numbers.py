@@ -78,8 +78,10 @@ def test_any_capacity_end_is_a_calendar_time_or_a_note_and_always_describable(ra
     assert (ends_at is None) or (readable and parse_epoch_s(ends_at) == ends_at)
     settings_ = parse_launch_settings({END: raw})
     from entrypoint.decide.plan import describe_capacity_end
+    from entrypoint.decide.settings import decide_capacity_stop_at
 
-    assert describe_capacity_end(settings_) is not None  # never a traceback (OverflowError, OSError)
+    # never a traceback (OverflowError, OSError)
+    assert describe_capacity_end(settings_, decide_capacity_stop_at(settings_)) is not None
 
 
 @pytest.mark.parametrize("raw, readable", [
