@@ -34,6 +34,11 @@ export DOCKER_HOST
 base=$(sed -n 's/^CPU_BASE_IMAGE=//p' docker/versions.env)
 bash docker/local/make-debian-base.sh "$base" >&2
 
+# A failed check keeps its root for inspection (3-4 GB each); the next check removes the ones
+# kept before it, or they fill the disk (seen: pip's ENOSPC in tests/images after four).
+for kept in /var/tmp/byoc-fresh-root.*; do
+    [[ -d $kept ]] && echo "check-fresh-root: removing an earlier check's root, $kept" >&2 && rm -rf -- "$kept"
+done
 scratch=$(mktemp -d /var/tmp/byoc-fresh-root.XXXXXX)
 # The root shares this machine's network (it needs the package registries, and there is no
 # NAT here); its own Docker engine gets a bridge of its own instead of docker0, which

@@ -105,7 +105,14 @@ def test_a_rank_killed_once_restarts_in_place_and_ends_like_an_uninterrupted_run
     killed_at = max(int(s) for s in re.findall(r"step[= ](\d+)", first_attempt))
     # It resumed from the last checkpoint logged as saved before the kill (or the next one, had
     # the kill fallen between its rename and its line), never an older one or one not written.
-    assert saved[-1] <= resumed[-1] <= min(saved[-1] + CHECKPOINT_EVERY, killed_at), first_attempt[-3000:]
+    # Under mpirun the log may miss the first attempt's last lines: Open MPI drops, whole, what
+    # it has not forwarded yet when it aborts the job (seen in a loaded fresh-root run: resumed
+    # from step 90, whose "saved" line rank 0 printed and the log never got, last line seen at
+    # 60). There the steps seen are only a floor of where the ranks were.
+    lines_may_be_dropped = launch == "mpirun"
+    assert resumed[-1] % CHECKPOINT_EVERY == 0 and resumed[-1] >= saved[-1], first_attempt[-3000:]
+    if not lines_may_be_dropped:
+        assert resumed[-1] <= min(saved[-1] + CHECKPOINT_EVERY, killed_at), first_attempt[-3000:]
     # Work lost: under two checkpoint intervals, as a checkpoint written in the background is on
     # disk before the next one is taken (one interval, plus the steps taken while it was written).
     assert killed_at - resumed[-1] < 2 * CHECKPOINT_EVERY
