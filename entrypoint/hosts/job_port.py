@@ -216,10 +216,6 @@ def parse_attempt_record(record: str) -> AttemptWord | None:
     return message if isinstance(message, AttemptWord) else None
 
 
-def build_attempt_record(word: AttemptWord, now: float) -> str:
-    return build_record(word, now)
-
-
 def sign_record(key_hex: str, record: str) -> str:
     """HMAC-SHA256 (hex) of a record with the job's key; ValueError for a key that is not hex."""
     import hmac  # only when a message is made or read: hmac imports hashlib, ~5 ms of every start-up
@@ -375,29 +371,30 @@ def send_message(host: str, port: int, key_hex: str, message, settings: LaunchSe
         return Sent.FAILED
 
 
+def _retry_send(host: str, port: int, key_hex: str, message, within_s: float, settings: LaunchSettings,
+                pause) -> bool:
+    """send_message, tried again every settings.stop_check_s until within_s has passed;
+    pause(seconds) waits between tries and returns False when the sender must give up."""
+    deadline = time.monotonic() + within_s
+    while (sent := send_message(host, port, key_hex, message, settings)) is Sent.FAILED:
+        if time.monotonic() >= deadline or not pause(min(settings.stop_check_s, max(0.0, deadline - time.monotonic()))):
+            return False
+    return sent is Sent.DELIVERED
+
+
 def deliver(loop, host: str, port: int, key_hex: str, message, within_s: float,
             settings: LaunchSettings = DEFAULTS) -> bool:
-    """send_message, tried again every settings.stop_check_s until within_s has passed; the
-    waits between tries are the host loop's (a stop ends them). True when it was delivered."""
-    deadline = time.monotonic() + within_s
-    while True:
-        sent = send_message(host, port, key_hex, message, settings)
-        if sent is not Sent.FAILED:
-            return sent is Sent.DELIVERED
-        if time.monotonic() >= deadline or not loop.pause(min(settings.stop_check_s, deadline - time.monotonic())):
-            return False
+    """The message, tried until within_s; the waits between tries are the host loop's (a stop
+    ends them). True when it was delivered."""
+    return _retry_send(host, port, key_hex, message, within_s, settings, loop.pause)
 
 
 def send_until(host: str, port: int, key_hex: str, message, within_s: float,
                settings: LaunchSettings = DEFAULTS) -> bool:
-    """deliver, for a thread that only sends (no loop of its own): its pauses between tries are
-    on an Event no one sets, each settings.stop_check_s."""
-    deadline, pause = time.monotonic() + within_s, threading.Event()
-    while (sent := send_message(host, port, key_hex, message, settings)) is Sent.FAILED:
-        if time.monotonic() >= deadline:
-            return False
-        pause.wait(min(settings.stop_check_s, max(0.0, deadline - time.monotonic())))
-    return sent is Sent.DELIVERED
+    """deliver, for a thread that only sends (no loop of its own): it pauses on an Event no one
+    sets."""
+    idle = threading.Event()
+    return _retry_send(host, port, key_hex, message, within_s, settings, lambda s: not idle.wait(s))
 
 
 def send_live_figures(leader: str, port: int, key_hex: str, host: str, figures_json: str,

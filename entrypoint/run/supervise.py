@@ -512,8 +512,7 @@ def run_processes(processes_: tuple[ProcessSpec, ...], env: dict[str, str], cwd:
     loop = stop.loop
     supervisor = Supervisor(collector, hooks, loop)
     oom_before = load_oom_kill_count()
-    handlers = loop.on({StopRequested: supervisor.on_stop, ChildExited: lambda event: None,
-                        StacksRequested: supervisor.on_stack_request})
+    handlers = loop.on({StopRequested: supervisor.on_stop, StacksRequested: supervisor.on_stack_request})
     posting = {signal.SIGCHLD: lambda _s, _f: loop.post(ChildExited()),
                signal.SIGUSR1: lambda _s, _f: loop.post(StacksRequested())}
     previous = {sig: signal.signal(sig, handler) for sig, handler in posting.items()}

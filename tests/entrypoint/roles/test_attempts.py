@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from entrypoint.hosts.job_port import (ATTEMPT, AttemptWord, JobPort, Refused, Sent, build_attempt_record,
+from entrypoint.hosts.job_port import (ATTEMPT, AttemptWord, JobPort, Refused, Sent, build_record,
                                        build_signed_line, parse_attempt_record, send_message)
 from entrypoint.loop import HostLoop
 from entrypoint.roles.attempts import AttemptBoard, Taken
@@ -64,9 +64,9 @@ def test_a_word_that_is_not_one_is_none(fields):
 def test_every_word_survives_its_round_trip_and_odd_host_text_too():
     for word in ("stop", "ended", "start", "end"):
         for host in ("algo-1", "h\ud800st", "a\x00b", "x" * 5000):
-            got = parse_attempt_record(build_attempt_record(AttemptWord(word, 2 ** 40, host, 255), time.time()))
+            got = parse_attempt_record(build_record(AttemptWord(word, 2 ** 40, host, 255), time.time()))
             assert got == AttemptWord(word, 2 ** 40, host, 255)
-    assert build_signed_line(KEY, build_attempt_record(AttemptWord("end", 1, "h\ud800"), 1.0)).isascii()
+    assert build_signed_line(KEY, build_record(AttemptWord("end", 1, "h\ud800"), 1.0)).isascii()
 
 
 def test_the_board_takes_words_only_for_the_attempt_it_is_in():
