@@ -9,12 +9,13 @@ guards it, and every wait is a wait on this queue, with its deadline as the time
     handle_pending()     take what is queued now, without waiting
 
 A stop is an event like the others: the stop token (run/stop.py) posts StopRequested from
-its signal handler, and a wait that dispatches one ends (Waited.STOPPED), so a stop cannot
-fall between two mechanisms. The loop keeps the first stop it took: a wait begun after it
-ends at once. torch's elastic agent is the model (_invoke_run: one loop, one state value).
+its signal handler, and it counts from its post: every wait ends on it (Waited.STOPPED), so
+a stop cannot fall between two mechanisms. The loop keeps the first stop posted: a wait begun
+after it ends at once. torch's elastic agent is the model (_invoke_run: one loop, one state value).
 
 Some conditions post nothing (a process that exits where no SIGCHLD is caught, a file a peer
-writes over SSH): a wait on those gives a tick, the longest it may go without looking.
+writes over SSH): their owner looks at them between take(interval)s. No wait goes longer than
+tick_s without looking at its condition.
 """
 
 from __future__ import annotations
@@ -108,7 +109,7 @@ class HostLoop:
             self.dispatch(event)
 
     def wait(self, until: Callable[[], bool] = lambda: False, deadline: float | None = None,
-             tick_s: float | None = None, stop_ends: bool = True) -> Waited:
+             stop_ends: bool = True) -> Waited:
         """Take events, each handled here, until until() is true (checked after each event and
         each tick), a stop came (unless stop_ends is False: a run that forwards the stop waits
         on for its processes), or time.monotonic() reaches deadline (None: no deadline)."""
@@ -122,8 +123,7 @@ class HostLoop:
             timeout = None if deadline is None else deadline - time.monotonic()
             if timeout is not None and timeout <= 0:
                 return Waited.TIMEOUT
-            tick_s = self.tick_s if tick_s is None else min(tick_s, self.tick_s)
-            timeout = tick_s if timeout is None else min(timeout, tick_s)
+            timeout = self.tick_s if timeout is None else min(timeout, self.tick_s)
             try:
                 event = self._events.get(timeout=timeout)
             except queue.Empty:
