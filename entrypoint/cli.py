@@ -9,12 +9,15 @@ import sys
 from typing import NamedTuple
 
 from entrypoint import orchestrate
-from entrypoint.run import finishing, runtime_dirs, supervise
-from entrypoint.run.stop import StartupStopped, Stop
+from entrypoint.loop import StacksRequested, StopRequested, Waited
+from entrypoint.run import finishing, runtime_dirs
+from entrypoint.run.stop import Stop
+from entrypoint.run.supervise import NoRanksToAsk
 from entrypoint.job.config import JobConfig, find_missing_channel_dirs, load_job
 from entrypoint.job.json_text import build_json
 from entrypoint.decide.distribution import parse_distribution
 from entrypoint.decide.settings import parse_launch_settings
+from entrypoint.settings import LaunchSettings
 from entrypoint.errors import EXIT_BAD_JOB, JobDefinitionError
 from entrypoint.outcome.failure import describe_bad_definition, redact, secret_values
 from entrypoint.outcome.stops import describe_startup_stop
@@ -52,8 +55,8 @@ def parse_args(argv: list[str] | None) -> Args:
     return Args(parsed.command, parsed.dry_run)
 
 
-def load_runtime(environ: dict[str, str], job_id: str) -> Runtime:
-    return Runtime(python=sys.executable, files=runtime_dirs.load_runtime_files(environ, job_id))
+def load_runtime(settings: LaunchSettings, job_id: str) -> Runtime:
+    return Runtime(python=sys.executable, files=runtime_dirs.load_runtime_files(settings.runtime_dir, job_id))
 
 
 def decide_job_id_of(job: JobConfig) -> str:
@@ -65,11 +68,11 @@ def decide_job_id_of(job: JobConfig) -> str:
                                       str(os.getpid()) if len(job.resource.hosts) == 1 else "")
 
 
-def load_plan(job: JobConfig, facts: MachineFacts, runtime: Runtime) -> LaunchPlan:
+def load_plan(job: JobConfig, facts: MachineFacts, runtime: Runtime, settings: LaunchSettings) -> LaunchPlan:
     """Everything between reading and running: the pure decisions, and a read-only look at the
-    code folder (is it empty, what entry point and requirements it holds)."""
+    code folder (is it empty, what entry point and requirements it holds). settings: the job's
+    environment, read once (parse_launch_settings)."""
     dist = parse_distribution(job)
-    settings = parse_launch_settings(job.environ)
     command_job = job.sdk_v3 is not None and job.sdk_v3.driver == "command"  # SDK v3's command=: no program
     program = "" if command_job else check_program_name(job.program)
     missing = find_missing_channel_dirs(job)
@@ -131,9 +134,15 @@ def build_bad_job(message: str, environ: dict[str, str]) -> Outcome:
     return Outcome(EXIT_BAD_JOB, report, logged=True)
 
 
-def build_startup_stopped(stop: StartupStopped) -> Outcome:
+def build_startup_stopped(stop: Stop) -> Outcome:
+    """The outcome of a stop that came before the role started (the first stop's)."""
     code = 128 + stop.signum
-    return Outcome(code, describe_startup_stop(str(stop), code))
+    return Outcome(code, describe_startup_stop(stop.signal_name, code))
+
+
+def say_startup_stop(event: StopRequested) -> None:
+    """The start-up's handler of a stop: each step looks at the loop before the next."""
+    log(f"received {signal.Signals(event.signum).name} during start-up")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -150,14 +159,11 @@ def main(argv: list[str] | None = None) -> int:
     launch = orchestrate.Launch(stop, tuple(secret_values(environ)))
     try:
         # Installed inside the try: a stop from the first moment it is ours ends in an outcome.
-        stop.reaction = stop.raise_startup_stopped  # until the role starts (orchestrate.py)
+        # Every handler only posts; start-up looks at the loop between its steps.
+        stop.loop.on({StopRequested: say_startup_stop, StacksRequested: NoRanksToAsk()})
         stop.install()
-        signal.signal(signal.SIGUSR1, supervise.on_stack_request_without_ranks)
         clear_previous_outcome(paths)
         outcome = run(environ, paths, launch)
-        stop.reaction = None  # decided: a stop from here is noted, and finishing counts it
-    except StartupStopped as stopped:
-        outcome = build_startup_stopped(stopped)
     except BaseException:
         launch.close(Outcome(1))  # an error of ours (its traceback follows): no other host waits on
         raise
@@ -195,6 +201,15 @@ def start_v3_drivers(environ: dict[str, str], why: str, dry_run: bool) -> int:
     with BYOC_SDK_V3_RUN=sdk (bash-env.sh then prepares for v3's drivers, as before)."""
     from entrypoint.job import v3_definition as v3
 
+    try:
+        parse_launch_settings(environ)  # every BYOC_* setting, refused here as on our own route
+    except JobDefinitionError as exc:
+        if dry_run:
+            log(render_reason(describe_bad_definition(str(exc)), secret_values(environ)).strip())
+            return EXIT_BAD_JOB
+        outcome = build_bad_job(str(exc), environ)
+        write_outcome(build_paths(environ), outcome, tuple(secret_values(environ)))
+        return outcome.exit_code
     command = environ.get(v3.COMMAND_ENV) or v3.DEFAULT_COMMAND
     argv = ["/bin/bash", "-c", command]
     log(f"SDK v3's own drivers run this job: {why}")
@@ -223,14 +238,51 @@ def print_plan(environ: dict[str, str], paths: MlPaths) -> int:
 
 def load_job_and_plan(environ: dict[str, str], paths: MlPaths):
     job = load_job(paths, environ)
-    runtime = load_runtime(environ, decide_job_id_of(job))
+    settings = parse_launch_settings(job.environ)  # first: every setting refused before anything starts
+    runtime = load_runtime(settings, decide_job_id_of(job))
     facts = probe_machine()
-    return job, facts, runtime, load_plan(job, facts, runtime)
+    return job, facts, runtime, load_plan(job, facts, runtime, settings)
 
 
 def run(environ: dict[str, str], paths: MlPaths, launch: orchestrate.Launch) -> Outcome:
-    """Read, decide, fetch the code (and decide again), pre-flight, make the job's folders,
-    run: the job's outcome, whichever step ended it."""
+    """Read, decide, fetch the code (and decide again), pre-flight (beside the loop: a stop walks
+    away from a read or a fetch that blocks), make the job's folders, run: the job's outcome,
+    whichever step ended it."""
+    stop = launch.stop
+    waited, prepared = stop.loop.run_beside(prepare_job, environ, paths)
+    if waited is not Waited.DONE:
+        return build_startup_stopped(stop)
+    if isinstance(prepared, Outcome):
+        return prepared
+    plan, runtime, launch.secrets, outcome = prepared  # secrets: what the outcome's words mask
+    if outcome is not None:
+        return outcome
+    launch.folders = tuple(runtime.files.folders)
+    outcome = start_job_folders(launch.folders)
+    stop.loop.handle_pending()
+    if outcome is None and stop.loop.stopped():
+        outcome = build_startup_stopped(stop)
+    if outcome is not None:
+        return outcome
+    try:
+        # Where the job's files for output.tar.gz go, and NCCL's flight recorder its dumps
+        # (gpu_env.py): SageMaker makes it; a bare local tree may not have it.
+        os.makedirs(paths.output_data_dir, exist_ok=True)
+    except OSError:
+        pass  # a read-only output folder: the job still runs (outcome/writer.py says so at the end)
+    return orchestrate.run_plan(plan, paths, environ, launch)
+
+
+class Prepared(NamedTuple):
+    plan: LaunchPlan
+    runtime: Runtime
+    secrets: tuple[str, ...]  # the environment's and the plan's
+    outcome: Outcome | None  # the pre-flight's, when it ended the job
+
+
+def prepare_job(environ: dict[str, str], paths: MlPaths) -> Prepared | Outcome:
+    """The plan and what it needs, or the Outcome of a bad job definition. Beside the loop: it
+    touches nothing the main thread owns."""
     try:
         job, facts, runtime, plan = load_job_and_plan(environ, paths)
     except JobDefinitionError as exc:
@@ -241,20 +293,8 @@ def run(environ: dict[str, str], paths: MlPaths, launch: orchestrate.Launch) -> 
         plan = fetch_code_and_decide_again(job, facts, runtime, plan, paths, environ)
         if isinstance(plan, Outcome):
             return plan
-    launch.secrets = tuple(secret_values({**environ, **plan.env_dict}))  # what the outcome's words mask
-    outcome = run_preflight(job, facts, plan, paths)
-    if outcome is None:
-        launch.folders = tuple(runtime.files.folders)
-        outcome = start_job_folders(launch.folders)
-    if outcome is not None:
-        return outcome
-    try:
-        # Where the job's files for output.tar.gz go, and NCCL's flight recorder its dumps
-        # (gpu_env.py): SageMaker makes it; a bare local tree may not have it.
-        os.makedirs(paths.output_data_dir, exist_ok=True)
-    except OSError:
-        pass  # a read-only output folder: the job still runs (outcome/writer.py says so at the end)
-    return orchestrate.run_plan(plan, paths, environ, launch)
+    secrets = tuple(secret_values({**environ, **plan.env_dict}))
+    return Prepared(plan, runtime, secrets, run_preflight(job, facts, plan, paths))
 
 
 def fetch_code_and_decide_again(job: JobConfig, facts: MachineFacts, runtime: Runtime, plan: LaunchPlan,
@@ -276,7 +316,7 @@ def fetch_code_and_decide_again(job: JobConfig, facts: MachineFacts, runtime: Ru
     except Exception as exc:  # noqa: BLE001 - reported in output/failure, not as a traceback
         return build_bad_job(f"could not fetch sagemaker_submit_directory {plan.code.uri}: {exc}", environ)
     try:
-        return load_plan(job, facts, runtime)  # now the code folder tells the entry point's kind
+        return load_plan(job, facts, runtime, plan.settings)  # now the code folder tells the entry point's kind
     except JobDefinitionError as exc:
         return build_bad_job(str(exc), environ)
 

@@ -77,13 +77,15 @@ def run_plan(plan: LaunchPlan, paths: MlPaths, environ: dict[str, str], launch: 
     stop = launch.stop
     role = launch.role = choose_role(plan, collector, env, paths, stop)
     role.start_report()
-    outcome = build_capacity_over(plan) or run_install_steps(plan, env, role) or check_health(plan, env, stop)
+    # Start-up: a stop is posted, never raised; each step looks at the loop before the next.
+    outcome = build_stopped_at_start(stop) or build_capacity_over(plan) or run_install_steps(plan, env, role) \
+        or check_health(plan, env, stop)
     keeper = start_compile_cache(plan, role, env) if outcome is None else None
     plan = role.plan  # the cache's folder may have changed in it (start_compile_cache)
+    outcome = outcome or build_stopped_at_start(stop)
     if outcome is None:
         # From the role's start to its outcome a stop is an event on the host's loop: every
         # wait of the role's ends on it, a run forwards it to its processes (entrypoint/loop.py).
-        stop.reaction = None
         stop.loop.on({StopRequested: lambda event: log(f"received {signal.Signals(event.signum).name}")})
         outcome = role.start() or build_stopped_at_start(stop)
     if outcome is not None:

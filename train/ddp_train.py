@@ -58,19 +58,13 @@ DEFAULT_COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=30)
 def parse_collective_timeout(environ: Mapping[str, str]) -> datetime.timedelta:
     """How long a collective (and the rendezvous) may wait for the other ranks before it fails
     with an error instead of hanging: BYOC_COLLECTIVE_TIMEOUT_S in seconds, else
-    BYOC_COLLECTIVE_TIMEOUT_MIN in minutes (fractions allowed), else 30 minutes."""
-    for name, unit, seconds in (("BYOC_COLLECTIVE_TIMEOUT_S", "seconds", 1.0), ("BYOC_COLLECTIVE_TIMEOUT_MIN", "minutes", 60.0)):
-        raw = environ.get(name, "").strip()
-        if not raw:
-            continue
-        try:
-            value = float(raw)
-        except ValueError:
-            value = float("nan")
-        if not 0 < value < float("inf"):
-            raise ValueError(f"{name}={raw!r} must be a positive number of {unit}")
-        return datetime.timedelta(seconds=value * seconds)
-    return DEFAULT_COLLECTIVE_TIMEOUT
+    BYOC_COLLECTIVE_TIMEOUT_MIN in minutes (fractions allowed), else 30 minutes. Read by the
+    settings table's rows (entrypoint/settings.py), the rule the entrypoint refused a bad value
+    by before the launch; outside it, a bad value raises its JobDefinitionError, naming it."""
+    from entrypoint.decide.settings import parse_collective_timeout_s
+
+    seconds = parse_collective_timeout_s(environ)
+    return DEFAULT_COLLECTIVE_TIMEOUT if seconds is None else datetime.timedelta(seconds=seconds)
 
 
 def start_process_group(pg_backend: str, ranks: RankInfo, environ: Mapping[str, str]) -> None:

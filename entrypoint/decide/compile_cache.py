@@ -51,7 +51,8 @@ class CompileCache(NamedTuple):
 
 
 def decide_compile_cache(environ: Mapping[str, str], checkpoint: CheckpointConfig | None, host_index: int,
-                         enabled: bool, max_mb: int, save_every_s: float) -> tuple[CompileCache | None, dict, list]:
+                         enabled: bool, max_mb: int, save_every_s: float,
+                         local_folder: str | None = None) -> tuple[CompileCache | None, dict, list]:
     """(what to keep, variables for every process, notes for the plan)."""
     if not enabled:
         return None, {}, ["torch.compile cache: off (BYOC_COMPILE_CACHE=0): torch's default folder, lost when "
@@ -59,7 +60,7 @@ def decide_compile_cache(environ: Mapping[str, str], checkpoint: CheckpointConfi
     if INDUCTOR_ENV in environ:
         return None, {}, [f"torch.compile cache: the job's own, {INDUCTOR_ENV}={environ[INDUCTOR_ENV]} (not "
                           f"archived by the launcher)"]
-    folder = environ.get("BYOC_COMPILE_CACHE_DIR") or LOCAL_FOLDER
+    folder = local_folder or LOCAL_FOLDER  # BYOC_COMPILE_CACHE_DIR, checked (settings.compile_cache_dir)
     env = {INDUCTOR_ENV: folder}
     triton = f"{TRITON_ENV}={environ[TRITON_ENV]} (the job's own)" if TRITON_ENV in environ else \
         f"{TRITON_ENV}={os.path.join(folder, 'triton')}"

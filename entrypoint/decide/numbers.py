@@ -57,7 +57,7 @@ def parse_setting(name: str, raw: str, kind: type, low: float, high: float | Non
     value = parse_number(raw, kind)
     if value is None or value < low or (high is not None and value > high):
         what = "a whole number" if kind is int else "a finite decimal number"
-        bound = f"between {low:g} and {high:g}" if high is not None else f"at least {low:g}"
+        bound = f"between {low:.12g} and {high:.12g}" if high is not None else f"at least {low:.12g}"
         raise JobDefinitionError(f"The environment variable {name}={raw!r} must be {what} {bound}"
                                  f"{' (not NaN or infinite)' if kind is float else ''}.")
     return value

@@ -14,7 +14,7 @@ from entrypoint.decide import threads, topology
 from entrypoint.job.config import JobConfig
 from entrypoint.job.json_text import build_json
 from entrypoint.decide.distribution import MPI_BASED, Distribution
-from entrypoint.decide.restarts import build_attempt_rendezvous_id
+from entrypoint.decide.restarts import ATTEMPT_ENV, build_attempt_rendezvous_id
 from entrypoint.decide.settings import decide_capacity_stop_at
 from entrypoint.errors import JobDefinitionError
 from entrypoint.decide.gpu_env import build_gpu_env
@@ -125,7 +125,7 @@ class LaunchPlan(NamedTuple):
 
 
 
-def build_job_key(job: JobConfig, hosts: tuple[str, ...]) -> str:
+def build_job_key(job: JobConfig, hosts: tuple[str, ...], secret: str | None = None) -> str:
     """The key the ranks sign their root causes with, the same on every host with no
     message between them: derived from what every host of this job is given and nothing
     outside the job has — its name, hosts and hyperparameters — and BYOC_JOB_SECRET when the
@@ -134,7 +134,7 @@ def build_job_key(job: JobConfig, hosts: tuple[str, ...]) -> str:
         "job": job.environ.get("TRAINING_JOB_NAME", ""),
         "hosts": list(hosts),
         "hyperparameters": job.hyperparameters.values,
-        "secret": job.environ.get("BYOC_JOB_SECRET", ""),
+        "secret": secret or "",  # BYOC_JOB_SECRET (settings.job_secret)
     }, sort_keys=True, default=str)
     return build_sha256_hex(b"byoc-job-report-key-v1\0" + material.encode("utf-8"))
 
@@ -451,7 +451,7 @@ def decide(
     notes.extend(neuron_notes)
     compile_cache, compile_env, compile_notes = decide_compile_cache(
         job.environ, job.checkpoint, job.resource.hosts.index(job.resource.current_host), settings.compile_cache,
-        settings.compile_cache_max_mb, settings.compile_cache_save_every_s)
+        settings.compile_cache_max_mb, settings.compile_cache_save_every_s, settings.compile_cache_dir)
     notes.extend(compile_notes)
     launcher_kind, kind_notes = decide_launcher_kind(dist, facts)
     notes.extend(kind_notes)
@@ -552,7 +552,9 @@ def decide_mpi_plan(shared: _Shared, dist: Distribution, facts: MachineFacts, la
         program_argv = (runtime.python, RECORD_ERRORS, "--exec", *program_argv)
     if launcher_kind == "smdataparallel":
         program_argv = ("smddprun", *program_argv)
-    forwarded = forwarded_names({**shared.env, **launcher_env}, dict(shared.job.environ))
+    # BYOC_ATTEMPT: each attempt's mpirun has it (restarts.build_attempt_processes); every
+    # host's ranks see the same number only if it is forwarded.
+    forwarded = forwarded_names({**shared.env, **launcher_env, ATTEMPT_ENV: ""}, dict(shared.job.environ))
     argv = build_mpirun_argv(topo, np_, forwarded, dist.custom_mpi_options, program_argv, runtime, efa=facts.efa)
     spec = ProcessSpec("mpirun", argv, signal_ranks=True,
                        rank_output=decide_rank_output(topo, dist.custom_mpi_options, runtime))
@@ -567,5 +569,5 @@ def build_job_port_env(job: JobConfig, topo: topology.Topology, settings: Launch
     if len(hosts) > 1 and JOB_PORTS_ENV not in job.environ:
         env[JOB_PORTS_ENV] = ",".join(f"{h}:{settings.job_port}" for h in hosts)
     if JOB_PORTS_ENV in env or JOB_PORTS_ENV in job.environ:
-        env[JOB_KEY_ENV] = env[JOB_KEY_OLD_ENV] = build_job_key(job, hosts)  # the old name for one release
+        env[JOB_KEY_ENV] = env[JOB_KEY_OLD_ENV] = build_job_key(job, hosts, settings.job_secret)  # the old name for one release
     return env

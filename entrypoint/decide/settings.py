@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping
 
 from entrypoint.errors import JobDefinitionError
-from entrypoint.settings import SETTINGS, LaunchSettings, Setting
+from entrypoint.settings import SETTINGS, SETTINGS_BY_FIELD, LaunchSettings, Setting
 
 
 def decide_capacity_stop_at(settings: LaunchSettings) -> float | None:
@@ -112,6 +112,28 @@ def parse_capacity_end_unreadable(row: Setting, environ: Mapping[str, str]) -> s
     return None if parse_capacity_end(environ.get(row.env))[1] else environ.get(row.env)
 
 
+def parse_folder(row: Setting, environ: Mapping[str, str]) -> str | None:
+    """A folder setting: an absolute path, or None when unset or empty (the module's default)."""
+    raw = environ.get(row.env) or ""
+    if raw == "":
+        return None
+    if not raw.startswith("/") or "\0" in raw or "\n" in raw:
+        raise JobDefinitionError(f"The environment variable {row.env}={raw!r} must be an absolute path (starting "
+                                 f"with /) without line breaks.")
+    return raw
+
+
+def parse_collective_timeout_s(environ: Mapping[str, str]) -> float | None:
+    """train/ddp_train.py's collective timeout, seconds: BYOC_COLLECTIVE_TIMEOUT_S, else
+    BYOC_COLLECTIVE_TIMEOUT_MIN, else None (its default). The rows' own rule, the entrypoint's:
+    a bad value is a JobDefinitionError naming it (refused there before the launch)."""
+    seconds = parse_setting_row(SETTINGS_BY_FIELD["collective_timeout_s"], environ, {})
+    if seconds is not None:
+        return seconds
+    minutes = parse_setting_row(SETTINGS_BY_FIELD["collective_timeout_min"], environ, {})
+    return None if minutes is None else minutes * 60.0
+
+
 # The rows read by a reader of their own (Setting.parser): words, not a number or a switch.
 PARSERS: dict[str, Callable[[Setting, Mapping[str, str]], Any]] = {
     # Neuron's own variable: only "1" is on, anything else off (never a bad job definition).
@@ -119,4 +141,6 @@ PARSERS: dict[str, Callable[[Setting, Mapping[str, str]], Any]] = {
     "health_check": lambda row, environ: parse_health_check(environ.get(row.env, "")),
     "capacity_end": parse_capacity_ends_at,
     "capacity_end_unreadable": parse_capacity_end_unreadable,
+    "folder": parse_folder,
+    "text": lambda row, environ: environ.get(row.env) or None,
 }

@@ -344,9 +344,25 @@ def _print_stacks_on_request() -> None:
     faulthandler answers in C, so it works even while the rank is stuck in a call. A program
     that installs its own SIGUSR1 handler replaces this one."""
     import _signal  # the C module: `signal` would import enum, ~2 ms of every rank's start
+    import atexit
     import faulthandler
 
     faulthandler.register(_signal.SIGUSR1, file=sys.stderr, all_threads=True, chain=False)
+    # The entrypoint asks only a rank that handles SIGUSR1 (run/processes.signal_ranks_below);
+    # at the interpreter's end its handlers go back to the default, which ends the process: a
+    # question in that window would turn a rank that succeeded into "killed by signal 10".
+    # Registered first, so run last of the exit handlers (a hang in another is still answered).
+    atexit.register(_stop_answering)
+
+
+def _stop_answering() -> None:
+    """SIGUSR1 ignored from here to the process's end: the rank cannot answer any more, and must
+    not die of the question."""
+    import _signal
+    import faulthandler
+
+    faulthandler.unregister(_signal.SIGUSR1)  # else the interpreter's end puts back the default
+    _signal.signal(_signal.SIGUSR1, _signal.SIG_IGN)
 
 
 # Where a rank killed by SIGSEGV, SIGABRT, SIGBUS, SIGFPE or SIGILL leaves its Python stacks, set
@@ -541,9 +557,9 @@ def main(argv: list) -> int:
         return 2
     if argv[0] == "--exec":
         return exec_with_host_env(argv[1:])
+    _print_stacks_on_request()  # first: until then a SIGUSR1 would end the rank (it is not asked)
     start_whole_lines()
     _apply_host_env()
-    _print_stacks_on_request()
     _record_fatal_signals()
     _start_step_figures()
     _log_torchrun_restart(os.environ)

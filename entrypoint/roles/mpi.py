@@ -34,7 +34,7 @@ from entrypoint.outcome.hosts import describe_job_outcome, describe_worker_failu
 from entrypoint.outcome.records import SUCCESS, Outcome
 from entrypoint.outcome.writer import load_failure_file, render_reason
 from entrypoint.roles.base import HostRole, MultiHostRole
-from entrypoint.loop import HostLoop
+from entrypoint.loop import Burst, HostLoop
 from entrypoint.run import processes
 
 @dataclass(frozen=True)
@@ -304,6 +304,7 @@ class MpiWorker(HostRole):
     def __init__(self, *args) -> None:
         super().__init__(*args)
         self.sshd: subprocess.Popen | None = None
+        self.stack_requests = Burst()  # the leader's asks (SIGUSR1): a burst asks the ranks once
 
     def start_live(self) -> None:
         """None here: an MPI worker's figures reach the leader over SSH, at the end only."""
@@ -340,9 +341,14 @@ class MpiWorker(HostRole):
             self.plan.current_host, self.plan.leader, ended.exit_code, ended.reason, ended.leader_failure)))
 
     def ask_ranks_for_stacks(self) -> None:
-        """The ranks mpirun started here (under orted, which we adopted as subreaper)."""
+        """The ranks mpirun started here (under orted, which we adopted as subreaper) that can
+        answer; a burst of asks is one."""
+        said = self.stack_requests.take(self.plan.settings.signal_burst_s)
+        if said is None:
+            return
         asked = processes.signal_ranks_below([os.getpid()], mpi_wire.STACKS_SIGNAL)
-        log(f"SIGUSR1: asked {len(asked)} rank process(es) on {self.plan.current_host} for their Python stacks")
+        log(f"SIGUSR1{said}: asked {len(asked.asked)} rank process(es) on {self.plan.current_host} for their "
+            f"Python stacks" + (f"; not asked, still starting: {', '.join(asked.starting)}" if asked.starting else ""))
 
     def write_figures(self) -> None:
         try:

@@ -5,87 +5,74 @@ reads its workers' figures, a worker sends its own) and closing (an MPI leader t
 workers the outcome, a torchrun/PS worker tells its leader and waits for it to end). Then the
 job's runtime folders are removed, whatever happened.
 
-- Each step has a deadline (SIGALRM; settings.finish_report_s, and for closing
-  settings.finish_close_s beyond the role's own wait for its peers, BYOC_PEER_WAIT_TIMEOUT_S).
-  A step that blocks — a FIFO a script left where we read, a peer that accepts and never
-  answers — is cut there: the signal's handler raises, which ends any blocking call.
-- A stop (SIGTERM: StopTrainingJob, `docker stop`; SIGINT) cuts the current step; after it the
-  report is skipped and closing gets settings.finish_after_stop_s (what it releases here, sshd
-  and the job port, is released in its `finally` blocks even when cut). Before the steps
-  (while the outcome is written) a stop is only noted, so the outcome is written whole. The
-  job's one stop token (run/stop.py) carries it: a stop before the outcome was the run's to
-  answer; from start_finish on, one counts here.
+- Each step has a deadline (settings.finish_report_s, and for closing settings.finish_close_s
+  beyond the role's own wait for its peers, BYOC_PEER_WAIT_TIMEOUT_S). Each runs beside the
+  host's loop (HostLoop.run_beside): a step that blocks — a FIFO a script left where we read,
+  a peer that accepts and never answers — is walked away from at its deadline, and ends at
+  its next wait on the loop (StepCut, its `finally` blocks run). No signal handler raises: the
+  stop token only posts, and no timer signal is armed (a timer of 1e10 s overflowed time_t).
+- A stop (SIGTERM: StopTrainingJob, `docker stop`; SIGINT; SIGHUP) cuts the current step; after
+  it the report is skipped and closing gets settings.finish_after_stop_s (what it releases
+  here, sshd and the job port, is released in its `finally` blocks when its wait is cut).
+  Before the steps (while the outcome is written) a stop is only noted, so the outcome is
+  written whole. The job's one stop token (run/stop.py) carries it: a stop before the outcome
+  was the run's to answer; from start_finish on, one counts here.
 Either way the outcome already decided stands: output/ as written, the exit code its own.
 """
 
 from __future__ import annotations
 
 import signal
+import time
 
 from entrypoint.log import log
+from entrypoint.loop import StacksRequested, StopRequested, Waited
 from entrypoint.run.stop import Stop
 
 
-class FinishCut(BaseException):  # not caught by a step's `except Exception`
-    """A finishing step was cut short: by a stop, or at its deadline."""
-
-
 class Finish:
-    """This host's finishing steps, one after the other (main thread only: the signal
-    handlers and the steps run there, so its fields have one writer)."""
+    """This host's finishing steps, one after the other, each beside the loop (the main thread
+    takes the events and the handlers run there, so its fields have one writer)."""
 
     def __init__(self, stop: Stop) -> None:
-        self.stop = stop  # the job's one token: its reaction from begin_finishing on is on_stop
+        self.stop = stop  # the job's one token: its stops from begin_finishing on are this phase's
         self.stopped_by: str | None = None  # the first stop while finishing (on_stop)
-        self.cutting = False  # True while a step runs: a stop or the deadline then raises FinishCut
-        self.limit_s = 0.0
 
-    def on_stop(self, signum: int) -> None:
-        """The token's reaction while finishing."""
-        name = signal.Signals(signum).name
-        self.stopped_by = self.stopped_by or name
-        log(f"received {name} while finishing: the outcome already decided stands; ending now")
-        self.cut(f"stopped by {name}")
-
-    def on_deadline(self, _signum, _frame) -> None:
-        self.cut(f"it took longer than {self.limit_s:g} s")
-
-    def cut(self, why: str) -> None:
-        if self.cutting:
-            self.cutting = False  # once: a second signal must not cut the step's own cleanup
-            raise FinishCut(why)
+    def on_stop(self, event: StopRequested) -> None:
+        """The loop's handler of a stop while finishing: said once; the step's wait ends on it."""
+        if self.stopped_by is None:
+            self.stopped_by = signal.Signals(event.signum).name
+            log(f"received {self.stopped_by} while finishing: the outcome already decided stands; ending now")
 
     def stopped(self) -> bool:
-        """A stop came since begin_finishing: before on_stop was this phase's reaction too
-        (the token posts every stop on the loop, whose stop starts afresh there)."""
+        """A stop came since begin_finishing."""
         return self.stopped_by is not None or self.stop.loop.stopped()
 
     def step(self, what: str, limit_s: float, action, *args, after_stop_s: float | None = None) -> None:
         """action(*args), cut at limit_s or by a stop; after a stop, skipped, or given
-        after_stop_s when set."""
-        if self.stopped():
+        after_stop_s when set (and then not cut by that stop)."""
+        self.stop.loop.handle_pending()  # a stop while the outcome was written is said first
+        stopped = self.stopped()
+        if stopped:
             if after_stop_s is None:
                 log(f"{what}: skipped (the job was stopped while finishing)")
                 return
             limit_s = after_stop_s
-        self.limit_s = limit_s
-        self.cutting = True
-        signal.setitimer(signal.ITIMER_REAL, limit_s)
-        try:
-            action(*args)
-        except FinishCut as cut:
-            log(f"{what}: cut short: {cut}")
-        finally:
-            self.cutting = False
-            signal.setitimer(signal.ITIMER_REAL, 0)
+        waited, _ = self.stop.loop.run_beside(action, *args, deadline=time.monotonic() + limit_s,
+                                              stop_ends=not stopped)
+        if waited is Waited.TIMEOUT:
+            log(f"{what}: cut short: it took longer than {limit_s:g} s")
+        elif waited is Waited.STOPPED:
+            log(f"{what}: cut short: stopped by {self.stop.loop.stop_name}")
 
 
 def start_finish(stop: Stop) -> Finish:
     """Stops count from now on (cli.main calls this before it writes the outcome)."""
+    from entrypoint.run.supervise import NoRanksToAsk
+
     finish = Finish(stop)
-    stop.begin_finishing()  # first: a stop from here on counts, and is cut by on_stop
-    stop.reaction = finish.on_stop
-    signal.signal(signal.SIGALRM, finish.on_deadline)
+    stop.begin_finishing()  # first: a stop from here on counts, and cuts the step under way
+    stop.loop.on({StopRequested: finish.on_stop, StacksRequested: NoRanksToAsk()})
     return finish
 
 
@@ -100,4 +87,5 @@ def run_finish(finish: Finish, launch, outcome) -> None:
         finish.step("closing", settings.finish_close_s + settings.peer_wait_timeout_s, launch.close_role, outcome,
                     after_stop_s=settings.finish_after_stop_s)
     finally:
+        finish.stop.loop.handle_pending()  # a stop as the last step ended is said
         launch.remove_folders()

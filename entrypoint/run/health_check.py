@@ -46,7 +46,8 @@ def run_health_check(plan: LaunchPlan, env: dict[str, str], stop: Stop) -> Outco
     if len(check.hosts) > 1:
         from entrypoint.hosts.net import wait_for_hosts  # a multi-host launch: imported by its role anyway
 
-        if wait_for_hosts((check.leader,), plan.settings.host_resolution_timeout_s):
+        if wait_for_hosts((check.leader,), plan.settings.host_resolution_timeout_s, stop.loop, plan.settings) \
+                and not stop.loop.stopped():
             return Outcome(EXIT_BAD_JOB, f"Deep health check (BYOC_HEALTH_CHECK=deep) could not start on {host}: "
                                          f"the leader {check.leader}'s name did not resolve within "
                                          f"{plan.settings.host_resolution_timeout_s:g} s "

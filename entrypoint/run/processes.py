@@ -128,22 +128,53 @@ def load_rank_label(pid: int) -> str:
     return f"pid {pid}"
 
 
-def signal_ranks_below(roots: list[int], sig: int, gap_s: float = 0.0) -> list[str]:
-    """Send sig to every Python rank below roots, one at a time gap_s apart; their labels
-    (load_rank_label) in that order."""
-    import time
+def parse_handled_signals(status: str) -> set[int]:
+    """/proc/<pid>/status: the signals the process catches or ignores (SigCgt, SigIgn), whose
+    arrival does not take the default action (for SIGUSR1: the end of the process)."""
+    handled = 0
+    for line in status.splitlines():
+        if line.startswith(("SigCgt:", "SigIgn:")):
+            handled |= int(line.split(":", 1)[1].strip() or "0", 16)
+    return {bit + 1 for bit in range(handled.bit_length()) if handled >> bit & 1}
 
-    labels = []
-    for i, pid in enumerate(load_rank_pids_below(roots)):
-        if i and gap_s:
-            time.sleep(gap_s)
+
+def load_handles_signal(pid: int, sig: int) -> bool:
+    """Whether pid has a handler for sig now (or ignores it): a rank answers SIGUSR1 only once
+    rank/record_errors.py registered faulthandler for it; before, the signal would end it."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return int(sig) in parse_handled_signals(f.read())
+    except (OSError, ValueError):
+        return False  # gone
+
+
+class Asked(NamedTuple):
+    """What signal_ranks_below did: the ranks asked, in order, and those not asked because they
+    could not answer yet (still starting: no handler for the signal), by label."""
+
+    asked: list[str]
+    starting: list[str]
+
+
+def signal_ranks_below(roots: list[int], sig: int, gap_s: float = 0.0) -> Asked:
+    """Send sig to every Python rank below roots that handles it, one at a time gap_s apart;
+    a rank without a handler for it yet (its interpreter still starting) is passed over, never
+    ended by the question. Labels: load_rank_label."""
+    asked: list[str] = []
+    starting: list[str] = []
+    for pid in load_rank_pids_below(roots):
         label = load_rank_label(pid)
+        if not load_handles_signal(pid, sig):
+            starting.append(label)
+            continue
+        if asked and gap_s:
+            time.sleep(gap_s)
         try:
             os.kill(pid, sig)
         except ProcessLookupError:
             continue
-        labels.append(label)
-    return labels
+        asked.append(label)
+    return Asked(asked, starting)
 
 
 def signal_groups(groups: list[int], sig: int) -> None:

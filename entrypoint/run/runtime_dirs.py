@@ -53,10 +53,11 @@ def decide_runtime_files(base: str, job_id: str, mounts: list[tuple[str, str]]) 
     return RuntimeFiles(folder, key_folder, private_folder, key_note)
 
 
-def load_runtime_files(environ: dict[str, str], job_id: str) -> RuntimeFiles:
-    """BYOC_RUNTIME_DIR, else /run/byoc where /run is writable, else a folder of this user's
-    under the temporary folder; and which mounts are memory-backed."""
-    base = environ.get("BYOC_RUNTIME_DIR") or ""
+def load_runtime_files(runtime_dir: str | None, job_id: str) -> RuntimeFiles:
+    """runtime_dir (BYOC_RUNTIME_DIR, checked: settings.runtime_dir), else /run/byoc where /run
+    is writable, else a folder of this user's under the temporary folder; and which mounts are
+    memory-backed."""
+    base = runtime_dir or ""
     if not base:
         if os.access(os.path.dirname(RUNTIME_BASE), os.W_OK):
             base = RUNTIME_BASE

@@ -1,84 +1,86 @@
-"""The job's one stop token: made once by cli.main, and the process's SIGTERM/SIGINT handler from
-then to the end. None makes its own, so a stop taken during one wait is never lost to the next
-(the torchrun/PS worker that took a SIGTERM while sending its figures used to wait out
-BYOC_PEER_WAIT_TIMEOUT_S in close).
+"""The job's one stop token: made once by cli.main, and the process's SIGTERM/SIGINT/SIGHUP
+handler from then to the end. None makes its own, so a stop taken during one wait is never lost
+to the next (the torchrun/PS worker that took a SIGTERM while sending its figures used to wait
+out BYOC_PEER_WAIT_TIMEOUT_S in close).
 
-The handler posts StopRequested on the host's loop (entrypoint/loop.py) in every phase, and the
-phase's owner may add a reaction that cuts a blocking call (`reacting`):
-- start-up (cli.main): StartupStopped is raised, ending whatever step runs;
-- from a role's start on (orchestrate.py): no reaction; the loop's waits end on the event, and
-  a run forwards it to its processes (run/supervise.Supervisor.on_stop, the run's handler). A
-  stop counts from its post: a run started after it starts nothing; one taken while a process
+Its handler only posts StopRequested on the host's loop (entrypoint/loop.py), in every phase:
+it writes nothing and raises nothing (a handler that wrote to a slow log pipe nested under a
+burst of signals and ended the process). The phase's owner answers it:
+- start-up (cli.main, orchestrate.run_plan up to the role's start): each step looks at the loop
+  before the next; a step that may block in the kernel (reading the job, fetching the code)
+  runs beside the loop (HostLoop.run_beside), which walks away from it on the stop;
+- from a role's start on (orchestrate.py): the loop's waits end on the event, and a run
+  forwards it to its processes (run/supervise.Supervisor.on_stop, the run's handler). A stop
+  counts from its post: a run started after it starts nothing; one taken while a process
   starts reaches that process once it is started;
-- finishing (run/finishing.py): `begin_finishing`, then its steps are cut.
+- finishing (run/finishing.py): `begin_finishing`, then each step runs beside the loop and is
+  walked away from on the stop.
 A stop before finishing is the run's to answer (forwarded, then its outcome written); only a
 stop after the outcome counts for finishing, so the loop's stop and `requested()` start afresh
-at `begin_finishing`. Main thread only: the handler and every writer of its fields run there.
+at `begin_finishing`.
+
+SIGHUP (a closed terminal, `docker run -it` ended) is a stop like SIGTERM: the outcome names
+it (exit code 129), and the processes get SIGTERM, the signal a training script saves on.
 """
 
 from __future__ import annotations
 
-import contextlib
 import signal
-import time
 
-from entrypoint.log import log
-from entrypoint.loop import HostLoop, StopRequested
+from entrypoint.loop import HostLoop, StacksRequested, StopRequested
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+# What a stop is forwarded to the processes as: SIGHUP's default would end a rank without the
+# checkpoint its SIGTERM handler writes.
+FORWARDED_AS = {signal.SIGHUP: signal.SIGTERM}
 
 
-class StartupStopped(BaseException):  # not caught by the `except Exception` of a start-up step
-    """SIGTERM or SIGINT before the training processes started (the start-up reaction)."""
-
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
+def decide_forwarded_signal(signum: int) -> int:
+    """The signal the processes get for a stop that came as signum."""
+    return int(FORWARDED_AS.get(signum, signum))
 
 
 class Stop:
-    """The stop requests this process received, in order, and what the current phase does with one."""
+    """The stop requests this process received, in order (posted on its loop), and the phase
+    that counts them."""
 
     def __init__(self) -> None:
-        self.signals: list[str] = []  # every stop signal's name, in order
-        self.at: float | None = None  # time.time() of the first
-        self.floor = 0  # requested() counts the signals after this many (begin_finishing)
-        self.reaction = None  # the current phase's: called with the signal number; raises
-        self.loop = HostLoop()  # where a stop is posted while no reaction raises (the role's phase)
+        self.floor = 0  # requested() counts the stops after this many (begin_finishing)
+        self.loop = HostLoop()  # where every stop is posted
 
     def install(self) -> None:
-        """This token becomes the SIGTERM/SIGINT handler (main thread; idempotent)."""
+        """This token becomes the stop signals' handler, and SIGUSR1 posts StacksRequested, for
+        the process's life (main thread; idempotent). Each only posts."""
         for sig in STOP_SIGNALS:
             if signal.getsignal(sig) != self.on_signal:
                 signal.signal(sig, self.on_signal)
+        if signal.getsignal(signal.SIGUSR1) != self.on_stack_request:
+            signal.signal(signal.SIGUSR1, self.on_stack_request)
 
     def on_signal(self, signum, _frame) -> None:
-        name = signal.Signals(signum).name
-        self.signals.append(name)
-        if self.at is None:
-            self.at = time.time()
         self.loop.post(StopRequested(signum))  # every wait on the loop ends on it, in every phase
-        if self.reaction is not None:
-            self.reaction(signum)  # start-up and finishing also cut the blocking call in progress
-        elif not self.loop.handles(StopRequested):
-            log(f"received {name}")  # nobody will say it: between the outcome and finishing
 
-    def raise_startup_stopped(self, signum: int) -> None:
-        """The start-up reaction: as PID 1 a process gets no default action for SIGTERM, so
-        without it a stop while reading /opt/ml, waiting for DNS, fetching code or installing
-        requirements was dropped and the container ran on until SIGKILL. cli.main reports it.
-        Once: a second stop while the first unwinds is only noted."""
-        self.reaction = None
-        raise StartupStopped(signum)
+    def on_stack_request(self, _signum, _frame) -> None:
+        self.loop.post(StacksRequested())  # the phase's handler asks the ranks, or says there are none
+
+    @property
+    def signals(self) -> list[str]:
+        """Every stop signal's name, in order."""
+        return [signal.Signals(s).name for s in self.loop.stops]
+
+    @property
+    def at(self) -> float | None:
+        """time.time() of the first stop."""
+        return self.loop.stop_at
 
     def requested(self) -> bool:
         """A stop came in this phase (since begin_finishing, once finishing began)."""
-        return len(self.signals) > self.floor
+        return len(self.loop.stops) > self.floor
 
     @property
     def signal_name(self) -> str | None:
         """The first stop signal of this phase, or None."""
-        return self.signals[self.floor] if self.requested() else None
+        return signal.Signals(self.loop.stops[self.floor]).name if self.requested() else None
 
     @property
     def signum(self) -> int:
@@ -88,18 +90,8 @@ class Stop:
         """The outcome is decided: from here a stop cuts the job's end (run/finishing.py). The
         loop's waits while finishing (a worker's last words to its leader) start afresh: a stop
         the run took already was the run's to answer."""
-        self.floor = len(self.signals)
+        self.floor = len(self.loop.stops)
         self.loop.handle_pending()
         self.loop.stop_signum = None
         if self.requested():  # one that came while the queued events were handled: finishing's
             self.loop.stop_signum = self.signum
-
-    @contextlib.contextmanager
-    def reacting(self, reaction):
-        """reaction(signum) for each stop while inside; None: only noted (the waits poll)."""
-        self.install()
-        previous, self.reaction = self.reaction, reaction
-        try:
-            yield self
-        finally:
-            self.reaction = previous

@@ -12,6 +12,10 @@
   reaches the process started with SIGTERM: one posted while Popen runs is taken as soon as
   Popen returns; once a stop came, no further process is started. SIGCHLD and SIGUSR1 only
   post ChildExited and StacksRequested; the run's wait is the loop's (take).
+- A rank is asked for its stack (SIGUSR1) only once it can answer: once it has a handler for
+  the signal (processes.signal_ranks_below); one still starting is passed over, and said, never
+  ended by the question. A burst of requests asks the ranks once (a dump takes its time) and
+  is said in one line (Burst).
 - After the processes end, their output pumps get one shared deadline (settings.thread_join_s),
   not one each: a process the script left running that holds its stdout open costs it once.
 """
@@ -36,16 +40,9 @@ from entrypoint.decide.specs import ProcessSpec
 from entrypoint.job.probe import load_oom_kill_count
 from entrypoint.run.stop import Stop
 from entrypoint.run.tagged_lines import TaggedLines
-from entrypoint.loop import HostLoop, StopRequested
+from entrypoint.loop import Burst, ChildExited, HostLoop, StacksRequested, StopRequested
+from entrypoint.run.stop import decide_forwarded_signal
 from entrypoint.settings import DEFAULTS, LaunchSettings
-
-
-class ChildExited(NamedTuple):
-    """SIGCHLD: a process below this one ended (posted by the run's handler)."""
-
-
-class StacksRequested(NamedTuple):
-    """SIGUSR1 during a run: every rank prints its Python stack (posted by the run's handler)."""
 
 TAIL_LINES = 100
 TAIL_LINE_CHARS = 500
@@ -242,6 +239,7 @@ class Supervisor:
         self.kill_at: float | None = None
         self.killed_at_deadline = False  # we sent SIGKILL when the grace period ran out
         self.first_failure_signaled: bool | None = None  # RunResult.signaled
+        self.stack_requests = Burst()  # SIGUSR1s: a burst asks the ranks once
 
     def start(self, spec: ProcessSpec, env: dict[str, str], cwd: str) -> None:
         if spec.rank_output:
@@ -320,19 +318,26 @@ class Supervisor:
         self.signal_all(signal.SIGTERM)
 
     def ask_ranks_for_stacks(self, gap_s: float = 0.0) -> list[str]:
-        """SIGUSR1 to every Python rank below our children (each prints its stack); the
-        ranks' labels in the order they were asked."""
+        """SIGUSR1 to every Python rank below our children that can answer it (each prints its
+        stack); the ranks' labels in the order they were asked. One still starting is said."""
         roots = [proc.pid for _, proc in self.children]
-        return processes.signal_ranks_below(roots, signal.SIGUSR1, gap_s)
+        asked = processes.signal_ranks_below(roots, signal.SIGUSR1, gap_s)
+        if asked.starting:
+            log(f"SIGUSR1: not asked, still starting (no handler for the signal yet): rank process(es) "
+                f"{', '.join(asked.starting)}")
+        return asked.asked
 
     def on_stack_request(self, _event: StacksRequested) -> None:
         """SIGUSR1: every Python rank on this host prints its stack (rank/record_errors.py),
-        and under a multi-host mpirun every worker's too; the job goes on."""
+        and under a multi-host mpirun every worker's too; the job goes on. A burst asks once."""
+        said = self.stack_requests.take(self.settings.signal_burst_s)
+        if said is None:
+            return
         asked = self.ask_ranks_for_stacks()
-        log(f"SIGUSR1: asking {len(asked)} rank process(es) on this host for their Python stacks"
+        log(f"SIGUSR1{said}: asking {len(asked)} rank process(es) on this host for their Python stacks"
             + (" and the other hosts' entrypoints for theirs" if self.ask_other_hosts else ""))
         if self.ask_other_hosts is not None:
-            threading.Thread(target=self.ask_other_hosts, daemon=True).start()  # ssh: not in a signal handler
+            threading.Thread(target=self.ask_other_hosts, daemon=True).start()  # ssh: not on the loop
 
     def check_for_hang(self) -> None:
         """No line from any child for hang_timeout_s: ask every rank for its stack;
@@ -371,7 +376,7 @@ class Supervisor:
             else:
                 log(f"received {name} before the processes started")
         if self.children:
-            self.signal_all(event.signum, stop_request=True)
+            self.signal_all(decide_forwarded_signal(event.signum), stop_request=True)
             self._kill_within(self.grace_period_s)
 
     def note_stopping(self) -> None:
@@ -482,9 +487,18 @@ class RunResult(NamedTuple):
     started: bool = True  # False: a stop came before any process started, and none was
 
 
-def on_stack_request_without_ranks(_signum, _frame) -> None:
-    """SIGUSR1 outside a run (start-up, waits): no rank to ask; it must not end the process."""
-    log("SIGUSR1: no training process is running on this host yet (or any more)")
+class NoRanksToAsk:
+    """The handler of SIGUSR1 outside a run (start-up, waits, finishing): no rank to ask; it
+    must not end the process. Said once per burst."""
+
+    def __init__(self, within_s: float = DEFAULTS.signal_burst_s) -> None:
+        self.burst = Burst()
+        self.within_s = within_s
+
+    def __call__(self, _event: StacksRequested) -> None:
+        said = self.burst.take(self.within_s)
+        if said is not None:
+            log(f"SIGUSR1{said}: no training process is running on this host yet (or any more)")
 
 
 class LaunchError(Exception):
@@ -506,29 +520,25 @@ def _names_its_interpreter(argv: list[str]) -> bool:
 def run_processes(processes_: tuple[ProcessSpec, ...], env: dict[str, str], cwd: str, collector: OutputCollector,
                   stop: Stop, hooks: RunHooks = RunHooks()) -> RunResult:
     """Start the processes, forward a stop to them, wait for every one, all on the host's loop
-    (stop.loop): while the run is on, a stop is the supervisor's event (on_stop), SIGCHLD and
-    SIGUSR1 only post theirs. A stop the loop took before this run starts nothing (between two
+    (stop.loop): while the run is on, a stop and SIGUSR1 are the supervisor's events (on_stop,
+    on_stack_request); SIGCHLD only posts its own. A stop the loop took before this run starts nothing (between two
     runs, or after the role's start); one taken while a process starts reaches it once started."""
     loop = stop.loop
     supervisor = Supervisor(collector, hooks, loop)
     oom_before = load_oom_kill_count()
     handlers = loop.on({StopRequested: supervisor.on_stop, StacksRequested: supervisor.on_stack_request})
-    posting = {signal.SIGCHLD: lambda _s, _f: loop.post(ChildExited()),
-               signal.SIGUSR1: lambda _s, _f: loop.post(StacksRequested())}
-    previous = {sig: signal.signal(sig, handler) for sig, handler in posting.items()}
+    previous = signal.signal(signal.SIGCHLD, lambda _s, _f: loop.post(ChildExited()))
     try:
-        with stop.reacting(None):  # a stop is posted, never raised, while processes run
-            loop.handle_pending()
-            if loop.stopped():  # said when it was taken (on_stop, or the phase's handler before the run)
-                return RunResult(128 + loop.stop_signum, loop.stop_name, stop.at, started=False)
-            code = start_beside(supervisor, hooks.before_start, loop, stop) or \
-                start_and_wait(supervisor, processes_, env, cwd, hooks.on_started)
-            # What was posted as the run ended (another host's root cause, a lost host) is
-            # taken before its outcome is decided.
-            loop.handle_pending()
+        loop.handle_pending()
+        if loop.stopped():  # said when it was taken (on_stop, or the phase's handler before the run)
+            return RunResult(128 + loop.stop_signum, loop.stop_name, stop.at, started=False)
+        code = start_beside(supervisor, hooks.before_start, loop, stop) or \
+            start_and_wait(supervisor, processes_, env, cwd, hooks.on_started)
+        # What was posted as the run ended (another host's root cause, a lost host) is
+        # taken before its outcome is decided.
+        loop.handle_pending()
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        signal.signal(signal.SIGCHLD, previous)
         loop.off(handlers)
     if isinstance(code, RunResult):
         return code

@@ -87,12 +87,18 @@ def build_authorized_keys(existing: str, trusted: Mapping[str, tuple[str, Sequen
 
 
 def parse_peer_wait_timeout(environ: Mapping[str, str]) -> float:
-    """BYOC_PEER_WAIT_TIMEOUT_S as for our own mpirun flow; a bad value means the default (this
-    runs in the background of v3's driver: there is nobody to report a bad job definition to)."""
-    from entrypoint.decide.numbers import parse_number  # the one rule for numbers (NaN, inf: the default)
+    """BYOC_PEER_WAIT_TIMEOUT_S by its row of the settings table, as for our own mpirun flow.
+    The entrypoint refused a bad value before it handed the job to v3's drivers (cli.main);
+    should one reach this helper anyway (it runs in the background of v3's driver, with nobody
+    to report a bad job definition to), the refusal is said and the default used."""
+    from entrypoint.decide.settings import parse_setting_row
+    from entrypoint.settings import SETTINGS_BY_FIELD
 
-    value = parse_number(environ.get("BYOC_PEER_WAIT_TIMEOUT_S") or "", float)
-    return value if value is not None and value >= 0 else DEFAULTS.peer_wait_timeout_s
+    try:
+        return parse_setting_row(SETTINGS_BY_FIELD["peer_wait_timeout_s"], environ, {})
+    except JobDefinitionError as exc:
+        sys.stderr.write(f"[entrypoint] {exc} Waiting the default {DEFAULTS.peer_wait_timeout_s:g} s.\n")
+        return DEFAULTS.peer_wait_timeout_s
 
 
 # --- reading ----------------------------------------------------------------------------------

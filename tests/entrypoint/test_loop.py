@@ -105,19 +105,29 @@ def test_take_waits_for_one_event_then_handles_what_is_queued_behind_it():
     assert loop.take(3600) is True and seen == [0, 1, 2]
 
 
-def test_only_the_main_thread_waits():
-    loop, errors = HostLoop(), []
+def test_only_the_main_thread_takes_events_and_a_step_beside_it_sees_them_handled_there():
+    """take() is the main thread's; a step run beside the loop never takes an event itself: its
+    wait ends once the main thread handled what it waits for."""
+    loop, errors, handled_on = HostLoop(), [], []
 
-    def wait_elsewhere() -> None:
+    def take_elsewhere() -> None:
         try:
-            loop.wait(deadline=time.monotonic())
+            loop.take(0)
         except AssertionError as error:
             errors.append(str(error))
 
-    thread = threading.Thread(target=wait_elsewhere)
+    thread = threading.Thread(target=take_elsewhere)
     thread.start()
     thread.join()
-    assert errors == ["the loop runs on the main thread"]
+    assert errors == ["a run's wait is the main thread's"]
+    loop.on({Ping: lambda e: handled_on.append((e.n, threading.current_thread() is threading.main_thread()))})
+
+    def step() -> Waited:
+        threading.Thread(target=loop.post, args=(Ping(7),)).start()  # posted from a third thread
+        return loop.wait(lambda: bool(handled_on), time.monotonic() + 3600)
+
+    assert loop.run_beside(step) == (Waited.DONE, Waited.DONE)
+    assert handled_on == [(7, True)]
 
 
 # --- a role on the loop, its transports stood in ------------------------------------------------
@@ -129,6 +139,7 @@ def make_roles(tmp_path, monkeypatch, current: str):
     from support.jobtree import write_tree
 
     from entrypoint.cli import load_plan, load_runtime
+    from entrypoint.decide.settings import parse_launch_settings
     from entrypoint.job.config import load_job
     from entrypoint.job.paths import build_paths
     from entrypoint.job.probe import probe_machine
@@ -143,7 +154,9 @@ def make_roles(tmp_path, monkeypatch, current: str):
     environ = {"SAGEMAKER_BASE_DIR": str(root), "BYOC_MAX_RESTARTS": "3", "BYOC_COMPILE_CACHE": "0",
                "BYOC_RUNTIME_DIR": str(tmp_path / "run")}
     monkeypatch.setenv("BYOC_RUNTIME_DIR", str(tmp_path / "run"))
-    plan = load_plan(load_job(build_paths(environ), environ), probe_machine(), load_runtime(environ, "0" * 16))
+    settings = parse_launch_settings(environ)
+    plan = load_plan(load_job(build_paths(environ), environ), probe_machine(), load_runtime(settings, "0" * 16),
+                     settings)
     plan = plan._replace(settings=plan.settings._replace(attempt_end_wait_s=0.0, peer_wait_timeout_s=0.0))
     paths = build_paths(environ)
     kind = role_module.JobPortLeader if plan.is_leader else role_module.JobPortWorker

@@ -143,12 +143,15 @@ def test_the_job_key_is_the_same_on_every_host_and_differs_between_jobs(tmp_path
                           script="pass\n", hosts=("algo-1", "algo-2"), current_host=host,
                           hyperparameters={"sagemaker_torch_distributed_enabled": True, "lr": 0.1})
         from entrypoint.cli import load_runtime, load_plan
+        from entrypoint.decide.settings import parse_launch_settings
         from entrypoint.job.config import load_job
         from entrypoint.job.paths import build_paths
         from entrypoint.job.probe import probe_machine
 
         environ = {"SAGEMAKER_BASE_DIR": str(root), "TRAINING_JOB_NAME": "job-a", **env}
-        plan = load_plan(load_job(build_paths(environ), environ), probe_machine(), load_runtime(environ, "0" * 16))
+        settings = parse_launch_settings(environ)
+        plan = load_plan(load_job(build_paths(environ), environ), probe_machine(), load_runtime(settings, "0" * 16),
+                         settings)
         dry = run_entrypoint(root, "--dry-run", **{"TRAINING_JOB_NAME": "job-a", **env})
         key = plan.env_dict["BYOC_JOB_PORT_KEY"]
         assert key not in dry.stdout and "BYOC_JOB_PORT_KEY" in dry.stdout and "BYOC_JOB_REPORT_KEY" in dry.stdout
