@@ -136,8 +136,8 @@ def build_bad_job(message: str, environ: dict[str, str]) -> Outcome:
 
 def build_startup_stopped(stop: Stop) -> Outcome:
     """The outcome of a stop that came before the role started (the first stop's)."""
-    code = 128 + stop.signum
-    return Outcome(code, describe_startup_stop(stop.signal_name, code))
+    code = 128 + stop.loop.stop_signum
+    return Outcome(code, describe_startup_stop(stop.loop.stop_name, code))
 
 
 def say_startup_stop(event: StopRequested) -> None:
@@ -151,8 +151,14 @@ def main(argv: list[str] | None = None) -> int:
     paths = build_paths(environ)
     if environ.get("BYOC_SDK_V3_RUN") == "byoc":  # bash-env.sh handed us SDK v3's sm_train.sh
         why = decide_v3_fallback(environ, paths)
-        if why:
+        refused = find_refused_setting(environ) if why else None  # refused here as on our own route
+        if why and refused is None:
             return start_v3_drivers(environ, why, args.dry_run)
+    else:
+        refused = None
+    if args.dry_run and refused is not None:
+        log(render_reason(describe_bad_definition(refused), secret_values(environ)).strip())
+        return EXIT_BAD_JOB
     if args.dry_run:
         return print_plan(environ, paths)
     stop = Stop()  # the job's one stop token: every wait and every role reads it (run/stop.py)
@@ -163,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         stop.loop.on({StopRequested: say_startup_stop, StacksRequested: NoRanksToAsk()})
         stop.install()
         clear_previous_outcome(paths)
-        outcome = run(environ, paths, launch)
+        outcome = build_bad_job(refused, environ) if refused is not None else run(environ, paths, launch)
     except BaseException:
         launch.close(Outcome(1))  # an error of ours (its traceback follows): no other host waits on
         raise
@@ -174,7 +180,17 @@ def main(argv: list[str] | None = None) -> int:
         # output/data/report (the leader's; a worker sends its figures), then closing (an MPI
         # leader tells its workers what it wrote), each bounded: run/finishing.py.
         finishing.run_finish(finish, launch, outcome)
+    finishing.end_finish(finish)
     return outcome.exit_code
+
+
+def find_refused_setting(environ: dict[str, str]) -> str | None:
+    """Why a BYOC_* setting of the environment is refused (the table's reading), or None."""
+    try:
+        parse_launch_settings(environ)
+    except JobDefinitionError as exc:
+        return str(exc)
+    return None
 
 
 def decide_v3_fallback(environ: dict[str, str], paths: MlPaths) -> str | None:
@@ -201,15 +217,6 @@ def start_v3_drivers(environ: dict[str, str], why: str, dry_run: bool) -> int:
     with BYOC_SDK_V3_RUN=sdk (bash-env.sh then prepares for v3's drivers, as before)."""
     from entrypoint.job import v3_definition as v3
 
-    try:
-        parse_launch_settings(environ)  # every BYOC_* setting, refused here as on our own route
-    except JobDefinitionError as exc:
-        if dry_run:
-            log(render_reason(describe_bad_definition(str(exc)), secret_values(environ)).strip())
-            return EXIT_BAD_JOB
-        outcome = build_bad_job(str(exc), environ)
-        write_outcome(build_paths(environ), outcome, tuple(secret_values(environ)))
-        return outcome.exit_code
     command = environ.get(v3.COMMAND_ENV) or v3.DEFAULT_COMMAND
     argv = ["/bin/bash", "-c", command]
     log(f"SDK v3's own drivers run this job: {why}")

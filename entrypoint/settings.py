@@ -41,10 +41,11 @@ class Setting(NamedTuple):
     parser: str = ""  # a reader of its own in decide/settings.py (PARSERS): not a number or a switch
 
 
-# The longest duration any setting may give (SageMaker's longest MaxRuntimeInSeconds: 28 days).
+# The longest duration any setting may give, seconds (SageMaker's longest MaxRuntimeInSeconds:
+# 28 days).
 # Every deadline and timer is built from a setting within it, so none overflows what the clock
 # and the kernel hold (BYOC_PEER_WAIT_TIMEOUT_S=1e10 once passed and then crashed the finish).
-MAX_DURATION_S = 28 * 24 * 3600.0
+MAX_DURATION = 28 * 24 * 3600.0
 
 SETTINGS: tuple[Setting, ...] = (
     Setting("master_port", "BYOC_MASTER_PORT", int, 7777, "torchrun's (and rpc's) rendezvous port on the leader",
@@ -55,21 +56,21 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("max_restarts", "BYOC_MAX_RESTARTS", int, 0, "restarts in place after a rank fails (decide/restarts.py)",
             0, 100, old_env="BYOC_TORCHRUN_MAX_RESTARTS"),
     Setting("grace_period_s", "BYOC_GRACE_PERIOD_S", float, 90.0,
-            "SIGTERM to SIGKILL when the job is stopped (StopTrainingJob allows 120 s)", 0.0, MAX_DURATION_S),
+            "SIGTERM to SIGKILL when the job is stopped (StopTrainingJob allows 120 s)", 0.0, MAX_DURATION),
     Setting("host_resolution_timeout_s", "BYOC_HOST_RESOLUTION_TIMEOUT_S", float, 300.0,
-            "how long a multi-host launch waits for its hosts' names to resolve", 0.0, MAX_DURATION_S),
+            "how long a multi-host launch waits for its hosts' names to resolve", 0.0, MAX_DURATION),
     Setting("neuron_parallel_compile", "RUN_NEURON_PARALLEL_COMPILE", bool, False,
             "Neuron's own: 1 pre-compiles the graphs (neuron_parallel_compile); anything else is off",
             parser="exactly_one"),
     Setting("ssh_port", "BYOC_SSH_PORT", int, 22, "sshd's port on every host (mpirun)", 1, 65535),
     Setting("peer_wait_timeout_s", "BYOC_PEER_WAIT_TIMEOUT_S", float, 300.0,
-            "a peer's first answer (SSH, the leader's ports), and a host's last word at the end", 0.0, MAX_DURATION_S),
+            "a peer's first answer (SSH, the leader's ports), and a host's last word at the end", 0.0, MAX_DURATION),
     Setting("host_lost_timeout_s", "BYOC_HOST_LOST_TIMEOUT_S", float, 30.0,
             "silence on its port after which a host counts as lost", 1.0, 60.0),
     Setting("job_port", "BYOC_JOB_PORT", int, 7778, "each host's liveness port, which takes the hosts' signed words",
             1, 65535, follows="master_port", offset=1),
     Setting("hang_timeout_s", "BYOC_HANG_TIMEOUT_S", float, 0.0,
-            "output silence after which the job counts as hung (stacks, exit 124); 0: off", 0.0, MAX_DURATION_S),
+            "output silence after which the job counts as hung (stacks, exit 124); 0: off", 0.0, MAX_DURATION),
     # The deep health check before the training (decide/health.py, run/health_check.py).
     Setting("health_check", "BYOC_HEALTH_CHECK", str, "",
             "\"deep\": an all-reduce across the GPUs before the training; \"\" or \"off\": none",
@@ -85,7 +86,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("health_check_port", "BYOC_HEALTH_CHECK_PORT", int, 7779, "the deep health check's rendezvous port",
             1, 65535, follows="master_port", offset=2),
     Setting("health_check_timeout_s", "BYOC_HEALTH_CHECK_TIMEOUT_S", float, 600.0,
-            "the whole deep health check, the wait for the other hosts included", 1.0, MAX_DURATION_S),
+            "the whole deep health check, the wait for the other hosts included", 1.0, MAX_DURATION),
     # The job report (entrypoint/jobreport/, docs/job-report.md).
     Setting("report", "BYOC_REPORT", bool, True, "the job report (output/data/report/)"),
     Setting("report_interval_s", "BYOC_REPORT_INTERVAL_S", float, 1.0, "how often the job report samples each host",
@@ -103,7 +104,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("compile_cache_max_mb", "BYOC_COMPILE_CACHE_MAX_MB", int, 1024,
             "the compile cache folder's bound, MB: least recently used files go first", 1, 1 << 20),
     Setting("compile_cache_save_every_s", "BYOC_COMPILE_CACHE_SAVE_EVERY_S", float, 600.0,
-            "how often the compile cache's archive is written; 0: only at the end and on a stop", 0.0, MAX_DURATION_S),
+            "how often the compile cache's archive is written; 0: only at the end and on a stop", 0.0, MAX_DURATION),
     # The training plan's capacity end (epoch s, decide/capacity.py): None without one; the raw
     # value when it could not be read (the plan says so, and nothing is stopped).
     Setting("capacity_ends_at", "SAGEMAKER_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP", float, None,
@@ -112,7 +113,7 @@ SETTINGS: tuple[Setting, ...] = (
             "the capacity's end as given, when it is no time this image reads", none_means="readable",
             parser="capacity_end_unreadable"),
     Setting("capacity_stop_lead", "BYOC_CAPACITY_STOP_LEAD_S", float, None,
-            "how long before the capacity's termination begins every host stops its processes", 0.0, MAX_DURATION_S,
+            "how long before the capacity's termination begins every host stops its processes", 0.0, MAX_DURATION,
             none_means="the grace period"),
     # Folders and words (parser "folder": an absolute path; "text": any words).
     Setting("runtime_dir", "BYOC_RUNTIME_DIR", str, None,
@@ -127,11 +128,15 @@ SETTINGS: tuple[Setting, ...] = (
     # after this. The entrypoint refuses a bad value before the launch; the rank reads it by
     # the same row (decide/settings.parse_collective_timeout_s).
     Setting("collective_timeout_s", "BYOC_COLLECTIVE_TIMEOUT_S", float, None,
-            "train/'s DDP: how long a collective waits for the other ranks, seconds", 1.0, MAX_DURATION_S,
+            "train/'s DDP: how long a collective waits for the other ranks, seconds", 1.0, MAX_DURATION,
             none_means="30 min"),
     Setting("collective_timeout_min", "BYOC_COLLECTIVE_TIMEOUT_MIN", float, None,
-            "the same in minutes, when BYOC_COLLECTIVE_TIMEOUT_S is unset", 0.05, MAX_DURATION_S / 60,
+            "the same in minutes, when BYOC_COLLECTIVE_TIMEOUT_S is unset", 0.05, MAX_DURATION / 60,
             none_means="30 min"),
+    # SDK v3: "sdk" hands a v3 job to v3's own drivers (job/v3_definition.py); read first of all.
+    Setting("sdk_v3_drivers", "BYOC_SDK_V3_DRIVERS", str, None,
+            "\"sdk\": SDK v3's own drivers run a v3 job; anything else: this image's launcher",
+            none_means="ours", parser="v3_drivers"),
 )
 SETTINGS_BY_FIELD = {row.field: row for row in SETTINGS}
 
@@ -175,6 +180,7 @@ class LaunchSettings(NamedTuple):
     job_secret: str | None = _default("job_secret")
     collective_timeout_s: float | None = _default("collective_timeout_s")
     collective_timeout_min: float | None = _default("collective_timeout_min")
+    sdk_v3_drivers: str | None = _default("sdk_v3_drivers")
 
     # --- fixed ----------------------------------------------------------------------------------
     # The longest a run goes without looking at its processes: an exit wakes it at once

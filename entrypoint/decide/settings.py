@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping
 
 from entrypoint.errors import JobDefinitionError
+from entrypoint.job.v3_definition import parse_drivers_choice
 from entrypoint.settings import SETTINGS, SETTINGS_BY_FIELD, LaunchSettings, Setting
 
 
@@ -142,5 +143,7 @@ PARSERS: dict[str, Callable[[Setting, Mapping[str, str]], Any]] = {
     "capacity_end": parse_capacity_ends_at,
     "capacity_end_unreadable": parse_capacity_end_unreadable,
     "folder": parse_folder,
+    # Read as before the table had it: "sdk" in any case and spacing; anything else is ours.
+    "v3_drivers": lambda row, environ: parse_drivers_choice(environ.get(row.env)),
     "text": lambda row, environ: environ.get(row.env) or None,
 }

@@ -164,7 +164,13 @@ def decide_v3_route(environ: Mapping[str, str]) -> str | None:
     launcher); "sdk": the user asks for v3's own drivers; "byoc": read it and launch it."""
     if environ.get(RUN_ENV) != HANDED:
         return None
-    return SDK if environ.get(CHOICE_ENV, "").strip().lower() == SDK else HANDED
+    return SDK if parse_drivers_choice(environ.get(CHOICE_ENV)) == SDK else HANDED
+
+
+def parse_drivers_choice(raw: str | None) -> str | None:
+    """BYOC_SDK_V3_DRIVERS (its row of the settings table reads it by this): "sdk" in any case
+    and spacing asks for v3's own drivers; anything else, this image's launcher (None)."""
+    return SDK if (raw or "").strip().lower() == SDK else None
 
 
 def is_legacy_train_command(job: V3Job) -> bool:

@@ -76,6 +76,12 @@ def start_finish(stop: Stop) -> Finish:
     return finish
 
 
+def end_finish(finish: Finish) -> None:
+    """A stop that came as the last steps ended, with nothing left to cut, is still said."""
+    if finish.stopped_by is None and finish.stop.loop.stopped():
+        log(f"received {finish.stop.loop.stop_name} as the job ended")
+
+
 def run_finish(finish: Finish, launch, outcome) -> None:
     """The role's report and close (orchestrate.Launch), each bounded; the folders removed last."""
     from entrypoint.settings import DEFAULTS
@@ -87,5 +93,5 @@ def run_finish(finish: Finish, launch, outcome) -> None:
         finish.step("closing", settings.finish_close_s + settings.peer_wait_timeout_s, launch.close_role, outcome,
                     after_stop_s=settings.finish_after_stop_s)
     finally:
-        finish.stop.loop.handle_pending()  # a stop as the last step ended is said
         launch.remove_folders()
+        finish.stop.loop.handle_pending()  # a stop that came as the last steps ended is said

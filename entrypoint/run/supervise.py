@@ -527,6 +527,7 @@ def run_processes(processes_: tuple[ProcessSpec, ...], env: dict[str, str], cwd:
     supervisor = Supervisor(collector, hooks, loop)
     oom_before = load_oom_kill_count()
     handlers = loop.on({StopRequested: supervisor.on_stop, StacksRequested: supervisor.on_stack_request})
+    stop.install()  # the token's handlers post the stops (idempotent: cli.main installed them)
     previous = signal.signal(signal.SIGCHLD, lambda _s, _f: loop.post(ChildExited()))
     try:
         loop.handle_pending()

@@ -13,6 +13,7 @@ Environment:
                 unset: no window, no stop (only STOP_AT_CHILDREN)
   STOP_AT_TO    module:qualname that closes it when called; "" closes it when FROM returns
   STOP_AT_STEP  the step to send SIGTERM at (1 = the first line in the window); 0 sends none
+  STOP_AT_SIGNAL  the signal sent instead of SIGTERM (SIGUSR1: a stack request at that moment)
   STOP_AT_NOTE  a file: `steps N` (how many steps the window had, when none was sent), or
                 `sent at FILE:LINE (FUNCTION)` (where the stop was sent)
   STOP_AT_LIST  optional, a file: every step of the window, one a line (FILE:LINE FUNCTION)
@@ -57,7 +58,8 @@ class Window:
                 self.sent = True
                 code = frame.f_code
                 write(self.note, f"sent at {os.path.relpath(code.co_filename, REPO)}:{frame.f_lineno} ({code.co_name})")
-                os.kill(os.getpid(), signal.SIGTERM)  # its handler runs here, before the next line
+                # Its handler runs here, before the next line.
+                os.kill(os.getpid(), signal.Signals[os.environ.get("STOP_AT_SIGNAL") or "SIGTERM"])
         return None if self.sent or self.closed else functools.partial(self.on_line, seen=seen)
 
     def on_call(self, frame, _event, _arg):

@@ -21,6 +21,7 @@ from entrypoint.decide.numbers import (  # noqa: E402
     CALENDAR_LAST, MAX_PROCESSES_PER_HOST, parse_count, parse_epoch_s, parse_number, parse_setting)
 from entrypoint.decide.settings import parse_launch_settings  # noqa: E402
 from entrypoint.errors import JobDefinitionError  # noqa: E402
+from entrypoint.settings import MAX_DURATION  # noqa: E402
 from entrypoint.sdk_v3.peer_trust import parse_peer_wait_timeout  # noqa: E402
 
 END = "SAGEMAKER_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP"
@@ -53,9 +54,9 @@ def test_any_float_is_read_back_or_refused_by_the_one_rule(value, form):
     try:
         grace = parse_launch_settings({"BYOC_GRACE_PERIOD_S": text}).grace_period_s
     except JobDefinitionError as exc:
-        assert "BYOC_GRACE_PERIOD_S" in str(exc) and not (math.isfinite(want) and want >= 0)
+        assert "BYOC_GRACE_PERIOD_S" in str(exc) and not (math.isfinite(want) and 0 <= want <= MAX_DURATION)
     else:
-        assert math.isfinite(grace) and grace >= 0
+        assert math.isfinite(grace) and 0 <= grace <= MAX_DURATION
 
 
 @settings(max_examples=500, deadline=None)
@@ -140,9 +141,25 @@ def test_any_count_is_a_whole_number_in_range_or_none(value):
     assert parse_count(value) is None or parse_count(value) >= 1
 
 
-@pytest.mark.parametrize("raw", ["nan", "inf", "-5", "1e999"])
-def test_sdk_v3s_helper_takes_the_default_for_what_is_not_a_number(raw):
+@pytest.mark.parametrize("raw", ["nan", "inf", "-5", "1e999", "1e10", "2419200.5", "\u0663", "1_000"])
+def test_sdk_v3s_helper_takes_the_default_for_what_the_tables_row_refuses_and_says_so(raw, capfd):
+    """The row's own rule (the entrypoint refused these before handing the job to v3's drivers);
+    one that reaches the helper anyway is said, and the default waited."""
     assert parse_peer_wait_timeout({"BYOC_PEER_WAIT_TIMEOUT_S": raw}) == 300.0
+    assert f"BYOC_PEER_WAIT_TIMEOUT_S={raw!r} must be" in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("raw, seconds", [("0", 0.0), ("2419200", 2419200.0), ("2419199.5", 2419199.5), ("", 300.0)])
+def test_sdk_v3s_helper_reads_what_the_row_takes(raw, seconds):
+    assert parse_peer_wait_timeout({"BYOC_PEER_WAIT_TIMEOUT_S": raw}) == seconds
+
+
+def test_the_v3_route_refuses_a_bad_setting_as_our_own_does():
+    from entrypoint.cli import find_refused_setting
+
+    assert find_refused_setting({"BYOC_PEER_WAIT_TIMEOUT_S": "1e10"}).startswith(
+        "The environment variable BYOC_PEER_WAIT_TIMEOUT_S='1e10' must be")
+    assert find_refused_setting({"BYOC_PEER_WAIT_TIMEOUT_S": "60"}) is None
 
 
 # --- through the real entrypoint ----------------------------------------------------------------

@@ -168,7 +168,7 @@ def test_mpirun_leader_two_hosts_golden():
     plan = plan_for(job, CPU)
     assert plan.role == "mpi-leader"
     sm_names = sorted(k for k, _ in plan.env if k.startswith("SM_"))
-    forwarded = sorted(["AWS_SECRET_ACCESS_KEY", "BYOC_HOST_ENV_FILE", "BYOC_REPORT_DIR", "MASTER_ADDR", "MASTER_PORT", "NCCL_SOCKET_IFNAME",
+    forwarded = sorted(["AWS_SECRET_ACCESS_KEY", "BYOC_ATTEMPT", "BYOC_HOST_ENV_FILE", "BYOC_REPORT_DIR", "MASTER_ADDR", "MASTER_PORT", "NCCL_SOCKET_IFNAME",
                         "OMP_NUM_THREADS", "PATH", "TORCHINDUCTOR_CACHE_DIR", "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS",
                         "TRITON_CACHE_DIR", *sm_names])
     files_flags = ("--allow-run-as-root", "--output-filename", "/tmp/byoc/rank-output:nocopy", *MPI_FLAGS[2:])

@@ -18,7 +18,7 @@ SWITCHES = [row for row in SETTINGS if row.kind is bool and not row.parser]
 
 def bad_number(name: str, raw: str, kind: type, low: float, high: float | None) -> str:
     what = "a whole number" if kind is int else "a finite decimal number"
-    bound = f"between {low:g} and {high:g}" if high is not None else f"at least {low:g}"
+    bound = f"between {low:.12g} and {high:.12g}" if high is not None else f"at least {low:.12g}"
     return (f"The environment variable {name}={raw!r} must be {what} {bound}"
             f"{' (not NaN or infinite)' if kind is float else ''}.")
 
@@ -89,7 +89,11 @@ def test_each_number_at_and_beyond_its_bounds(row):
 def test_the_messages_a_job_definition_gets():
     for environ, said in [
         ({"BYOC_GRACE_PERIOD_S": "-1"}, "The environment variable BYOC_GRACE_PERIOD_S='-1' must be a finite decimal "
-                                        "number at least 0 (not NaN or infinite)."),
+                                        "number between 0 and 2419200 (not NaN or infinite)."),
+        ({"BYOC_PEER_WAIT_TIMEOUT_S": "1e10"}, "The environment variable BYOC_PEER_WAIT_TIMEOUT_S='1e10' must be a "
+                                               "finite decimal number between 0 and 2419200 (not NaN or infinite)."),
+        ({"BYOC_RUNTIME_DIR": "run/here"}, "The environment variable BYOC_RUNTIME_DIR='run/here' must be an absolute "
+                                           "path (starting with /) without line breaks."),
         ({"BYOC_HOST_LOST_TIMEOUT_S": "61"}, "The environment variable BYOC_HOST_LOST_TIMEOUT_S='61' must be a finite "
                                              "decimal number between 1 and 60 (not NaN or infinite)."),
         ({"BYOC_MASTER_PORT": "0"}, "The environment variable BYOC_MASTER_PORT='0' must be a whole number between 1 "
