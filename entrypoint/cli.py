@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import errno
 import os
-import signal
 import sys
 from typing import NamedTuple
 
 from entrypoint import orchestrate
 from entrypoint.loop import StacksRequested, StopRequested, Waited
 from entrypoint.run import finishing, runtime_dirs
-from entrypoint.run.stop import Stop
+from entrypoint.run.stop import SayStop, Stop
 from entrypoint.run.supervise import NoRanksToAsk
 from entrypoint.job.config import JobConfig, find_missing_channel_dirs, load_job
 from entrypoint.job.json_text import build_json
@@ -140,9 +139,6 @@ def build_startup_stopped(stop: Stop) -> Outcome:
     return Outcome(code, describe_startup_stop(stop.loop.stop_name, code))
 
 
-def say_startup_stop(event: StopRequested) -> None:
-    """The start-up's handler of a stop: each step looks at the loop before the next."""
-    log(f"received {signal.Signals(event.signum).name} during start-up")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -166,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # Installed inside the try: a stop from the first moment it is ours ends in an outcome.
         # Every handler only posts; start-up looks at the loop between its steps.
-        stop.loop.on({StopRequested: say_startup_stop, StacksRequested: NoRanksToAsk()})
+        stop.loop.on({StopRequested: SayStop(" during start-up"), StacksRequested: NoRanksToAsk()})
         stop.install()
         clear_previous_outcome(paths)
         outcome = build_bad_job(refused, environ) if refused is not None else run(environ, paths, launch)

@@ -29,7 +29,7 @@ from entrypoint.outcome.writer import clear_previous_outcome
 from entrypoint.run import runtime_dirs
 from entrypoint.roles.base import HostRole
 from entrypoint.roles.choose import choose_role
-from entrypoint.run.stop import Stop
+from entrypoint.run.stop import SayStop, Stop
 from entrypoint.run.supervise import OutputCollector, RunHooks, RunResult, run_processes
 
 
@@ -86,7 +86,7 @@ def run_plan(plan: LaunchPlan, paths: MlPaths, environ: dict[str, str], launch: 
     if outcome is None:
         # From the role's start to its outcome a stop is an event on the host's loop: every
         # wait of the role's ends on it, a run forwards it to its processes (entrypoint/loop.py).
-        stop.loop.on({StopRequested: lambda event: log(f"received {signal.Signals(event.signum).name}")})
+        stop.loop.on({StopRequested: SayStop()})
         outcome = role.start() or build_stopped_at_start(stop)
     if outcome is not None:
         if keeper is not None:

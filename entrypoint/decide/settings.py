@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping
 
 from entrypoint.errors import JobDefinitionError
-from entrypoint.job.v3_definition import parse_drivers_choice
 from entrypoint.settings import SETTINGS, SETTINGS_BY_FIELD, LaunchSettings, Setting
 
 
@@ -135,6 +134,15 @@ def parse_collective_timeout_s(environ: Mapping[str, str]) -> float | None:
     return None if minutes is None else minutes * 60.0
 
 
+def parse_v3_drivers(raw: str | None) -> str | None:
+    """BYOC_SDK_V3_DRIVERS, by job/v3_definition.py's reading (imported only when it is set)."""
+    if not raw:
+        return None
+    from entrypoint.job.v3_definition import parse_drivers_choice
+
+    return parse_drivers_choice(raw)
+
+
 # The rows read by a reader of their own (Setting.parser): words, not a number or a switch.
 PARSERS: dict[str, Callable[[Setting, Mapping[str, str]], Any]] = {
     # Neuron's own variable: only "1" is on, anything else off (never a bad job definition).
@@ -144,6 +152,6 @@ PARSERS: dict[str, Callable[[Setting, Mapping[str, str]], Any]] = {
     "capacity_end_unreadable": parse_capacity_end_unreadable,
     "folder": parse_folder,
     # Read as before the table had it: "sdk" in any case and spacing; anything else is ours.
-    "v3_drivers": lambda row, environ: parse_drivers_choice(environ.get(row.env)),
+    "v3_drivers": lambda row, environ: parse_v3_drivers(environ.get(row.env)),
     "text": lambda row, environ: environ.get(row.env) or None,
 }

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import signal
 
+from entrypoint.log import log
 from entrypoint.loop import HostLoop, StacksRequested, StopRequested
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -38,6 +39,20 @@ FORWARDED_AS = {signal.SIGHUP: signal.SIGTERM}
 def decide_forwarded_signal(signum: int) -> int:
     """The signal the processes get for a stop that came as signum."""
     return int(FORWARDED_AS.get(signum, signum))
+
+
+class SayStop:
+    """A phase's handler of StopRequested that only says it: the first stop, once (a burst of
+    3,000 SIGTERM is one line); the phase's waits end on the loop's stop by themselves."""
+
+    def __init__(self, words: str = "") -> None:
+        self.words = words  # after the signal's name: " during start-up"
+        self.said = False
+
+    def __call__(self, event: StopRequested) -> None:
+        if not self.said:
+            self.said = True
+            log(f"received {signal.Signals(event.signum).name}{self.words}")
 
 
 class Stop:
