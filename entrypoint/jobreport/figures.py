@@ -244,8 +244,9 @@ def adjust_ddp_ranks(ranks: list[dict]) -> list[dict]:
         return ranks
     shortest = min(r["backward_ms"] for r in ddp)
     adjusted = []
+    ddp_ids = {id(r) for r in ddp}  # not `r in ddp`: a dict compare per pair made the report quadratic
     for r in ranks:
-        if r in ddp:
+        if id(r) in ddp_ids:
             series = r.get("series") or {}
             compute = [round(max(0.0, s - max(0.0, b - shortest)), 3) if isinstance(s, (int, float))
                        and isinstance(b, (int, float)) else None

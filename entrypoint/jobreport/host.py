@@ -90,10 +90,10 @@ class HostReport:
 def write_report_files(output_data_dir: str, report: dict) -> str:
     """output/data/report/report.json and index.html, each made whole first and then moved
     into place (a report that cannot be made leaves no half-written file); returns the folder."""
-    from entrypoint.jobreport.html import build_report_html
+    from entrypoint.jobreport.page import build_report_page
 
     texts = {"report.json": json.dumps(report, ensure_ascii=True, allow_nan=False),
-             "index.html": build_report_html(report)}
+             "index.html": build_report_page(report)}
     folder = os.path.join(output_data_dir, "report")
     os.makedirs(folder, exist_ok=True)
     for name, text in texts.items():

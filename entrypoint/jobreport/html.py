@@ -67,21 +67,26 @@ class Margin(NamedTuple):
 
 
 def build_report_html(report: dict) -> str:
-    """The whole page for one report.json. Always valid UTF-8 text (lone surrogates in the
-    report become '?'), whatever the report holds."""
+    """The whole page for one report.json of a job up to at_scale.LARGE_RANKS ranks and
+    LARGE_HOSTS hosts (jobreport/page.py chooses): a line per rank, a panel per host. Always
+    valid UTF-8 text (lone surrogates in the report become '?'), whatever the report holds."""
     report = _mapping(report)
     job = _mapping(report.get("job"))
     ranks = [r for r in _list(report.get("ranks")) if isinstance(r, dict)]
     stragglers = [s for s in _list(report.get("stragglers")) if isinstance(s, dict)]
-    body = "\n".join([
+    return build_page(report, job, [
         _render_header(job, _list(report.get("notes"))),
         _render_restarts([r for r in _list(report.get("restarts")) if isinstance(r, dict)]),
         _render_stragglers(stragglers),
         _section("Ranks", _render_rank_table(ranks, stragglers)),
         _section("Step times", _render_step_charts(ranks, stragglers)) if ranks else "",
         _section("Hosts", _render_host_panels(report, job)),
-        f'<footer>report.json version {_text(report.get("version", "?"))}</footer>',
     ])
+
+
+def build_page(report: dict, job: dict, sections: list) -> str:
+    """The page around its sections (this small page's, or a large job's: at_scale.py)."""
+    body = "\n".join([*sections, f'<footer>report.json version {_text(report.get("version", "?"))}</footer>'])
     title = _text(job.get("what") or "job report")
     page = (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">'

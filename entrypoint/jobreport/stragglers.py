@@ -21,20 +21,35 @@ MIN_EXCESS_MS = 1.0
 MIN_STEPS = 5
 
 
+def decide_median_without(ordered: list[float], at: int) -> float:
+    """The median of `ordered` (sorted) without its element at index `at`, in constant time:
+    what statistics.median of the others gives, without building them (a list of n for each
+    of n ranks made the report quadratic: 16.6 s at 1,024 hosts)."""
+    n = len(ordered) - 1  # the others
+
+    def other(i: int) -> float:  # the i-th smallest of the others
+        return ordered[i if i < at else i + 1]
+
+    return other(n // 2) if n % 2 else (other(n // 2 - 1) + other(n // 2)) / 2
+
+
 def decide_outliers(values: dict, pct: float = STRAGGLER_PCT) -> list[tuple[object, float, float, int]]:
-    """(key, value, median of the others, excess %) of each value that stands out."""
+    """(key, value, median of the others, excess %) of each value that stands out; one sort."""
     found = []
-    for key, value in values.items():
-        others = [v for k, v in values.items() if k != key]
-        if not others:
-            continue
-        median = statistics.median(others)
+    order = sorted(values, key=lambda k: values[k])
+    ordered = [values[k] for k in order]
+    if len(ordered) < 2:
+        return found
+    for at, key in enumerate(order):
+        value = ordered[at]
+        median = decide_median_without(ordered, at)
         if median <= 0 or value - median <= MIN_EXCESS_MS:
             continue
         excess = round(100 * (value - median) / median)
         if excess > pct:
             found.append((key, value, median, excess))
-    return sorted(found, key=lambda f: -f[3])
+    position = {key: i for i, key in enumerate(values)}  # ties in the order given, as before
+    return sorted(found, key=lambda f: (-f[3], position[f[0]]))
 
 
 def describe(who: str, value: float, median: float, excess: int) -> str:
