@@ -184,16 +184,11 @@ class HostLoop:
             return self._wait_beside(until, deadline, stop_ends)
         while True:
             self.handle_pending()  # what is queued is taken first, even by a wait whose deadline passed
-            if until():
-                return Waited.DONE
-            if stop_ends and self.stop_signum is not None:
-                return Waited.STOPPED
-            timeout = None if deadline is None else deadline - time.monotonic()
-            if timeout is not None and timeout <= 0:
-                return Waited.TIMEOUT
-            timeout = self.tick_s if timeout is None else min(timeout, self.tick_s)
+            seen = self._look(until, deadline, stop_ends)
+            if isinstance(seen, Waited):
+                return seen
             try:
-                event = self._events.get(timeout=timeout)
+                event = self._events.get(timeout=seen)
             except queue.Empty:
                 with self._lock:
                     self._lock.notify_all()  # a tick, beside the loop too
@@ -208,14 +203,21 @@ class HostLoop:
             while True:
                 if me in self._cut:
                     raise StepCut()
-                if until():
-                    return Waited.DONE
-                if stop_ends and self.stop_signum is not None:
-                    return Waited.STOPPED
-                timeout = None if deadline is None else deadline - time.monotonic()
-                if timeout is not None and timeout <= 0:
-                    return Waited.TIMEOUT
-                self._lock.wait(self.tick_s if timeout is None else min(timeout, self.tick_s))
+                seen = self._look(until, deadline, stop_ends)
+                if isinstance(seen, Waited):
+                    return seen
+                self._lock.wait(seen)
+
+    def _look(self, until: Callable[[], bool], deadline: float | None, stop_ends: bool) -> Waited | float:
+        """What a wait sees now: its answer, or how long it may wait before it looks again."""
+        if until():
+            return Waited.DONE
+        if stop_ends and self.stop_signum is not None:
+            return Waited.STOPPED
+        timeout = None if deadline is None else deadline - time.monotonic()
+        if timeout is not None and timeout <= 0:
+            return Waited.TIMEOUT
+        return self.tick_s if timeout is None else min(timeout, self.tick_s)
 
     def run_beside(self, action: Callable, *args, deadline: float | None = None,
                    stop_ends: bool = True) -> tuple[Waited, object]:

@@ -228,24 +228,30 @@ time.sleep(60)
 """
 
 
+def run_signalled_when(env: dict, ready, signum: int) -> tuple[subprocess.Popen, str, str]:
+    """The entrypoint, sent signum once ready(pid) is true; (the process, stdout, stderr)."""
+    proc = subprocess.Popen([PYTHON, "-m", "entrypoint", "train"], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        while not ready(proc.pid) and proc.poll() is None:
+            time.sleep(0.01)
+        proc.send_signal(signum)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc, out, err
+
+
 def test_a_sighup_while_the_script_runs_is_a_stop_and_the_script_gets_sigterm(tmp_path):
     """A closed terminal (`docker run -it` ended): a stop like SIGTERM, said as SIGHUP; the
     script gets SIGTERM, the signal it saves on, not SIGHUP (whose default would end it unsaved)."""
     root = write_tree(tmp_path / "ml", script=MARKS_SCRIPT)
     marks = tmp_path / "marks"
     marks.mkdir()
-    proc = subprocess.Popen([PYTHON, "-m", "entrypoint", "train"], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True,
-                            env=entrypoint_env(root, MARKS=str(marks), BYOC_RUNTIME_DIR=str(tmp_path / "run")))
-    try:
-        while not (marks / "started").exists() and proc.poll() is None:
-            time.sleep(0.02)
-        proc.send_signal(signal.SIGHUP)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    proc, _, err = run_signalled_when(entrypoint_env(root, MARKS=str(marks), BYOC_RUNTIME_DIR=str(tmp_path / "run")),
+                                      lambda _pid: (marks / "started").exists(), signal.SIGHUP)
     assert proc.returncode == 143, err[-3000:]  # the script's own code after its SIGTERM
     assert (marks / "term").exists(), err[-3000:]
     assert failure_text(root).startswith("Training was stopped by SIGHUP"), failure_text(root)
@@ -255,19 +261,8 @@ def test_a_sighup_while_the_script_runs_is_a_stop_and_the_script_gets_sigterm(tm
 def test_a_sighup_during_start_up_ends_it_as_a_stop_with_exit_code_129(tmp_path):
     root = write_tree(tmp_path / "ml", hosts=("algo-1", "no-such-host.invalid"), script="print('must not run')\n",
                       hyperparameters={"sagemaker_mpi_enabled": True})
-    proc = subprocess.Popen([PYTHON, "-m", "entrypoint", "train"], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True,
-                            env=entrypoint_env(root, BYOC_HOST_RESOLUTION_TIMEOUT_S="3600",
-                                               BYOC_RUNTIME_DIR=str(tmp_path / "run")))
-    try:
-        while not has_handler(proc.pid, signal.SIGHUP) and proc.poll() is None:
-            time.sleep(0.01)
-        proc.send_signal(signal.SIGHUP)
-        out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    env = entrypoint_env(root, BYOC_HOST_RESOLUTION_TIMEOUT_S="3600", BYOC_RUNTIME_DIR=str(tmp_path / "run"))
+    proc, out, err = run_signalled_when(env, lambda pid: has_handler(pid, signal.SIGHUP), signal.SIGHUP)
     assert proc.returncode == 129, err[-3000:]
     assert failure_text(root).startswith("Stopped by SIGHUP during start-up, before the training processes started")
     assert "must not run" not in out and "Traceback" not in err
