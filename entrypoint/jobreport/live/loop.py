@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import deque
 
 from entrypoint.jobreport.live.update import Notes, build_update, fit_update, load_rank_raws, parse_update
 from entrypoint.jobreport.live.status_line import build_status_line
 from entrypoint.settings import DEFAULTS
 
-MAX_QUEUED = 64  # workers' updates waiting for the next tick; past it, the newest are dropped
 
 
 def decide_tick_s(tensorboard_dir: str | None, live_interval_s: float, status_interval_s: float,
@@ -51,8 +49,12 @@ class LiveLoop:
             # what it leaves out, and a folder it cannot write, are notes: logged and in the report
             self.events = EventsFile(spec.tensorboard_dir, lambda text: self.notes.add(text, always=True))
         self.tick_s = decide_tick_s(spec.tensorboard_dir, spec.live_interval_s, spec.status_interval_s, send is not None)
-        self.inbox: deque = deque()  # (host, text) from the role's handler (deque: thread-safe ends)
-        self.dropped = 0  # updates take_remote found no room for
+        # host -> its newest update not read yet: every host is in the next tick, whatever their
+        # number (a queue of 64 once left 191 of 256 hosts out); a newer update replaces one not
+        # read yet (replaced counts them: their points are not drawn, the newer one's are).
+        self.inbox: dict[str, str] = {}
+        self.inbox_lock = threading.Lock()  # the main thread puts, the live thread takes
+        self.replaced = 0
         self.messages = self.bytes_sent = self.largest = 0  # a worker's traffic to the leader
         self.cpu_s = 0.0  # this thread's CPU time, with the sampler's in the report
         self.next_status = time.monotonic() + spec.status_interval_s
@@ -66,12 +68,13 @@ class LiveLoop:
         return self
 
     def take_remote(self, host: str, text: str) -> None:
-        """A worker's update from the job port (the role's handler, on the main thread): queued
-        for the live thread, which alone writes the notes (it says the drops it counts here)."""
-        if len(self.inbox) < MAX_QUEUED:
-            self.inbox.append((host, text))
-        else:
-            self.dropped += 1  # the main thread's alone; the live thread only reads it
+        """A worker's update from the job port (the role's handler, on the main thread): kept for
+        the live thread's next tick, the newest of each host (the live thread alone writes the
+        notes: it says the replaced ones counted here)."""
+        with self.inbox_lock:
+            if host in self.inbox:
+                self.replaced += 1
+            self.inbox[host] = text
 
     def _run(self) -> None:
         while not self._stop.wait(self.tick_s):
@@ -102,21 +105,21 @@ class LiveLoop:
             self.largest = max(self.largest, delivered)
 
     def take_updates(self, own: dict) -> None:
-        if self.dropped:
-            self.notes.add("workers' live figures arrived faster than they were read: some were dropped")
+        with self.inbox_lock:
+            inbox, self.inbox = self.inbox, {}
+            replaced = self.replaced
+        if replaced:
+            self.notes.add("workers' live figures came faster than they were read: an update replaced by its "
+                           "host's newer one is not drawn (the newer one is)")
         updates = [own]
-        while self.inbox:
-            host, text = self.inbox.popleft()
-            parsed = parse_update(text, host, self.notes)
+        newest = self.view.decide_points_read()
+        for host, text in inbox.items():
+            parsed = parse_update(text, host, self.notes, newest)
             if parsed is None:
                 self.notes.add(f"host {host}: live figures that are not figures, left out")
             else:
                 updates.append(parsed)
-        scalars, texts = [], []
-        for update in updates:
-            s, t = self.view.take(update)
-            scalars.extend(s)
-            texts.extend(t)
+        scalars, texts = self.view.take_all(updates)
         texts.extend(self.phase_texts())
         if self.events is not None:
             self.events.write(scalars, texts)

@@ -36,6 +36,8 @@ MAX_NOTES = 20
 def finite(value):
     """A number the events can carry (finite, not a bool, not absurdly large), or None. An int
     is compared as it is: a float of a 400-digit one raises OverflowError."""
+    if type(value) is float:  # the common case, first: NaN and the infinities fail the comparison
+        return value if -MAX_ABS <= value <= MAX_ABS else None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     if isinstance(value, int):
@@ -181,9 +183,12 @@ def fit_update(update: dict, max_bytes: int) -> str:
                   "ranks": [{**r, "points": r["points"][-keep:] if keep else []} for r in update["ranks"]]}
 
 
-def parse_update(text: str, host: str, notes: Notes) -> dict | None:
+def parse_update(text: str, host: str, notes: Notes, newest: int | None = None) -> dict | None:
     """A worker's update as the leader keeps it: only the known fields, every number checked
-    (build_rank_update again, on the worker's points); None when it is not an update of host."""
+    (build_rank_update again, on the worker's points); None when it is not an update of host.
+    newest: only the newest this many points of the host and of each rank are read (a large
+    job's view draws a host's newest point and merges a rank's into a few: checking every
+    point of 8,192 ranks cost more than the whole view may)."""
     try:
         data = json.loads(text)
     except (ValueError, RecursionError):
@@ -191,13 +196,14 @@ def parse_update(text: str, host: str, notes: Notes) -> dict | None:
     if not isinstance(data, dict) or data.get("host") != host:
         return None
     points = []
-    for p in data.get("points") if isinstance(data.get("points"), list) else []:
+    for p in _newest(data.get("points"), newest):
         if isinstance(p, dict) and finite(p.get("time")) is not None:
             points.append({"time": p["time"], **{k: p[k] for k in HOST_FIELDS if k in p}})
     ranks = []
     for r in data.get("ranks") if isinstance(data.get("ranks"), list) else []:
         if isinstance(r, dict) and isinstance(r.get("points"), list):
-            columns = [list(c) for c in zip(*[p for p in r["points"] if isinstance(p, list) and len(p) == 6])] or [[]] * 6
+            columns = [list(c) for c in zip(*[p for p in _newest(r["points"], newest)
+                                               if isinstance(p, list) and len(p) == 6])] or [[]] * 6
             raw = {"rank": r.get("rank"), "steps": r.get("steps"), "ddp": r.get("ddp"),
                    "series": dict(zip(("step",) + RANK_FIELDS, columns))}
             update = build_rank_update(raw, 0, notes)
@@ -205,3 +211,10 @@ def parse_update(text: str, host: str, notes: Notes) -> dict | None:
                 ranks.append(update)
     return {"host": host, "points": points[-MAX_POINTS:], "ranks": ranks,
             "samples_per_s": finite(data.get("samples_per_s"))}
+
+
+def _newest(values, newest: int | None) -> list:
+    """The list's last `newest` items (all with None); [] for what is not a list."""
+    if not isinstance(values, list):
+        return []
+    return values if newest is None else values[-newest:]

@@ -6,7 +6,18 @@ for a GPU's), `rank/<rank>/<series>` (step_ms, compute_ms, wait_ms, backward_ms,
 samples_per_s), `job/stragglers` and `job/phases` as text. Host points are at step = seconds
 since the leader's entrypoint started; rank points at their optimizer step.
 
-Owned by the live thread alone (no lock): updates from the job port are queued for it.
+At scale the view stays within a fixed budget, whatever the number of hosts and ranks (a tick
+once took 15 s of CPU at 256 hosts, and TensorBoard got 20,482 tags at 2,048 ranks):
+- over DETAILED_HOSTS hosts, each host is its aggregates, one point a tick (its newest):
+  `host/<host>/cpu_pct`, `tree_rss_mb`, `gpu_util_pct` (the mean of its GPUs), `gpu_mem_mb` (the
+  largest) and `slowest_compute_ms` (its slowest rank's recent median);
+- over DETAILED_RANKS ranks, only the slowest SLOWEST_RANKS ranks and those that stand out get
+  `rank/` series; every rank is in the job's distribution, `job/step_ms/p50` (p90, p99, max) and
+  `job/compute_ms/...`;
+- the outliers (job/stragglers) are decided once a tick, not once an update.
+The notes say what is aggregated.
+
+Owned by the live thread alone (no lock): updates from the job port are kept for it.
 """
 
 from __future__ import annotations
@@ -25,6 +36,14 @@ from entrypoint.jobreport.stragglers import MIN_STEPS, decide_outliers, describe
 # write 7,200 scalars a tick for 2 ranks (0.23 s of CPU each 10 s).
 MAX_RANK_SCALARS = 1000
 MAX_RANK_POINTS = 16
+DETAILED_HOSTS = 16  # up to this many hosts, every series of every host
+DETAILED_RANKS = 64  # up to this many ranks, a series of each rank
+SLOWEST_RANKS = 16  # above it, the slowest ranks' series (and those of the ranks that stand out)
+PERCENTILES = (50, 90, 99, 100)  # the job's distribution, each tick (100: max)
+# A large view's points read of each host and rank a tick: the newest (a host is its newest
+# point; a rank's are merged into decide_points_per_rank(DETAILED_RANKS) = 2 points; its recent
+# medians cover the last RECENT of them).
+LARGE_POINTS_READ = 2
 SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
 
 
@@ -85,13 +104,36 @@ class LiveView:
         self.samples_said: dict[str, float] = {}  # host -> the script's samples/s last written
         self.stragglers_said = ""
 
+        self.hosts_shown: set[str] = set()  # the hosts the last take_all wrote figures of
+        self.hosts_seen: set[str] = set()
+
     def take(self, update: dict) -> tuple[list, list]:
         """(scalars, texts) of one host's update: (tag, value, step, wall time) each."""
-        host = update["host"]
-        scalars = self._host_scalars(host, update)
-        for rank in update["ranks"]:
-            scalars.extend(self._rank_scalars(host, rank))
-        return scalars, self._straggler_texts(update)
+        return self.take_all([update])
+
+    def take_all(self, updates: list[dict]) -> tuple[list, list]:
+        """(scalars, texts) of one tick's updates, every host's (their own, then the ranks', then
+        the job's), within the view's budget."""
+        self.hosts_seen.update(u["host"] for u in updates)
+        detailed_hosts = len(self.hosts_seen) <= DETAILED_HOSTS
+        for update in updates:  # every rank's DDP backward first: one shortest for the tick
+            self._note_backward(update)
+        shortest, scalars, timed = self.shortest_backward(), [], []
+        for update in updates:
+            host = update["host"]
+            if detailed_hosts:
+                scalars.extend(self._host_scalars(host, update))
+            else:
+                self._take_points(host, update)
+            for rank in update["ranks"]:
+                timed.append((host, rank, self._rank_points(host, rank, shortest)))
+        if not detailed_hosts:
+            scalars.extend(self._host_aggregates(updates))
+            self.notes.add(f"{len(self.hosts_seen)} hosts: each host is drawn as its aggregates (cpu_pct, "
+                           f"tree_rss_mb, gpu_util_pct, gpu_mem_mb, slowest_compute_ms), its newest point a tick")
+        scalars.extend(self._rank_scalars(timed))
+        self.hosts_shown = {u["host"] for u in updates}
+        return scalars, self._straggler_texts()
 
     def _host_scalars(self, host: str, update: dict) -> list:
         scalars, part = [], build_tag_part(host)
@@ -111,6 +153,14 @@ class LiveView:
                         else f"host/{part}/{name}{i}" if isinstance(value, list) else f"host/{part}/{name}"
                     scalars.append((tag, float(v), step, wall))
             self.latest_points[host] = point
+        return scalars + self._samples_scalar(host, update, part)
+
+    def _take_points(self, host: str, update: dict) -> None:
+        if update["points"]:
+            self.latest_points[host] = update["points"][-1]
+
+    def _samples_scalar(self, host: str, update: dict, part: str) -> list:
+        scalars = []
         # With the host's newest point, or on its own when the script said a new figure since:
         # its last line often comes after the last sample (the final tick must not lose it).
         samples = update.get("samples_per_s")
@@ -121,28 +171,100 @@ class LiveView:
             self.samples_said[host] = samples
         return scalars
 
+    def _host_aggregates(self, updates: list[dict]) -> list:
+        """Each host of this tick as its aggregates, at its newest point (many hosts)."""
+        slowest: dict[str, float] = {}
+        for (_rank, host), state in self.ranks.items():
+            if state.compute_ms:
+                slowest[host] = max(slowest.get(host, 0.0), statistics.median(state.compute_ms))
+        scalars = []
+        for update in updates:
+            host, part = update["host"], build_tag_part(update["host"])
+            point = self.latest_points.get(host)
+            if point is not None and update["points"]:
+                wall = point["time"]
+                step = max(0, int(round(wall - self.started_at)))
+                util = [v for v in point.get("gpu_util_pct") or () if finite(v) is not None]
+                mem = [v for v in point.get("gpu_mem_mb") or () if finite(v) is not None]
+                values = {"cpu_pct": finite(point.get("cpu_pct")), "tree_rss_mb": finite(point.get("tree_rss_mb")),
+                          "gpu_util_pct": statistics.fmean(util) if util else None,
+                          "gpu_mem_mb": max(mem) if mem else None, "slowest_compute_ms": slowest.get(host)}
+                scalars.extend((f"host/{part}/{name}", float(v), step, wall) for name, v in values.items()
+                               if v is not None)
+            scalars.extend(self._samples_scalar(host, update, part))
+        return scalars
+
     def shortest_backward(self) -> float | None:
         medians = [statistics.median(s.backward_ms) for s in self.ranks.values() if s.ddp and s.backward_ms]
         return min(medians) if medians else None
 
-    def _rank_scalars(self, host: str, rank: dict) -> list:
-        state = self.ranks.setdefault((rank["rank"], host), RankState(rank["ddp"]))
-        state.steps = max(state.steps, rank["steps"])
-        for point in rank["points"]:
-            if point[3] is not None:
-                state.backward_ms.append(point[3])
-        shortest, part, timed = self.shortest_backward(), build_tag_part(rank["rank"]), []
+    def _note_backward(self, update: dict) -> None:
+        for rank in update["ranks"]:
+            state = self.ranks.setdefault((rank["rank"], update["host"]), RankState(rank["ddp"]))
+            state.steps = max(state.steps, rank["steps"])
+            for point in rank["points"]:
+                if point[3] is not None:
+                    state.backward_ms.append(point[3])
+
+    def _rank_points(self, host: str, rank: dict, shortest: float | None) -> list:
+        """The rank's new points as (step, values), its recent medians moved on."""
+        state = self.ranks[(rank["rank"], host)]
+        timed = []
         for point in rank["points"]:
             values = build_rank_values(point, state.ddp, shortest)
             state.step_ms.append(values["step_ms"])
             if "compute_ms" in values:
                 state.compute_ms.append(values["compute_ms"])
             timed.append((point[0], values))
+        return timed
+
+    def _rank_scalars(self, timed: list) -> list:
+        """The ranks' series (host, rank, its points): each rank's up to DETAILED_RANKS, else
+        the slowest and those that stand out, and the job's distribution."""
         # no wall time in a rank's point: the newest host time the view has
         wall = max((p["time"] for p in self.latest_points.values()), default=self.started_at)
-        return [(f"rank/{part}/{name}", value, step, wall)
-                for step, values in build_merged(timed, decide_points_per_rank(len(self.ranks)))
-                for name, value in values.items()]
+        drawn = timed
+        scalars: list = []
+        if len(self.ranks) > DETAILED_RANKS:
+            chosen = self.decide_drawn_ranks()
+            drawn = [t for t in timed if (t[1]["rank"], t[0]) in chosen]
+            scalars = self._job_percentiles(wall)
+            self.notes.add(f"{len(self.ranks)} ranks: rank series for the slowest {SLOWEST_RANKS} and those that "
+                           f"stand out; every rank in job/step_ms and job/compute_ms (p50, p90, p99, max)")
+        most = decide_points_per_rank(min(len(self.ranks), DETAILED_RANKS))
+        for _host, rank, points in drawn:
+            part = build_tag_part(rank["rank"])
+            scalars.extend((f"rank/{part}/{name}", value, step, wall)
+                           for step, values in build_merged(points, most) for name, value in values.items())
+        return scalars
+
+    def decide_points_read(self) -> int | None:
+        """How many of a worker's newest points the next tick reads (None: all): a large view
+        draws a host's newest point and at most a few points of a rank."""
+        if len(self.ranks) > DETAILED_RANKS or len(self.hosts_seen) > DETAILED_HOSTS:
+            return LARGE_POINTS_READ
+        return None
+
+    def recent_compute(self) -> dict:
+        """(rank, host) -> its recent median compute, for the ranks timed long enough."""
+        return {key: statistics.median(s.compute_ms) for key, s in self.ranks.items()
+                if s.compute_ms and s.steps >= MIN_STEPS}
+
+    def decide_drawn_ranks(self) -> set:
+        recent = self.recent_compute()
+        slowest = sorted(recent, key=lambda key: -recent[key])[:SLOWEST_RANKS]
+        return set(slowest) | {key for key, *_ in decide_outliers(recent)}
+
+    def _job_percentiles(self, wall: float) -> list:
+        step = max(0, int(round(wall - self.started_at)))
+        scalars = []
+        for name, values in (("step_ms", [statistics.median(s.step_ms) for s in self.ranks.values() if s.step_ms]),
+                             ("compute_ms", list(self.recent_compute().values()))):
+            ordered = sorted(values)
+            for q in PERCENTILES if ordered else ():
+                at = min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))
+                scalars.append((f"job/{name}/{'max' if q == 100 else f'p{q}'}", float(ordered[at]), step, wall))
+        return scalars
 
     def ranks_now(self) -> list[RankNow]:
         return [RankNow(rank, s.steps, statistics.median(s.step_ms) if s.step_ms else None,
@@ -157,11 +279,10 @@ class LiveView:
             mem.extend(v for v in point.get("gpu_mem_mb") or () if finite(v) is not None)
         return util, mem
 
-    def _straggler_texts(self, update: dict) -> list:
+    def _straggler_texts(self) -> list:
         """The ranks that stand out now (the report's rule on their recent compute), as text,
-        when that changed."""
-        recent = {f"rank {rank} on {host}": statistics.median(s.compute_ms) for (rank, host), s in self.ranks.items()
-                  if s.compute_ms and s.steps >= MIN_STEPS}
+        when that changed; once a tick."""
+        recent = {f"rank {rank} on {host}": value for (rank, host), value in self.recent_compute().items()}
         lines = [describe(who, value, median, excess) for who, value, median, excess in decide_outliers(recent)]
         said = "\n\n".join(lines) or "no rank stands out"
         if said == self.stragglers_said or not recent:
