@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # Installed inside the try: a stop from the first moment it is ours ends in an outcome.
         # Every handler only posts; start-up looks at the loop between its steps.
-        stop.loop.on({StopRequested: SayStop(" during start-up"), StacksRequested: NoRanksToAsk()})
+        stop.loop.on({StopRequested: SayStop(stop.loop, " during start-up"), StacksRequested: NoRanksToAsk()})
         stop.install()
         clear_previous_outcome(paths)
         outcome = build_bad_job(refused, environ) if refused is not None else run(environ, paths, launch)

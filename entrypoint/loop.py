@@ -52,6 +52,8 @@ class StacksRequested(NamedTuple):
     """SIGUSR1: every rank on this host prints its Python stack (the run's handler asks them;
     outside a run there is none to ask, and the phase says so)."""
 
+    at: float = 0.0  # time.monotonic() of its post: a burst is told by when the signals came
+
 
 class ChildExited(NamedTuple):
     """SIGCHLD: a process below this one ended (posted while a run is on)."""
@@ -69,14 +71,16 @@ class StepCut(BaseException):  # not caught by a step's `except Exception`
 class Burst:
     """Signals that come in a burst (3,000 SIGUSR1 from a script's loop) are said once: take()
     answers the first of a burst, and the next after within_s of quiet, with how many it kept
-    quiet about ("" when none); None for the rest. Main thread only (a loop handler)."""
+    quiet about ("" when none); None for the rest. A signal's time is its post's (at), not its
+    handling's: behind a log write that blocks, a whole burst is handled late, and still one.
+    Main thread only (a loop handler)."""
 
     def __init__(self) -> None:
         self.last: float | None = None  # when the last one came (monotonic)
         self.quiet = 0  # taken since the last one said
 
-    def take(self, within_s: float) -> str | None:
-        now = time.monotonic()
+    def take(self, within_s: float, at: float | None = None) -> str | None:
+        now = time.monotonic() if not at else at
         in_burst = self.last is not None and now - self.last < within_s
         self.last = now
         if in_burst:
@@ -102,10 +106,14 @@ class HostLoop:
         self.stop_signum: int | None = None  # the first StopRequested posted (since begin_finishing)
         self.stops: list[int] = []  # every stop posted, in order (the stop token reads them)
         self.stop_at: float | None = None  # time.time() of the first
+        self.stop_said = False  # a phase said the stop (run/stop.SayStop, the run): once is enough
         # Held by the main thread while it handles an event, and by a step run beside the loop
         # while it looks at its wait's condition: the role's state has one writer at a time.
         self._lock = threading.Condition(threading.RLock())
-        self._cut: set[int] = set()  # the threads of steps walked away from (StepCut at their next wait)
+        # The threads of steps walked away from (StepCut at their next wait): the Thread objects,
+        # not their idents, which the kernel hands to a later thread once one has ended.
+        self._cut: set = set()
+        self.walked_away: threading.Thread | None = None  # the last step run_beside walked away from
 
     def post(self, event) -> None:
         """Any thread, or a signal handler on the main thread: never blocks, never raises. A
@@ -198,7 +206,7 @@ class HostLoop:
     def _wait_beside(self, until: Callable[[], bool], deadline: float | None, stop_ends: bool) -> Waited:
         """wait(), on a step's own thread: the main thread takes the events and wakes this at
         each one it handled and at each tick."""
-        me = threading.get_ident()
+        me = threading.current_thread()
         with self._lock:
             while True:
                 if me in self._cut:
@@ -247,8 +255,9 @@ class HostLoop:
         waited = self.wait(lambda: "ended" in box, deadline, stop_ends)
         if waited is not Waited.DONE:
             with self._lock:
-                self._cut.add(step.ident)
+                self._cut.add(step)
                 self._lock.notify_all()
+            self.walked_away = step  # finishing gives it a moment to end (its finally blocks) before going on
             return waited, None
         if "error" in box:
             raise box["error"]

@@ -86,7 +86,7 @@ def run_plan(plan: LaunchPlan, paths: MlPaths, environ: dict[str, str], launch: 
     if outcome is None:
         # From the role's start to its outcome a stop is an event on the host's loop: every
         # wait of the role's ends on it, a run forwards it to its processes (entrypoint/loop.py).
-        stop.loop.on({StopRequested: SayStop()})
+        stop.loop.on({StopRequested: SayStop(stop.loop)})
         outcome = role.start() or build_stopped_at_start(stop)
     if outcome is not None:
         if keeper is not None:
@@ -115,6 +115,7 @@ def start_compile_cache(plan: LaunchPlan, role: HostRole, env: dict[str, str]):
     from entrypoint.run.compile_cache import CacheKeeper
 
     keeper = CacheKeeper(plan.compile_cache, plan.settings.stop_check_s)
+    keeper.stop_asked = role.stop.loop.stopped  # a stop posted while restoring ends the restore
     keeper.start()
     if keeper.folder != plan.compile_cache.folder:
         plan_env = decide_folder_env(plan.env_dict, plan.compile_cache.folder, keeper.folder)

@@ -201,6 +201,11 @@ class LaunchSettings(NamedTuple):
     # and how long one probe may take.
     peer_probe_every_s: float = 1.0
     peer_probe_timeout_s: float = 2.0
+    # The probes a second a leader takes, at most (hosts/job_port.decide_probe_every_s spaces
+    # the sweeps to keep it: at 1,024 hosts a sweep a second cost the leader a tenth of a core),
+    # and the fewest within the time that makes a host lost.
+    probes_a_second: float = 200.0
+    probes_within_lost: int = 4
     # A worker host counts as gone (its part over, no word from it) when its port has not
     # answered for this long: one missed probe under load is not enough, and a word sent just
     # before the worker exited is read by then.

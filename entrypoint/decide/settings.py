@@ -113,13 +113,15 @@ def parse_capacity_end_unreadable(row: Setting, environ: Mapping[str, str]) -> s
 
 
 def parse_folder(row: Setting, environ: Mapping[str, str]) -> str | None:
-    """A folder setting: an absolute path, or None when unset or empty (the module's default)."""
+    """A folder setting: a path (relative to the job's working folder, as before the table had
+    it), or None when unset or empty (the module's default); one no file system takes (a NUL,
+    a line break) is refused."""
     raw = environ.get(row.env) or ""
     if raw == "":
         return None
-    if not raw.startswith("/") or "\0" in raw or "\n" in raw:
-        raise JobDefinitionError(f"The environment variable {row.env}={raw!r} must be an absolute path (starting "
-                                 f"with /) without line breaks.")
+    if "\0" in raw or "\n" in raw or "\r" in raw:
+        raise JobDefinitionError(f"The environment variable {row.env}={raw!r} must be a folder's path, without NUL "
+                                 f"or line breaks.")
     return raw
 
 

@@ -56,7 +56,6 @@ import time
 from collections import deque
 from typing import NamedTuple
 
-from entrypoint.hosts.net import can_connect
 from entrypoint.outcome.records import RootCause
 from entrypoint.settings import DEFAULTS, LaunchSettings
 
@@ -73,6 +72,10 @@ MAX_MESSAGE_BYTES = 65536
 # A message made during the run and sent again (a replay) is known by its signature: this many
 # signatures are kept, the oldest forgotten first. A job's ranks send one root cause each to each port.
 SEEN_SIGNATURES_KEPT = 4096
+# ... and at least this many a host of the job: within the clock-skew window a host sends its
+# live figures 6 times a minute, its outcome, its figures and a restart's words; its ranks a
+# root cause each (4,096 in all was less than the window held above ~700 hosts).
+SEEN_PER_HOST = 64
 
 
 # --- the records -------------------------------------------------------------------------------
@@ -257,7 +260,7 @@ def parse_signed_line(line: str, key_hex: str, not_before: float,
 
 class SeenSignatures:
     """The signatures of the messages taken so far, at most `kept` of them (oldest forgotten
-    first); thread-safe: each connection is read in a thread of its own."""
+    first); thread-safe (the port's thread adds, a test may look)."""
 
     def __init__(self, kept: int = SEEN_SIGNATURES_KEPT):
         self._kept = kept
@@ -280,50 +283,133 @@ class SeenSignatures:
 # --- the port ----------------------------------------------------------------------------------
 
 
+# The port's answer to each line it read, on the same connection once the sender has said all it
+# had (shut its side down): the sender counts a message delivered only on TAKEN, and tries
+# again until its deadline otherwise (a connection the kernel dropped, a port that never read
+# it). REFUSED: it was read and is not this job's (not signed with its key, a replay): no try
+# will change that.
+TAKEN = b"BYOC-TAKEN"
+REFUSED = b"BYOC-REFUSED"
+
+
+def decide_backlog(hosts: int) -> int:
+    """The listen backlog for a job of `hosts` hosts: every host may connect at once (the end of
+    a job, a restart's barrier, a liveness sweep); 128 overflowed 2,500 to 24,500 times at 1,024
+    (the kernel caps it at net.core.somaxconn)."""
+    return max(128, 4 * hosts)
+
+
+class _Connection:
+    """One accepted connection's bytes so far, and when it must have said them."""
+
+    __slots__ = ("sock", "sender", "data", "deadline")
+
+    def __init__(self, sock, sender: str, deadline: float):
+        self.sock, self.sender, self.data, self.deadline = sock, sender, bytearray(), deadline
+
+
 class JobPort:
     """The host's port for its peers. A connection that sends nothing is a liveness probe. Each
     line of the others is posted, typed, with the address it came from: a HostDone, HostFigures,
     HostLive, AttemptWord or RootCauseLine, or a Refused saying why it is not this job's (and
-    a replay). post: the host loop's (entrypoint/loop.py), where the role's handlers take them."""
+    a replay); then answered (TAKEN or REFUSED, a line each). post: the host loop's
+    (entrypoint/loop.py), where the role's handlers take them.
 
-    def __init__(self, port: int, post, job_key: str = "", settings: LaunchSettings = DEFAULTS):
+    One thread serves every connection (a selector: a thread a connection, 357 to 920 at once,
+    cost the leader a quarter of a core at 1,024 hosts), with a backlog sized to the job
+    (decide_backlog) and a replay memory of at least SEEN_PER_HOST signatures a host."""
+
+    def __init__(self, port: int, post, job_key: str = "", settings: LaunchSettings = DEFAULTS, hosts: int = 1):
+        import selectors
         import socket
 
-        self._sock = socket.create_server(("", port))
+        self._sock = socket.create_server(("", port), backlog=decide_backlog(hosts))
+        self._sock.setblocking(False)
         self._settings = settings
         self._post = post
         self._job_key = job_key
         self._opened_at = time.time()
-        self._seen = SeenSignatures()
+        self._seen = SeenSignatures(max(SEEN_SIGNATURES_KEPT, SEEN_PER_HOST * hosts))
         self._closed = threading.Event()
-        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._wake_read, self._wake_write = socket.socketpair()
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._sock, selectors.EVENT_READ, "accept")
+        self._selector.register(self._wake_read, selectors.EVENT_READ, "wake")
+        self.accepted = 0  # connections taken so far (the benchmarks read it)
+        self._thread = threading.Thread(target=self._serve, daemon=True, name="byoc-job-port")
         self._thread.start()
 
     def _serve(self) -> None:
-        while not self._closed.is_set():
-            try:
-                conn, address = self._sock.accept()
-            except OSError:
-                continue  # closed by close(), or a transient error
-            threading.Thread(target=self._read_connection, args=(conn, address), daemon=True).start()
-
-    def _read_connection(self, conn, address) -> None:
-        data = b""
+        open_: dict = {}  # socket -> _Connection
         try:
-            conn.settimeout(self._settings.message_read_timeout_s)
-            while len(data) < MAX_MESSAGE_BYTES:
-                chunk = conn.recv(8192)
-                if not chunk:
-                    break
-                data += chunk
-        except OSError:
-            pass
+            while not self._closed.is_set():
+                for key, _ in self._selector.select(timeout=self._settings.stop_check_s):
+                    if key.data == "accept":
+                        self._accept(open_)
+                    elif isinstance(key.data, _Connection):
+                        self._read(key.data, open_)
+                now = time.monotonic()
+                for connection in [c for c in open_.values() if c.deadline <= now]:
+                    self._finish(connection, open_)  # what it said in time is taken; then it is closed
         finally:
-            conn.close()
-        sender = address[0] if address else "?"
-        for line in data.decode("utf-8", "replace").splitlines():
+            for connection in list(open_.values()):
+                self._drop(connection, open_)
+            self._selector.close()
+
+    def _accept(self, open_: dict) -> None:
+        import selectors
+
+        while True:  # the whole queue at once: a burst of connects is taken in one go
+            try:
+                sock, address = self._sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                return  # closed by close(), or a transient error
+            self.accepted += 1
+            sock.setblocking(False)
+            connection = _Connection(sock, address[0] if address else "?",
+                                     time.monotonic() + self._settings.message_read_timeout_s)
+            open_[sock] = connection
+            self._selector.register(sock, selectors.EVENT_READ, connection)
+
+    def _read(self, connection: _Connection, open_: dict) -> None:
+        try:
+            chunk = connection.sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            chunk = b""
+        if chunk:
+            connection.data += chunk[:MAX_MESSAGE_BYTES - len(connection.data)]
+            if len(connection.data) < MAX_MESSAGE_BYTES:
+                return
+        self._finish(connection, open_)
+
+    def _finish(self, connection: _Connection, open_: dict) -> None:
+        """Every line the connection said: posted, and answered on it (a short answer: it fits the
+        socket's buffer, so the send never waits)."""
+        answers = []
+        for line in connection.data.decode("utf-8", "replace").splitlines():
             if line.strip():
-                self._post(self.build_message(line, sender))
+                message = self.build_message(line, connection.sender)
+                self._post(message)
+                answers.append((REFUSED + b" " + message.why.encode("utf-8", "replace")[:200]) if
+                               isinstance(message, Refused) else TAKEN)
+        if answers:
+            try:
+                connection.sock.send(b"".join(a + b"\n" for a in answers))
+            except OSError:
+                pass  # the sender is gone (an old sender never reads it): taken all the same
+        self._drop(connection, open_)
+
+    def _drop(self, connection: _Connection, open_: dict) -> None:
+        open_.pop(connection.sock, None)
+        try:
+            self._selector.unregister(connection.sock)
+        except (KeyError, ValueError):
+            pass
+        connection.sock.close()
 
     def build_message(self, line: str, sender: str):
         """What one line is: its message, with the sender, or a Refused."""
@@ -340,21 +426,30 @@ class JobPort:
 
         self._closed.set()
         try:
+            self._wake_write.send(b"x")
+        except OSError:
+            pass
+        try:
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
-        self._sock.close()
         self._thread.join(timeout=self._settings.thread_join_s)
+        self._sock.close()
+        self._wake_read.close()
+        self._wake_write.close()
 
 
 class Sent(enum.Enum):
-    DELIVERED = "delivered"
-    REFUSED = "refused"  # the port is closed: that host has ended, nobody waits for the word
-    FAILED = "failed"  # not reachable now: a later try may get through
+    DELIVERED = "delivered"  # the port answered TAKEN
+    REFUSED = "refused"  # the port is closed (that host has ended, nobody waits), or it refused the word
+    FAILED = "failed"  # not reachable now, or no answer: a later try may get through
+
+
+ANSWERS = {TAKEN: Sent.DELIVERED, REFUSED: Sent.REFUSED}  # the port's answer's first word -> the try's end
 
 
 def send_message(host: str, port: int, key_hex: str, message, settings: LaunchSettings = DEFAULTS) -> Sent:
-    """One try: the message, signed, to host:port (any thread)."""
+    """One try: the message, signed, to host:port, and the port's answer (any thread)."""
     import socket
 
     try:
@@ -364,11 +459,18 @@ def send_message(host: str, port: int, key_hex: str, message, settings: LaunchSe
     try:
         with socket.create_connection((host, port), timeout=settings.peer_probe_timeout_s) as conn:
             conn.sendall(payload)
-        return Sent.DELIVERED
+            conn.shutdown(socket.SHUT_WR)  # all said: the port answers now
+            answer = b""
+            while b"\n" not in answer and len(answer) < 512:
+                chunk = conn.recv(512)
+                if not chunk:
+                    break
+                answer += chunk
     except ConnectionRefusedError:
         return Sent.REFUSED
     except OSError:
         return Sent.FAILED
+    return ANSWERS.get(answer.split(b"\n", 1)[0].split(b" ", 1)[0], Sent.FAILED)
 
 
 def _retry_send(host: str, port: int, key_hex: str, message, within_s: float, settings: LaunchSettings,
@@ -397,6 +499,40 @@ def send_until(host: str, port: int, key_hex: str, message, within_s: float,
     return _retry_send(host, port, key_hex, message, within_s, settings, lambda s: not idle.wait(s))
 
 
+class Delivered(NamedTuple):
+    """A message sent to one host off the loop (send_to_each): whether that host took it."""
+
+    host: str
+    delivered: bool
+    batch: int = 0
+
+
+SENDERS = 16  # send_to_each's threads at most: a fixed pool, whatever the number of hosts
+
+
+def send_to_each(hosts, port: int, key_hex: str, message_of, within_s: float, post, batch: int = 0,
+                 settings: LaunchSettings = DEFAULTS) -> None:
+    """message_of(host) to each of hosts' ports, SENDERS at a time, each tried until within_s of
+    its own (send_until); Delivered(host, delivered, batch) posted for each as it ends. One at a
+    time from the loop, a dead host cost every host after it its deadline; here it costs one."""
+    import queue
+
+    todo: queue.SimpleQueue = queue.SimpleQueue()
+    for host in hosts:
+        todo.put(host)
+
+    def work() -> None:
+        while True:
+            try:
+                host = todo.get_nowait()
+            except queue.Empty:
+                return
+            post(Delivered(host, send_until(host, port, key_hex, message_of(host), within_s, settings), batch))
+
+    for _ in range(min(SENDERS, len(hosts))):
+        threading.Thread(target=work, daemon=True, name="byoc-senders").start()
+
+
 def send_live_figures(leader: str, port: int, key_hex: str, host: str, figures_json: str,
                       settings: LaunchSettings = DEFAULTS) -> int:
     """This host's live figures (jobreport/live/) to the leader's port, one try (the next
@@ -412,24 +548,90 @@ def send_live_figures(leader: str, port: int, key_hex: str, host: str, figures_j
 # --- liveness: one probe loop for every wait on a peer's port ------------------------------------
 
 
+class Probe(enum.Enum):
+    ANSWERED = "answered"
+    CLOSED = "closed"  # refused, or the name gone: nothing listens there any more
+    SILENT = "silent"  # no answer within the probe's time (a host down, or too busy to answer)
+
+
+def probe_ports(addresses: dict, port: int, timeout_s: float) -> dict:
+    """One probe of every host at once (host -> its addresses, resolve_addresses): a connect
+    each, not blocking, all waited for together up to timeout_s (one at a time, a dead host
+    cost each sweep its timeout, and 1,024 hosts a sweep of minutes). host -> Probe."""
+    import errno
+    import selectors
+    import socket
+
+    results, selector = {}, selectors.DefaultSelector()
+    try:
+        for host, found in addresses.items():
+            if not found:
+                results[host] = Probe.CLOSED  # the name no longer resolves: the host is gone
+                continue
+            family = socket.AF_INET6 if ":" in found[0] else socket.AF_INET
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            sock.setblocking(False)
+            code = sock.connect_ex((found[0], port))
+            if code in (0, errno.EINPROGRESS, errno.EAGAIN):
+                selector.register(sock, selectors.EVENT_WRITE, host)
+            else:
+                sock.close()
+                results[host] = Probe.CLOSED if code == errno.ECONNREFUSED else Probe.SILENT
+        deadline = time.monotonic() + timeout_s
+        while selector.get_map() and (left := deadline - time.monotonic()) > 0:
+            for key, _ in selector.select(timeout=left):
+                code = key.fileobj.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+                results[key.data] = Probe.ANSWERED if code == 0 else \
+                    Probe.CLOSED if code == errno.ECONNREFUSED else Probe.SILENT
+                selector.unregister(key.fileobj)
+                key.fileobj.close()
+        for key in list(selector.get_map().values()):
+            results[key.data] = Probe.SILENT
+            key.fileobj.close()
+    finally:
+        selector.close()
+    return results
+
+
+def decide_probe_every_s(job_hosts: int, lost_after_s: float, settings: LaunchSettings = DEFAULTS) -> float:
+    """How often one host sweeps its peers, for a job of job_hosts hosts (pure): each host
+    probes its peers (the leader every worker, each worker the leader), so the sweeps are
+    spaced to keep the leader's probes at settings.probes_a_second, but never fewer than
+    settings.probes_within_lost within the time that makes a host lost."""
+    paced = max(settings.peer_probe_every_s, job_hosts / settings.probes_a_second)
+    return min(paced, max(settings.peer_probe_every_s, lost_after_s / settings.probes_within_lost))
+
+
 def watch_ports(hosts, port: int, on_probe, give_up: threading.Event, settings: LaunchSettings = DEFAULTS,
-                skip=lambda host: False) -> threading.Thread:
-    """In a daemon thread, probe `port` on each of `hosts` (but those skip(host) names) every
-    settings.peer_probe_every_s, calling on_probe(host, answered) after each probe; the
-    watch ends when on_probe returns True or give_up is set. A probe runs in that thread, never
-    in the caller's: resolving a host that just went away can block for the resolver's timeout
-    (a local-mode container's name vanishes from Docker's DNS when it exits)."""
+                skip=lambda host: False, every_s: float | None = None) -> threading.Thread:
+    """In a daemon thread, probe `port` on every one of `hosts` at once (but those skip(host)
+    names), every every_s (settings.peer_probe_every_s), calling on_probe(host, Probe) for each;
+    the watch ends when on_probe returns True or give_up is set. A probe runs in that thread,
+    never in the caller's: resolving a host that just went away can block for the resolver's
+    timeout (a local-mode container's name vanishes from Docker's DNS when it exits), so names
+    are resolved once, and again only for a host that did not answer."""
+    from entrypoint.hosts.net import resolve_addresses
+
     hosts = tuple(hosts)
+    every_s = settings.peer_probe_every_s if every_s is None else every_s
 
     def probe() -> None:
+        addresses: dict = {}
         while not give_up.is_set():
-            for host in hosts:
-                if not skip(host) and on_probe(host, can_connect(host, port, timeout_s=settings.peer_probe_timeout_s)):
+            due = [h for h in hosts if not skip(h)]
+            for host in due:
+                if not addresses.get(host):
+                    addresses[host] = resolve_addresses(host)
+            results = probe_ports({h: addresses[h] for h in due}, port, settings.peer_probe_timeout_s)
+            for host in due:
+                if results[host] is not Probe.ANSWERED:
+                    addresses[host] = []  # resolved again before the next probe
+                if on_probe(host, results[host]):
                     return
-            if give_up.wait(settings.peer_probe_every_s):
+            if give_up.wait(every_s):
                 return
 
-    thread = threading.Thread(target=probe, daemon=True)
+    thread = threading.Thread(target=probe, daemon=True, name="byoc-port-watch")
     thread.start()
     return thread
 
@@ -460,7 +662,7 @@ class PeerWatch:
 
     def __init__(self, peers, port: int, lost_after_s: float, first_contact_s: float, post,
                  seen_at_start: bool = False, until_first_contact: bool = False, port_name: str = "",
-                 settings: LaunchSettings = DEFAULTS):
+                 settings: LaunchSettings = DEFAULTS, job_hosts: int = 0):
         started = time.monotonic()
         self._last_seen: dict[str, float | None] = {p: started if seen_at_start else None for p in peers}
         self._started, self._port, self._port_name = started, port, port_name
@@ -469,11 +671,12 @@ class PeerWatch:
         self._closed = threading.Event()
         self._settings = settings
         skip = (lambda peer: self._last_seen[peer] is not None) if until_first_contact else (lambda peer: False)
-        self._thread = watch_ports(self._last_seen, port, self._on_probe, self._closed, settings, skip)
+        every_s = decide_probe_every_s(max(job_hosts, len(self._last_seen)), lost_after_s, settings)
+        self._thread = watch_ports(self._last_seen, port, self._on_probe, self._closed, settings, skip, every_s)
 
-    def _on_probe(self, peer: str, answered: bool) -> bool:
+    def _on_probe(self, peer: str, probe: Probe) -> bool:
         now = time.monotonic()
-        if answered:
+        if probe is Probe.ANSWERED:
             self._last_seen[peer] = now
             return self._until_first_contact and all(seen is not None for seen in self._last_seen.values())
         seen = self._last_seen[peer]
@@ -490,20 +693,24 @@ class PeerWatch:
 
 
 class ClosedWatch:
-    """Posts PortClosed for each of `hosts` once its port has not answered for closed_after_s
-    (0: the first probe it does not answer), then stops probing that host. Its state is its
-    probe thread's own; close() ends it."""
+    """Posts PortClosed for each of `hosts` once its port has been closed for closed_after_s
+    (0: the first probe that finds it closed), then stops probing that host. Closed is a refused
+    connection or a name gone, never a probe left unanswered: at 512 hosts, 405 workers took a
+    leader too busy to answer for one that had ended, and left before it wrote its report (the
+    caller's wait has a deadline of its own). Its state is its probe thread's own; close() ends it."""
 
-    def __init__(self, hosts, port: int, post, closed_after_s: float = 0.0, settings: LaunchSettings = DEFAULTS):
+    def __init__(self, hosts, port: int, post, closed_after_s: float = 0.0, settings: LaunchSettings = DEFAULTS,
+                 job_hosts: int = 0):
         self._silent_since: dict[str, float] = {}
         self._closed_hosts: set[str] = set()
         self._hosts, self._port, self._post, self._after_s = tuple(hosts), port, post, closed_after_s
         self._give_up = threading.Event()
+        every_s = decide_probe_every_s(max(job_hosts, len(self._hosts)), settings.peer_probe_every_s, settings)
         self._thread = watch_ports(self._hosts, port, self._on_probe, self._give_up, settings,
-                                   skip=lambda host: host in self._closed_hosts)
+                                   skip=lambda host: host in self._closed_hosts, every_s=every_s)
 
-    def _on_probe(self, host: str, answered: bool) -> bool:
-        if answered:
+    def _on_probe(self, host: str, probe: Probe) -> bool:
+        if probe is not Probe.CLOSED:
             self._silent_since.pop(host, None)
             return False
         if time.monotonic() - self._silent_since.setdefault(host, time.monotonic()) >= self._after_s:

@@ -40,6 +40,7 @@ class LeaderAsked(NamedTuple):
     handler; the role answers on the main thread)."""
 
     signum: int
+    at: float = 0.0  # time.monotonic() of its post (a burst is told by when the signals came)
 
 # The leader's SSH sessions to its workers (probes, telling the outcome) run this many at a
 # time: each is an ssh process (~5 MB, a key exchange), and a small leader instance with

@@ -347,6 +347,9 @@ def _print_stacks_on_request() -> None:
     import atexit
     import faulthandler
 
+    # Ignored first: faulthandler keeps what was there before as the handler it puts back (at
+    # unregister, and at the interpreter's end), and the default would end the rank.
+    _signal.signal(_signal.SIGUSR1, _signal.SIG_IGN)
     faulthandler.register(_signal.SIGUSR1, file=sys.stderr, all_threads=True, chain=False)
     # The entrypoint asks only a rank that handles SIGUSR1 (run/processes.signal_ranks_below);
     # at the interpreter's end its handlers go back to the default, which ends the process: a
@@ -361,8 +364,8 @@ def _stop_answering() -> None:
     import _signal
     import faulthandler
 
-    faulthandler.unregister(_signal.SIGUSR1)  # else the interpreter's end puts back the default
-    _signal.signal(_signal.SIGUSR1, _signal.SIG_IGN)
+    faulthandler.unregister(_signal.SIGUSR1)  # puts back SIG_IGN (registered over it)
+    _signal.signal(_signal.SIGUSR1, _signal.SIG_IGN)  # a program's own handler, too
 
 
 # Where a rank killed by SIGSEGV, SIGABRT, SIGBUS, SIGFPE or SIGILL leaves its Python stacks, set

@@ -16,7 +16,7 @@ import threading
 import time
 
 from entrypoint.hosts import job_port
-from entrypoint.hosts.job_port import (JOB_KEY_ENV, AttemptWord, ClosedWatch, HostDone, HostFigures, HostLive,
+from entrypoint.hosts.job_port import (JOB_KEY_ENV, AttemptWord, ClosedWatch, Delivered, HostDone, HostFigures, HostLive,
                                        JobPort, PeerWatch, PortClosed, Refused, RootCauseLine)
 from entrypoint.log import log
 from entrypoint.loop import Waited
@@ -45,12 +45,13 @@ class JobPortRole(MultiHostRole):
         self.addresses: dict[str, list] = {}  # each peer's addresses, resolved once (live figures, restarts' words)
         self.board = AttemptBoard()  # the attempt this host is in, and the restart words heard about it
         self.closed_ports: set[str] = set()  # the hosts whose job port closed (their part is over)
+        self.batch = 0  # the words sent to every host at once so far (send_word_to_each)
 
     def start_beside(self) -> Outcome | None:
         plan = self.plan
         try:
             self.port = JobPort(plan.settings.job_port, self.loop.post, job_key=plan.env_dict.get(JOB_KEY_ENV, ""),
-                                settings=plan.settings)
+                                settings=plan.settings, hosts=len(plan.hosts))
         except OSError as exc:
             return self.start_problem(describe_port_problem(plan.settings.job_port, plan.current_host, exc), None)
         from entrypoint.hosts.net import resolve_addresses
@@ -121,6 +122,24 @@ class JobPortRole(MultiHostRole):
         return job_port.deliver(self.loop, host, plan.settings.job_port, plan.env_dict.get(JOB_KEY_ENV, ""), message,
                                 within_s, plan.settings)
 
+    def send_word_to_each(self, hosts, word: str, attempt: int, within_s: float) -> dict[str, bool]:
+        """The word to every one of hosts at once (hosts/job_port.send_to_each), each tried for
+        within_s; host -> whether it took it (a host missing: a stop ended the wait first)."""
+        plan = self.plan
+        hosts = list(hosts)
+        self.batch += 1
+        batch, taken = self.batch, {}
+        handlers = self.loop.on({Delivered: lambda d: taken.__setitem__(d.host, d.delivered) if d.batch == batch
+                                 else None})
+        try:
+            job_port.send_to_each(hosts, plan.settings.job_port, plan.env_dict.get(JOB_KEY_ENV, ""),
+                                  lambda _host: AttemptWord(word, attempt, plan.current_host), within_s,
+                                  self.loop.post, batch, plan.settings)
+            self.loop.wait(lambda: len(taken) == len(hosts), time.monotonic() + within_s + plan.settings.thread_join_s)
+        finally:
+            self.loop.off(handlers)
+        return taken
+
     def send_word(self, host: str, word: str, attempt: int, exit_code: int = 0, within_s: float | None = None) -> bool:
         settings = self.plan.settings
         return self.send(host, AttemptWord(word, attempt, self.plan.current_host, exit_code),
@@ -175,7 +194,8 @@ class JobPortRole(MultiHostRole):
     def wait_until_closed(self, hosts, deadline: float, closed_after_s: float = 0.0, until=lambda: False) -> Waited:
         """Until every one of hosts' job ports closed (ClosedWatch), until() is true, a stop came,
         or the deadline (time.monotonic())."""
-        watch = ClosedWatch(hosts, self.plan.settings.job_port, self.loop.post, closed_after_s, self.plan.settings)
+        watch = ClosedWatch(hosts, self.plan.settings.job_port, self.loop.post, closed_after_s, self.plan.settings,
+                            job_hosts=len(self.plan.hosts))
         try:
             return self.loop.wait(lambda: until() or all(h in self.closed_ports for h in hosts), deadline)
         finally:
@@ -195,7 +215,7 @@ class JobPortLeader(JobPortRole):
     def start_watches(self) -> list[PeerWatch]:
         plan, settings = self.plan, self.plan.settings
         return [PeerWatch(plan.peers, settings.job_port, settings.host_lost_timeout_s, settings.peer_wait_timeout_s,
-                          self.loop.post, settings=settings)]
+                          self.loop.post, settings=settings, job_hosts=len(plan.hosts))]
 
     def on_processes_started(self, supervisor) -> None:
         super().on_processes_started(supervisor)
@@ -228,9 +248,8 @@ class JobPortLeader(JobPortRole):
         if self.worker_outcomes:
             return self.describe_ended_worker()
         log(line)
-        for host in plan.peers:
-            if host not in self.board.ended:
-                self.send_word(host, "stop", attempt, within_s=settings.host_done_failed_send_s)
+        self.send_word_to_each([h for h in plan.peers if h not in self.board.ended], "stop", attempt,
+                               settings.host_done_failed_send_s)
         # A worker whose part ended (it succeeded as this attempt failed here) never says `ended`.
         self.loop.wait(lambda: all(h in self.board.ended for h in plan.peers) or self.lost is not None
                        or bool(self.worker_outcomes), time.monotonic() + settings.attempt_end_wait_s)
@@ -243,8 +262,9 @@ class JobPortLeader(JobPortRole):
             return (f"host(s) {', '.join(silent)} did not say their processes of attempt {attempt} were gone within "
                     f"{settings.attempt_end_wait_s:g} s")
         following = self.next_attempt()
+        taken = self.send_word_to_each(plan.peers, "start", following, settings.host_done_send_s)
         for host in plan.peers:
-            if not self.send_word(host, "start", following):
+            if not taken.get(host):
                 return f"host {host} could not be told to start attempt {following}"
         log(f"{plan.current_host}: every host's processes of attempt {attempt} are gone: starting attempt {following}")
         return None
@@ -256,8 +276,8 @@ class JobPortLeader(JobPortRole):
     def end_attempts(self) -> None:
         """No attempt follows: the workers that wait for a word get `end`."""
         self.board.over = True
-        for host in self.board.ended:
-            self.send_word(host, "end", self.attempt, within_s=self.plan.settings.host_done_failed_send_s)
+        if self.board.ended:
+            self.send_word_to_each(self.board.ended, "end", self.attempt, self.plan.settings.host_done_failed_send_s)
 
     def on_host_done(self, done: HostDone) -> None:
         """A worker host's part ended. One that failed while this host still runs ends the
@@ -379,7 +399,7 @@ class JobPortWorker(JobPortRole):
     def start_watches(self) -> list[PeerWatch]:
         plan, settings = self.plan, self.plan.settings
         watches = [PeerWatch(plan.peers, settings.job_port, settings.host_lost_timeout_s,
-                             settings.peer_wait_timeout_s, self.loop.post, settings=settings)]
+                             settings.peer_wait_timeout_s, self.loop.post, settings=settings, job_hosts=len(plan.hosts))]
         if self.watch_rendezvous:
             # torchrun here waits for the leader's rendezvous store with no limit of its own
             # (seen: > 10 min, silent) when the leader's host is up but its torchrun never

@@ -176,7 +176,7 @@ def wait_for_outcome(plan: LaunchPlan, loop: HostLoop, sshd: subprocess.Popen) -
     lost: list[str] = []  # the PeerWatch's PeerLost, taken on the loop
     handlers = loop.on({PeerLost: lambda event: lost.append(event.host)})
     watch = PeerWatch([plan.leader], settings.ssh_port, settings.host_lost_timeout_s, settings.host_lost_timeout_s,
-                      loop.post, seen_at_start=True, settings=settings)
+                      loop.post, seen_at_start=True, settings=settings, job_hosts=len(plan.hosts))
     try:
         outcome = _serve_until_outcome(plan, loop, sshd, lost)
     finally:
@@ -246,7 +246,7 @@ class MpiLeader(MultiHostRole):
         plan, settings = self.plan, self.plan.settings
         # seen_at_start: start_leader has just reached every worker over SSH.
         return [PeerWatch(plan.peers, settings.ssh_port, settings.host_lost_timeout_s, settings.peer_wait_timeout_s,
-                          self.loop.post, seen_at_start=True, settings=settings)]
+                          self.loop.post, seen_at_start=True, settings=settings, job_hosts=len(plan.hosts))]
 
     def before_processes_start(self, supervisor) -> None:
         """Each run's workers stream their ranks' files here from before mpirun starts to after
@@ -318,7 +318,7 @@ class MpiWorker(HostRole):
         """Not the plan's processes: the leader's words (hosts/mpi_wire.py) arrive as signals,
         which only post LeaderAsked; the loop's handler answers."""
         handlers = self.loop.on({mpi_wire.LeaderAsked: self.on_leader_asked})
-        posting = lambda signum, _frame: self.loop.post(mpi_wire.LeaderAsked(signum))  # noqa: E731
+        posting = lambda signum, _frame: self.loop.post(mpi_wire.LeaderAsked(signum, time.monotonic()))  # noqa: E731
         previous = {sig: signal.signal(sig, posting) for sig in (mpi_wire.STACKS_SIGNAL, mpi_wire.FIGURES_SIGNAL)}
         try:
             return self.build_outcome(wait_for_outcome(self.plan, self.loop, self.sshd))
@@ -329,7 +329,7 @@ class MpiWorker(HostRole):
 
     def on_leader_asked(self, asked: mpi_wire.LeaderAsked) -> None:
         if asked.signum == mpi_wire.STACKS_SIGNAL:
-            self.ask_ranks_for_stacks()
+            self.ask_ranks_for_stacks(asked.at)
         elif self.report_part is not None:
             self.write_figures()
 
@@ -340,10 +340,10 @@ class MpiWorker(HostRole):
         return Outcome(ended.exit_code, describe_job_outcome(describe_worker_failure(
             self.plan.current_host, self.plan.leader, ended.exit_code, ended.reason, ended.leader_failure)))
 
-    def ask_ranks_for_stacks(self) -> None:
+    def ask_ranks_for_stacks(self, at: float | None = None) -> None:
         """The ranks mpirun started here (under orted, which we adopted as subreaper) that can
-        answer; a burst of asks is one."""
-        said = self.stack_requests.take(self.plan.settings.signal_burst_s)
+        answer; a burst of asks is one (at: when the ask came)."""
+        said = self.stack_requests.take(self.plan.settings.signal_burst_s, at)
         if said is None:
             return
         asked = processes.signal_ranks_below([os.getpid()], mpi_wire.STACKS_SIGNAL)

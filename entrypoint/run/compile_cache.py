@@ -539,6 +539,9 @@ class CacheKeeper:
 
     def __init__(self, cache: CompileCache, stop_check_s: float):
         self.cache, self.stop_check_s = cache, stop_check_s
+        # True once a stop came (the host loop's stopped, set by orchestrate.start_compile_cache):
+        # looked at between two archives (a host's restore reads every host's, 256 at 256 hosts).
+        self.stop_asked = lambda: False
         self.stopping = threading.Event()  # set by note_stop: the thread writes the archive now
         self.stamp: dict = {}
         self.lines: list[str] = []  # for the job report
@@ -610,6 +613,9 @@ class CacheKeeper:
             self.say(f"torch.compile cache: no archive in {self.cache.archive_folder} yet (a cold start)")
         moved = []
         for i, archive in enumerate(archives):
+            if self.stop_asked():  # a stop during start-up: the job ends, nothing is left to restore for
+                self.say(f"torch.compile cache: {len(archives) - i} archive(s) not restored: the job was stopped")
+                break
             restored = restore_archive(archive, self.cache, self.stamp)
             self.say(restored.line)
             moved.extend(restored.moved)

@@ -9,11 +9,13 @@ job's runtime folders are removed, whatever happened.
   beyond the role's own wait for its peers, BYOC_PEER_WAIT_TIMEOUT_S). Each runs beside the
   host's loop (HostLoop.run_beside): a step that blocks — a FIFO a script left where we read,
   a peer that accepts and never answers — is walked away from at its deadline, and ends at
-  its next wait on the loop (StepCut, its `finally` blocks run). No signal handler raises: the
-  stop token only posts, and no timer signal is armed (a timer of 1e10 s overflowed time_t).
+  its next wait on the loop (StepCut, its `finally` blocks run); it is given
+  settings.finish_after_stop_s to end before the next step (one blocked in the kernel is left
+  then, and what it holds ends with the process). No signal handler raises: the stop token only
+  posts, and no timer signal is armed (a timer of 1e10 s overflowed time_t).
 - A stop (SIGTERM: StopTrainingJob, `docker stop`; SIGINT; SIGHUP) cuts the current step; after
   it the report is skipped and closing gets settings.finish_after_stop_s (what it releases
-  here, sshd and the job port, is released in its `finally` blocks when its wait is cut).
+  here, sshd and the job port, is released in its `finally` blocks, given the same time).
   Before the steps (while the outcome is written) a stop is only noted, so the outcome is
   written whole. The job's one stop token (run/stop.py) carries it: a stop before the outcome
   was the run's to answer; from start_finish on, one counts here.
@@ -28,6 +30,7 @@ import time
 from entrypoint.log import log
 from entrypoint.loop import StacksRequested, StopRequested, Waited
 from entrypoint.run.stop import Stop
+from entrypoint.settings import DEFAULTS
 
 
 class Finish:
@@ -37,6 +40,10 @@ class Finish:
     def __init__(self, stop: Stop) -> None:
         self.stop = stop  # the job's one token: its stops from begin_finishing on are this phase's
         self.stopped_by: str | None = None  # the first stop while finishing (on_stop)
+        # How long a step walked away from is given to end before the next (its loop waits end
+        # at once with StepCut and its `finally` blocks run: sshd stopped, the port closed,
+        # before the folders they use are removed); one blocked in the kernel is left then.
+        self.grace_s = DEFAULTS.finish_after_stop_s
 
     def on_stop(self, event: StopRequested) -> None:
         """The loop's handler of a stop while finishing: said once; the step's wait ends on it."""
@@ -58,12 +65,16 @@ class Finish:
                 log(f"{what}: skipped (the job was stopped while finishing)")
                 return
             limit_s = after_stop_s
-        waited, _ = self.stop.loop.run_beside(action, *args, deadline=time.monotonic() + limit_s,
-                                              stop_ends=not stopped)
+        loop = self.stop.loop
+        waited, _ = loop.run_beside(action, *args, deadline=time.monotonic() + limit_s, stop_ends=not stopped)
+        if waited is Waited.DONE:
+            return
         if waited is Waited.TIMEOUT:
             log(f"{what}: cut short: it took longer than {limit_s:g} s")
-        elif waited is Waited.STOPPED:
-            log(f"{what}: cut short: stopped by {self.stop.loop.stop_name}")
+        else:
+            log(f"{what}: cut short: stopped by {loop.stop_name}")
+        step = loop.walked_away
+        loop.wait(lambda: step is None or not step.is_alive(), time.monotonic() + self.grace_s, stop_ends=False)
 
 
 def start_finish(stop: Stop) -> Finish:
@@ -84,10 +95,9 @@ def end_finish(finish: Finish) -> None:
 
 def run_finish(finish: Finish, launch, outcome) -> None:
     """The role's report and close (orchestrate.Launch), each bounded; the folders removed last."""
-    from entrypoint.settings import DEFAULTS
-
     role = launch.role
     settings = role.plan.settings if role is not None else DEFAULTS
+    finish.grace_s = settings.finish_after_stop_s
     try:
         finish.step("job report", settings.finish_report_s, launch.report, outcome)
         finish.step("closing", settings.finish_close_s + settings.peer_wait_timeout_s, launch.close_role, outcome,

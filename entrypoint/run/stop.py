@@ -26,6 +26,7 @@ it (exit code 129), and the processes get SIGTERM, the signal a training script 
 from __future__ import annotations
 
 import signal
+import time
 
 from entrypoint.log import log
 from entrypoint.loop import HostLoop, StacksRequested, StopRequested
@@ -42,16 +43,17 @@ def decide_forwarded_signal(signum: int) -> int:
 
 
 class SayStop:
-    """A phase's handler of StopRequested that only says it: the first stop, once (a burst of
-    3,000 SIGTERM is one line); the phase's waits end on the loop's stop by themselves."""
+    """A phase's handler of StopRequested that only says it: the first stop, once for all the
+    phases before finishing (loop.stop_said: a burst of 3,000 SIGTERM is one line, and a run
+    that said it is not followed by another line); the waits end on the loop's stop."""
 
-    def __init__(self, words: str = "") -> None:
+    def __init__(self, loop: HostLoop, words: str = "") -> None:
+        self.loop = loop
         self.words = words  # after the signal's name: " during start-up"
-        self.said = False
 
     def __call__(self, event: StopRequested) -> None:
-        if not self.said:
-            self.said = True
+        if not self.loop.stop_said:
+            self.loop.stop_said = True
             log(f"received {signal.Signals(event.signum).name}{self.words}")
 
 
@@ -76,7 +78,7 @@ class Stop:
         self.loop.post(StopRequested(signum))  # every wait on the loop ends on it, in every phase
 
     def on_stack_request(self, _signum, _frame) -> None:
-        self.loop.post(StacksRequested())  # the phase's handler asks the ranks, or says there are none
+        self.loop.post(StacksRequested(time.monotonic()))  # the phase's handler asks the ranks, or says none
 
     @property
     def signals(self) -> list[str]:

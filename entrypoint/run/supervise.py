@@ -327,10 +327,10 @@ class Supervisor:
                 f"{', '.join(asked.starting)}")
         return asked.asked
 
-    def on_stack_request(self, _event: StacksRequested) -> None:
+    def on_stack_request(self, event: StacksRequested) -> None:
         """SIGUSR1: every Python rank on this host prints its stack (rank/record_errors.py),
         and under a multi-host mpirun every worker's too; the job goes on. A burst asks once."""
-        said = self.stack_requests.take(self.settings.signal_burst_s)
+        said = self.stack_requests.take(self.settings.signal_burst_s, event.at)
         if said is None:
             return
         asked = self.ask_ranks_for_stacks()
@@ -366,17 +366,19 @@ class Supervisor:
         """The loop's handler of a stop while this run is on: forwarded to every process
         started so far; with none started yet, none will be (start_and_wait). Each stop is
         forwarded, the first also starts the grace period."""
-        name = signal.Signals(event.signum).name
+        name, forwarded = signal.Signals(event.signum).name, decide_forwarded_signal(event.signum)
         if self.stopped_by is None:
             self.stopped_by = name
             self.stopped_at = time.time()
             self.note_stopping()
+            self.loop.stop_said = True
+            what = "it" if forwarded == event.signum else signal.Signals(forwarded).name
             if self.children:
-                log(f"received {name}: forwarding it to the job, SIGKILL in {self.grace_period_s:g} s")
+                log(f"received {name}: forwarding {what} to the job, SIGKILL in {self.grace_period_s:g} s")
             else:
                 log(f"received {name} before the processes started")
         if self.children:
-            self.signal_all(decide_forwarded_signal(event.signum), stop_request=True)
+            self.signal_all(forwarded, stop_request=True)
             self._kill_within(self.grace_period_s)
 
     def note_stopping(self) -> None:
@@ -495,8 +497,8 @@ class NoRanksToAsk:
         self.burst = Burst()
         self.within_s = within_s
 
-    def __call__(self, _event: StacksRequested) -> None:
-        said = self.burst.take(self.within_s)
+    def __call__(self, event: StacksRequested) -> None:
+        said = self.burst.take(self.within_s, event.at)
         if said is not None:
             log(f"SIGUSR1{said}: no training process is running on this host yet (or any more)")
 

@@ -165,6 +165,8 @@ def make_roles(tmp_path, monkeypatch, current: str):
         role = kind(plan, OutputCollector(), dict(environ), paths, Stop(), "torchrun", True)
         sent: list = []
         role.send_word = lambda host, word, attempt, exit_code=0, within_s=None: sent.append((host, word, attempt)) or True
+        role.send_word_to_each = lambda hosts, word, attempt, within_s: {
+            host: role.send_word(host, word, attempt, within_s=within_s) for host in hosts}
         role.peer_addresses = lambda host: ["10.0.0." + host[-1]]
         role.loop.on({HostDone: role.on_host_done, AttemptWord: role.on_attempt_word, PeerLost: role.on_peer_lost})
         role.watches = [StandInWatch()]  # the peers are being watched: a PeerLost counts
@@ -394,3 +396,28 @@ def test_a_stop_while_the_workers_output_drains_is_the_runs_too_and_cuts_the_wai
     output.stop(3600.0)
     assert run_saw == [StopRequested(signal.SIGTERM)]
     assert output.sessions[0].said == ["its last lines did not arrive within 3600 s"]
+
+
+def test_a_step_walked_away_from_cuts_only_itself_not_a_later_step_on_a_reused_thread_id():
+    """The kernel hands a thread's id to a later thread once it ended: a cut keyed by the id cut
+    the next step's first wait too (closing, after a report walked away from: 10 of 20 runs)."""
+    loop = HostLoop(tick_s=0.01)
+    for _ in range(20):
+        first = loop.run_beside(lambda: loop.wait(deadline=time.monotonic() + 60), deadline=time.monotonic() + 0.02)
+        assert first == (Waited.TIMEOUT, None)
+        loop.walked_away.join()  # StepCut at its next wait: it ends
+        second = loop.run_beside(lambda: loop.wait(deadline=time.monotonic() + 0.01))
+        assert second == (Waited.DONE, Waited.TIMEOUT)  # its own wait ran to its deadline
+
+
+def test_a_burst_is_told_by_when_its_signals_came_not_when_they_were_handled():
+    """Behind a log write that blocks, five SIGUSR1 posted at once are handled seconds apart:
+    still one burst (before: one line, and one round of questions to the ranks, each)."""
+    from entrypoint.loop import Burst
+
+    burst, said = Burst(), []
+    posted = [100.0 + 0.001 * i for i in range(5)]
+    for at in posted:  # handled 1.1 s apart, each
+        said.append(burst.take(1.0, at))
+    assert said == ["", None, None, None, None]
+    assert burst.take(1.0, 102.0) == " (and 4 more before, not said)"  # the next burst says the quiet ones

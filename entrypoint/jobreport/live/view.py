@@ -12,8 +12,8 @@ once took 15 s of CPU at 256 hosts, and TensorBoard got 20,482 tags at 2,048 ran
   `host/<host>/cpu_pct`, `tree_rss_mb`, `gpu_util_pct` (the mean of its GPUs), `gpu_mem_mb` (the
   largest) and `slowest_compute_ms` (its slowest rank's recent median);
 - over DETAILED_RANKS ranks, only the slowest SLOWEST_RANKS ranks and those that stand out get
-  `rank/` series; every rank is in the job's distribution, `job/step_ms/p50` (p90, p99, max) and
-  `job/compute_ms/...`;
+  `rank` series; every rank is in the job's distribution: `job` tags of step_ms and compute_ms
+  at p50, p90, p99 and max;
 - the outliers (job/stragglers) are decided once a tick, not once an update.
 The notes say what is aggregated.
 

@@ -497,3 +497,20 @@ def test_the_job_report_and_the_log_say_what_the_cache_held_and_wrote(tmp_path):
     assert any("1 FX graph entry at the start, 0 compiled by this job" in n for n in cache_lines)
     assert any("host-0.tar.gz written (the end): 2 file(s)" in n for n in cache_lines)
     assert "note: torch.compile cache: TORCHINDUCTOR_CACHE_DIR=" in done.stderr  # the plan's
+
+
+def test_a_stop_while_the_archives_are_restored_ends_the_restore_between_two_archives(tmp_path):
+    """The restore reads every host's archive (256 at 256 hosts): a stop posted meanwhile (no
+    handler raises any more) ends it at the next archive, said, and the job's start-up stop
+    follows (orchestrate.start_compile_cache hands the keeper the loop's stopped)."""
+    cache = make_cache(tmp_path)
+    for host in range(3):
+        write_archive_bytes(tmp_path / f"ckpt/byoc-compile-cache/host-{host}.tar.gz",
+                            {f"fxgraph/h{host}/entry": b"x"}, keep.probe_stamp())
+    asked = iter([False, True, True])
+    k = keeper(cache)
+    k.stop_asked = lambda: next(asked)
+    k.start()
+    k.end(5)
+    assert restored_names(cache) == ["fxgraph/h0/entry"]  # this host's first, then the stop
+    assert any("2 archive(s) not restored: the job was stopped" in line for line in k.lines), k.lines

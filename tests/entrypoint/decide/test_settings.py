@@ -92,8 +92,8 @@ def test_the_messages_a_job_definition_gets():
                                         "number between 0 and 2419200 (not NaN or infinite)."),
         ({"BYOC_PEER_WAIT_TIMEOUT_S": "1e10"}, "The environment variable BYOC_PEER_WAIT_TIMEOUT_S='1e10' must be a "
                                                "finite decimal number between 0 and 2419200 (not NaN or infinite)."),
-        ({"BYOC_RUNTIME_DIR": "run/here"}, "The environment variable BYOC_RUNTIME_DIR='run/here' must be an absolute "
-                                           "path (starting with /) without line breaks."),
+        ({"BYOC_RUNTIME_DIR": "run\nhere"}, "The environment variable BYOC_RUNTIME_DIR='run\\nhere' must be a folder's "
+                                            "path, without NUL or line breaks."),
         ({"BYOC_HOST_LOST_TIMEOUT_S": "61"}, "The environment variable BYOC_HOST_LOST_TIMEOUT_S='61' must be a finite "
                                              "decimal number between 1 and 60 (not NaN or infinite)."),
         ({"BYOC_MASTER_PORT": "0"}, "The environment variable BYOC_MASTER_PORT='0' must be a whole number between 1 "

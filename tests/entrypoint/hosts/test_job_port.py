@@ -211,13 +211,14 @@ def test_the_signatures_remembered_are_bounded():
 
 def test_a_worker_hosts_outcome_reaches_the_leader_signed_and_once():
     """deliver brings a HostDone to the leader's loop, typed, with the sender's address; with
-    another job's key it is refused, named as a host's outcome (always logged); to a closed
-    port it is not delivered, and not tried again."""
+    another job's key it is refused, named as a host's outcome (always logged), and the sender
+    is told so (the port's answer: not delivered, not tried again); to a closed port it is not
+    delivered, and not tried again."""
     port, heard = free_port(), Heard(HostDone, Refused)
     job_port = JobPort(port, heard.loop.post, job_key=KEY)
     try:
         assert deliver(heard.loop, "127.0.0.1", port, KEY, HostDone("algo-2", 3), 5.0)
-        assert deliver(heard.loop, "127.0.0.1", port, "cd" * 32, HostDone("algo-3", 0), 5.0)
+        assert send_message("127.0.0.1", port, "cd" * 32, HostDone("algo-3", 0)) is Sent.REFUSED
         heard.wait_for(2)
         assert heard.of(HostDone) == [HostDone("algo-2", 3, "127.0.0.1")]
         assert heard.of(Refused) == [Refused("127.0.0.1", "signed with another key", host_done=True)]

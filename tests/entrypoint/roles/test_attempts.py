@@ -33,7 +33,7 @@ def test_a_word_goes_through_the_signed_port_and_comes_out_typed():
     try:
         word = AttemptWord("ended", 3, "algo-2", 137)
         assert send_message("127.0.0.1", port, KEY, word) is Sent.DELIVERED
-        assert send_message("127.0.0.1", port, "ef" * 32, word) is Sent.DELIVERED  # another job's key
+        assert send_message("127.0.0.1", port, "ef" * 32, word) is Sent.REFUSED  # another job's key: told so
         loop.wait(lambda: len(heard) == 2, time.monotonic() + 60)
         assert sorted(heard, key=lambda e: type(e).__name__) == [word._replace(sender="127.0.0.1"),
                                                                  Refused("127.0.0.1", "signed with another key")]

@@ -255,7 +255,7 @@ def test_a_sighup_while_the_script_runs_is_a_stop_and_the_script_gets_sigterm(tm
     assert proc.returncode == 143, err[-3000:]  # the script's own code after its SIGTERM
     assert (marks / "term").exists(), err[-3000:]
     assert failure_text(root).startswith("Training was stopped by SIGHUP"), failure_text(root)
-    assert "received SIGHUP: forwarding it to the job" in err
+    assert "received SIGHUP: forwarding SIGTERM to the job" in err
 
 
 def test_a_sighup_during_start_up_ends_it_as_a_stop_with_exit_code_129(tmp_path):
