@@ -112,7 +112,7 @@ class LiveLoop:
             self.notes.add("workers' live figures came faster than they were read: an update replaced by its "
                            "host's newer one is not drawn (the newer one is)")
         updates = [own]
-        newest = self.view.decide_points_read()
+        newest = self.view.decide_points_read(len(inbox) + 1)
         for host, text in inbox.items():
             parsed = parse_update(text, host, self.notes, newest)
             if parsed is None:

@@ -238,10 +238,11 @@ class LiveView:
                            for step, values in build_merged(points, most) for name, value in values.items())
         return scalars
 
-    def decide_points_read(self) -> int | None:
-        """How many of a worker's newest points the next tick reads (None: all): a large view
-        draws a host's newest point and at most a few points of a rank."""
-        if len(self.ranks) > DETAILED_RANKS or len(self.hosts_seen) > DETAILED_HOSTS:
+    def decide_points_read(self, hosts_now: int = 0) -> int | None:
+        """How many of a worker's newest points the next tick reads (None: all), with hosts_now
+        hosts' updates in it: a large view draws a host's newest point and at most a few points
+        of a rank (from its first tick on: the hosts' count tells before the ranks are known)."""
+        if len(self.ranks) > DETAILED_RANKS or max(len(self.hosts_seen), hosts_now) > DETAILED_HOSTS:
             return LARGE_POINTS_READ
         return None
 

@@ -21,8 +21,9 @@ KEY = "cd" * 32
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+    # Picked as the job port binds (every address, SO_REUSEADDR): a port a closed connection
+    # still holds (TIME_WAIT, after many probes) is not picked to fail that bind.
+    with socket.create_server(("", 0)) as s:
         return s.getsockname()[1]
 
 
