@@ -216,6 +216,12 @@ class HostLoop:
                     return seen
                 self._lock.wait(seen)
 
+    def walked_away_from_here(self) -> bool:
+        """This thread runs a step the main thread walked away from (run_beside): what it was
+        to write is not written any more (a job report said cut short appears after all)."""
+        with self._lock:
+            return threading.current_thread() in self._cut
+
     def _look(self, until: Callable[[], bool], deadline: float | None, stop_ends: bool) -> Waited | float:
         """What a wait sees now: its answer, or how long it may wait before it looks again."""
         if until():

@@ -153,6 +153,8 @@ class HostRole:
         without any is reported missing)."""
         from entrypoint.jobreport.host import write_job_report
 
+        if self.loop.walked_away_from_here():  # cut short while it read the others' figures: said so
+            return
         figures, _ = self.report_part.end(self.plan.settings.report_figures_bytes)
         live = self.report_part.live
         notes = [f"live figures: {n}" for n in live.notes.seen] if live is not None else []

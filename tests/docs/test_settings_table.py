@@ -133,7 +133,8 @@ PROCESS_ENV = {
     "BYOC_ATTEMPT": "the attempt a process belongs to, from 1 (decide/restarts.py)",
     "BYOC_CRASH_DIR": "where a rank killed by a fatal signal leaves its stacks (rank/launch_torchrun.py)",
     "BYOC_HOST_ENV_FILE": "each MPI host's own SM_* values, applied by the rank wrapper (roles/mpi.py)",
-    "BYOC_JOB_PORTS": "every host's job port, where a rank sends its root cause (decide/plan.py)",
+    "BYOC_JOB_PORTS": "every host's job port, where a rank sends its root cause (decide/plan.py; a job's own "
+                      "value is kept, for a harness that runs the ranks itself)",
     "BYOC_JOB_PORT_KEY": "the job's key the ranks sign their root causes with (decide/plan.py)",
     "BYOC_JOB_REPORT_KEY": "the same key's old name, set for one release",
     "BYOC_JOB_NCCL_PROTO": "SDK v3's NCCL protocol choice, handed to its driver (sdk_v3/nccl_proto.py)",

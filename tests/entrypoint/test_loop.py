@@ -421,3 +421,18 @@ def test_a_burst_is_told_by_when_its_signals_came_not_when_they_were_handled():
         said.append(burst.take(1.0, at))
     assert said == ["", None, None, None, None]
     assert burst.take(1.0, 102.0) == " (and 4 more before, not said)"  # the next burst says the quiet ones
+
+
+def test_a_step_walked_away_from_knows_it_and_one_that_ran_to_its_end_does_not():
+    loop, seen = HostLoop(tick_s=0.01), {}
+    gate = threading.Event()
+
+    def blocked():
+        gate.wait(60)  # blocked where the loop cannot cut it (the kernel, a subprocess)
+        seen["cut"] = loop.walked_away_from_here()
+
+    assert loop.run_beside(blocked, deadline=time.monotonic() + 0.05) == (Waited.TIMEOUT, None)
+    gate.set()
+    loop.walked_away.join()
+    assert loop.run_beside(lambda: loop.walked_away_from_here()) == (Waited.DONE, False)
+    assert seen == {"cut": True}
