@@ -389,9 +389,9 @@ def probe_torch_import() -> float:
 LAUNCHER = r"(mpirun|torch\.distributed\.run|torchrun) "
 RANK = r"(record_errors\.py|mpi4py|-u bench_torch\.py) "
 MARKS = (
-    ("leader: sshd up, polling the workers", r"\[entrypoint\] waiting for SSH on|Waiting for MPI workers to establish", "first"),
+    ("leader: job port open, waiting for the workers", r"\[entrypoint\] waiting for \d+ worker\(s\) to serve SSH|Waiting for MPI workers to establish", "first"),
     ("worker: trusts the leader, sshd up", r"\[entrypoint\] .*serving SSH to the leader|MPI Master online", "first"),
-    ("leader: every worker accepts SSH", r"\[entrypoint\] every worker accepts SSH|Worker algo-2 available", "first"),
+    ("leader: every worker is ready", r"\[entrypoint\] every worker is ready|Worker algo-2 available", "first"),
     ("launcher (mpirun/torchrun) started", rf"^\+ .*{LAUNCHER}", "first"),
     ("last rank process started", rf"^\+ .*{RANK}", "last"),
     ("script's first line", None, "script_start"),
@@ -457,11 +457,11 @@ def format_phases(runs: list[RunResult]) -> str:
 # the workers' start-up overlaps the leader's; what stays on the critical path is the
 # leader's own steps, one after another:
 LEADER_STEPS = (
-    ("start", "leader's start until its first probe (interpreter, /opt/ml, host key, sshd)"),
-    ("probe", "last worker ready (serving SSH) until the leader knows every worker accepts it"),
-    ("launch", "mpirun started until the script's first line (orted on every host over SSH, ranks start)"),
+    ("start", "leader's start until it waits for the workers (interpreter, /opt/ml, host key, job port)"),
+    ("probe", "last worker ready (serving SSH, every key trusted) until the leader knows it (job port)"),
+    ("launch", "mpirun started until the script's first line (orted as a tree over SSH, ranks start)"),
     ("finish", "script's last line until mpirun reports (MPI_Finalize, orteds end)"),
-    ("tell", "mpirun reported until the leader's command exited (the outcome written on every worker)"),
+    ("tell", "mpirun reported until the leader's command exited (the outcome to every worker's job port)"),
 )
 LEADER = "algo-1"
 GNU_TIME = "/usr/bin/time"
@@ -478,8 +478,8 @@ def _first(r: RunResult, host: str | None, pattern: str) -> float | None:
 def build_leader_steps(r: RunResult) -> dict[str, float] | None:
     """Seconds of each LEADER_STEPS step in one run of ours under mpirun; None if a line is
     missing (another launcher, or the toolkit)."""
-    probing = _first(r, LEADER, r"\[entrypoint\] waiting for SSH on")
-    accepted = _first(r, LEADER, r"\[entrypoint\] every worker accepts SSH")
+    probing = _first(r, LEADER, r"\[entrypoint\] waiting for \d+ worker\(s\) to serve SSH")
+    accepted = _first(r, LEADER, r"\[entrypoint\] every worker is ready")
     launched = _first(r, LEADER, r"\[entrypoint\] .*: running mpirun on")
     reported = _first(r, LEADER, r"\[entrypoint\] .*: mpirun on .* (succeeded|failed)")
     ready = [t for t, h, text in r.timeline if h != LEADER and "serving SSH to the leader" in text]

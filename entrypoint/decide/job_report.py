@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 from typing import NamedTuple
 
-HOST_FIGURES_FILE = "host-figures.json"  # an MPI worker's figures, in rank_folder, read by the leader over SSH
 REPORT_DIR_ENV = "BYOC_REPORT_DIR"  # where the ranks write their step figures (rank/step_figures.py)
 
 

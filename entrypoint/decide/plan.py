@@ -96,6 +96,9 @@ class LaunchPlan(NamedTuple):
     # When this host stops its processes itself (epoch s), a training plan's capacity ending
     # (decide/capacity.py); None without one. Decided once, here: every role reads this.
     capacity_stop_at: float | None = None
+    # The job port's key (hosts/job_port.py) where the ranks do not get it: an MPI job's hosts
+    # sign their words with it (roles/mpi.py). Elsewhere it is BYOC_JOB_PORT_KEY, in env.
+    job_key: str = ""
 
     @property
     def env_dict(self) -> dict[str, str]:
@@ -215,6 +218,18 @@ def build_output_options(topo: topology.Topology, custom_options: tuple[str, ...
     return ["--output-filename", f"{folder}:nocopy"] if folder else ["--tag-output"]
 
 
+def decide_launch_radix(hosts: int) -> int:
+    """How many hosts each Open MPI daemon starts (routed_radix, with tree spawn): the fewest
+    that reach every worker in two levels (r + r^2), about the square root, so at 256 hosts
+    mpirun opens 16 SSH sessions and each of those daemons at most 16 more (sshd's MaxStartups,
+    10:30:100 by default, counts a host's unauthenticated connections at once: one parent each
+    stays far below it)."""
+    workers, radix = max(0, hosts - 1), 1
+    while radix + radix * radix < workers:
+        radix += 1
+    return radix
+
+
 def build_mpirun_argv(
     topo: topology.Topology,
     num_processes: int,
@@ -235,7 +250,11 @@ def build_mpirun_argv(
         "-mca", "plm_rsh_agent", f"ssh -F {runtime.files.ssh_config}",
         "-mca", "btl_tcp_if_include", interface,
         "-mca", "oob_tcp_if_include", interface,
-        "-mca", "plm_rsh_no_tree_spawn", "1",
+        # Tree spawn: mpirun reaches launch_radix hosts itself, and each host's daemon the next
+        # ones (every host trusts every host's per-job key: roles/mpi.py). One ssh per host
+        # from mpirun cost the leader ~150 ms of CPU a host (docs/benchmarks-multihost.md).
+        "-mca", "plm_rsh_no_tree_spawn", "0",
+        "-mca", "routed_radix", str(decide_launch_radix(len(topo.distribution_hosts))),
         "-bind-to", "none",
         "-map-by", "slot",
         "-mca", "pml", "ob1",
@@ -544,8 +563,11 @@ def decide_mpi_plan(shared: _Shared, dist: Distribution, facts: MachineFacts, la
         shared.notes.append(runtime.files.key_note)
     # Each host's ranks take that host's own SM_* values (entrypoint/roles/mpi.py).
     launcher_env["BYOC_HOST_ENV_FILE"] = runtime.files.host_env
+    # The job port's key, for the hosts' words (readiness, keys, asks, the outcome): not in the
+    # ranks' environment under mpirun (their root causes reach the leader with their output).
+    job_key = build_job_key(shared.job, topo.distribution_hosts, shared.settings.job_secret)
     if not topo.is_leader:
-        return build_plan(shared, Role.MPI_WORKER, (), launcher_env)
+        return build_plan(shared, Role.MPI_WORKER, (), launcher_env)._replace(job_key=job_key)
     if program_argv[1:2] != (RECORD_ERRORS,):
         # A shell script or an executable: the rank wrapper applies the host's values, then
         # becomes the program (record_errors.py --exec), as it does for a Python rank.
@@ -558,7 +580,7 @@ def decide_mpi_plan(shared: _Shared, dist: Distribution, facts: MachineFacts, la
     argv = build_mpirun_argv(topo, np_, forwarded, dist.custom_mpi_options, program_argv, runtime, efa=facts.efa)
     spec = ProcessSpec("mpirun", argv, signal_ranks=True,
                        rank_output=decide_rank_output(topo, dist.custom_mpi_options, runtime))
-    return build_plan(shared, Role.MPI_LEADER, (spec,), launcher_env)
+    return build_plan(shared, Role.MPI_LEADER, (spec,), launcher_env)._replace(job_key=job_key)
 
 
 def build_job_port_env(job: JobConfig, topo: topology.Topology, settings: LaunchSettings) -> dict[str, str]:

@@ -3,7 +3,8 @@ module; the rank's sender, rank/record_errors.py, keeps its own standard-library
 words, and tests/entrypoint/test_layout.py holds the two to the same ones).
 
 Every host of a torchrun or parameter-server job keeps a TCP port open while its job runs
-(BYOC_JOB_PORT); under mpirun, sshd's port plays the liveness part. On the wire, one
+(BYOC_JOB_PORT), under mpirun too (readiness, SSH keys, asks and the outcome; mpirun's own
+launch goes over SSH). On the wire, one
 connection carries nothing or lines of UTF-8 text, at most MAX_MESSAGE_BYTES:
 
     (nothing)                                           a liveness probe
@@ -16,6 +17,14 @@ connection carries nothing or lines of UTF-8 text, at most MAX_MESSAGE_BYTES:
     BYOC-SIGNED <hmac> BYOC-ATTEMPT {json}              a restart's words (roles/attempts.py): the
                                                         leader's to a worker (stop, start, end), a
                                                         worker's to the leader (ended)
+    BYOC-SIGNED <hmac> BYOC-MPI-READY {json}            an MPI worker serves SSH (to the leader): its
+                                                        key, then that it trusts every host's
+    BYOC-SIGNED <hmac> BYOC-PEER-KEYS {json}            every host's SSH key (the MPI leader's, to
+                                                        each worker: Open MPI's tree spawn)
+    BYOC-SIGNED <hmac> BYOC-LEADER-ASK {json}           the MPI leader asks a worker for its ranks'
+                                                        stacks or its report figures
+    BYOC-SIGNED <hmac> BYOC-JOB-OUTCOME {json}          the MPI job's outcome (the leader's, to each
+                                                        worker)
 
 - `<hmac>`: HMAC-SHA256 (hex) of the record (everything after it) with the job's key,
   BYOC_JOB_PORT_KEY (hex), which the plan gives every process of the job.
@@ -30,6 +39,12 @@ connection carries nothing or lines of UTF-8 text, at most MAX_MESSAGE_BYTES:
 - BYOC-ATTEMPT's json: word, attempt, host, exit_code, time. `attempt` numbers the job's runs
   from 1: a word about another attempt than the one a host is in is stale and dropped, so no
   rank of attempt N can be started beside a peer of attempt N-1 (docs/reliability.md).
+- BYOC-MPI-READY's json: host, public_key (`ssh-ed25519 AAAA…`), trusted (false: sshd serves,
+  with nothing authorized yet; true: every host's key below is authorized and pinned), time.
+- BYOC-PEER-KEYS's json: part, parts (the keys of a large job span several messages), keys
+  ([host, [addresses], public key], one per host of the job), time.
+- BYOC-LEADER-ASK's json: ask (one of Ask), time. BYOC-JOB-OUTCOME's json: exit_code, report
+  (the leader's output/failure when the job failed, cut to fit), time.
 - A record made more than settings.message_clock_skew_s before the port opened, or whose signature was
   seen before, is a replay and refused; so is anything unsigned or signed with another key.
 - The ranks find every host's port in BYOC_JOB_PORTS (`host:port,host:port`).
@@ -51,6 +66,7 @@ from __future__ import annotations
 
 import enum
 import json
+import re
 import threading
 import time
 from collections import deque
@@ -64,6 +80,10 @@ HOST_DONE = "BYOC-HOST-DONE "
 HOST_FIGURES = "BYOC-HOST-FIGURES "
 HOST_LIVE = "BYOC-HOST-LIVE "
 ATTEMPT = "BYOC-ATTEMPT "
+MPI_READY = "BYOC-MPI-READY "
+PEER_KEYS = "BYOC-PEER-KEYS "
+LEADER_ASK = "BYOC-LEADER-ASK "
+JOB_OUTCOME = "BYOC-JOB-OUTCOME "
 SIGNED = "BYOC-SIGNED "
 JOB_KEY_ENV = "BYOC_JOB_PORT_KEY"
 JOB_KEY_OLD_ENV = "BYOC_JOB_REPORT_KEY"  # its name until 2026-11: still set, for one release
@@ -153,6 +173,47 @@ class Refused(NamedTuple):
 ATTEMPT_WORDS = ("stop", "ended", "start", "end")
 
 
+class MpiReady(NamedTuple):
+    """BYOC-MPI-READY: an MPI worker's sshd serves (to the leader). trusted False: here is this
+    host's key (its client identity and host key); True: every host's key is authorized here."""
+
+    host: str
+    public_key: str
+    trusted: bool = False
+    sender: str = ""
+
+
+class PeerKeys(NamedTuple):
+    """BYOC-PEER-KEYS: part `part` of `parts` of every host's SSH key (the MPI leader's, to each
+    worker): ((host, (addresses...), public key), ...)."""
+
+    part: int
+    parts: int
+    keys: tuple
+    sender: str = ""
+
+
+class Ask(str, enum.Enum):
+    """What the MPI leader asks a worker for (BYOC-LEADER-ASK)."""
+
+    STACKS = "stacks"  # its ranks print their Python stacks
+    FIGURES = "figures"  # its figures for the job report (a HostFigures back)
+
+
+class LeaderAsk(NamedTuple):
+    ask: Ask
+    sender: str = ""
+
+
+class JobOutcome(NamedTuple):
+    """BYOC-JOB-OUTCOME: the MPI job's outcome (the leader's, to each worker); report: the
+    leader's output/failure when the job failed."""
+
+    exit_code: int
+    report: str = ""
+    sender: str = ""
+
+
 def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -178,6 +239,59 @@ def _parse_attempt_word(fields: dict) -> AttemptWord | None:
     return AttemptWord(word, attempt, host, code)
 
 
+# What a key list may hold: nothing that could turn an authorized_keys or known_hosts line into
+# another one (a newline, an option), however the record was made.
+PUBLIC_KEY_SHAPE = re.compile(r"ssh-ed25519 [A-Za-z0-9+/]{20,200}={0,2}")
+HOST_NAME_SHAPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
+
+
+def is_public_key(text) -> bool:
+    return isinstance(text, str) and PUBLIC_KEY_SHAPE.fullmatch(text) is not None
+
+
+def is_address(text) -> bool:
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _parse_mpi_ready(fields: dict) -> MpiReady | None:
+    host, key, trusted = fields.get("host"), fields.get("public_key"), fields.get("trusted", False)
+    if not isinstance(host, str) or not is_public_key(key) or not isinstance(trusted, bool):
+        return None
+    return MpiReady(host, key, trusted)
+
+
+def _parse_peer_keys(fields: dict) -> PeerKeys | None:
+    part, parts, keys = fields.get("part"), fields.get("parts"), fields.get("keys")
+    if not (_is_int(part) and _is_int(parts) and 1 <= part <= parts) or not isinstance(keys, list):
+        return None
+    parsed = []
+    for entry in keys:
+        if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str)
+                and HOST_NAME_SHAPE.fullmatch(entry[0]) and isinstance(entry[1], list) and entry[1]
+                and all(isinstance(a, str) and is_address(a) for a in entry[1]) and is_public_key(entry[2])):
+            return None
+        parsed.append((entry[0], tuple(entry[1]), entry[2]))
+    return PeerKeys(part, parts, tuple(parsed))
+
+
+def _parse_leader_ask(fields: dict) -> LeaderAsk | None:
+    try:
+        return LeaderAsk(Ask(fields.get("ask")))
+    except ValueError:
+        return None
+
+
+def _parse_job_outcome(fields: dict) -> JobOutcome | None:
+    code, report = fields.get("exit_code"), fields.get("report", "")
+    return JobOutcome(code, report) if _is_int(code) and isinstance(report, str) else None
+
+
 # Each kind of message: its word on the wire, its type, its one parser (the fields' dict ->
 # the message, or None when they are not one), and how it is named when it is not one.
 MESSAGE_KINDS = {
@@ -185,14 +299,18 @@ MESSAGE_KINDS = {
     HOST_FIGURES.strip(): (HostFigures, _parse_figures(HostFigures), "a host's figures without a host name and figures"),
     HOST_LIVE.strip(): (HostLive, _parse_figures(HostLive), "a host's live figures without a host name and figures"),
     ATTEMPT.strip(): (AttemptWord, _parse_attempt_word, "a restart's word that is not one"),
+    MPI_READY.strip(): (MpiReady, _parse_mpi_ready, "an MPI worker's readiness without a host name and key"),
+    PEER_KEYS.strip(): (PeerKeys, _parse_peer_keys, "a key list that is not one"),
+    LEADER_ASK.strip(): (LeaderAsk, _parse_leader_ask, "an ask that is not one"),
+    JOB_OUTCOME.strip(): (JobOutcome, _parse_job_outcome, "a job's outcome without an exit code"),
 }
 WORD_OF = {kind: word + " " for word, (kind, _, _) in MESSAGE_KINDS.items()}
 
 
 def build_record(message, now: float) -> str:
-    """The record of a message (HostDone, HostFigures, HostLive, AttemptWord): its word, then
-    its fields and the time as JSON (ASCII: the signature is over these exact bytes)."""
-    fields = {k: v for k, v in message._asdict().items() if k != "sender"}
+    """The record of a message (one of MESSAGE_KINDS' types): its word, then its fields and the
+    time as JSON (ASCII: the signature is over these exact bytes)."""
+    fields = {k: (v.value if isinstance(v, enum.Enum) else v) for k, v in message._asdict().items() if k != "sender"}
     return WORD_OF[type(message)] + json.dumps({**fields, "time": now}, ensure_ascii=True)
 
 
@@ -217,6 +335,24 @@ def parse_attempt_record(record: str) -> AttemptWord | None:
     """The word of a `BYOC-ATTEMPT {json}` record; None when it is not one."""
     message = parse_record(record)
     return message if isinstance(message, AttemptWord) else None
+
+
+def build_job_outcome(exit_code: int, report: str) -> JobOutcome:
+    """The outcome for the workers, its report cut at the end (the writer's order puts the root
+    cause first) to the longest start whose signed line fits the port: a bisection, as an
+    escaped character takes 1 to 12 bytes."""
+    room = MAX_MESSAGE_BYTES - len(SIGNED) - 65 - 2  # the signature, its space and the newline
+
+    def fits(length: int) -> bool:
+        return len(build_record(JobOutcome(exit_code, report[:length]), 0.0)) + 16 <= room  # 16: the time's digits
+
+    if fits(len(report)):
+        return JobOutcome(exit_code, report)
+    low, high = 0, len(report)  # fits(low), not fits(high)
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return JobOutcome(exit_code, report[:low])
 
 
 def sign_record(key_hex: str, record: str) -> str:
@@ -441,7 +577,8 @@ class JobPort:
 
 class Sent(enum.Enum):
     DELIVERED = "delivered"  # the port answered TAKEN
-    REFUSED = "refused"  # the port is closed (that host has ended, nobody waits), or it refused the word
+    REFUSED = "refused"  # the port refused the word (not this job's): no try will change that
+    CLOSED = "closed"  # nothing listens (that host has ended, nobody waits; or it has not opened yet)
     FAILED = "failed"  # not reachable now, or no answer: a later try may get through
 
 
@@ -467,28 +604,30 @@ def send_message(host: str, port: int, key_hex: str, message, settings: LaunchSe
                     break
                 answer += chunk
     except ConnectionRefusedError:
-        return Sent.REFUSED
+        return Sent.CLOSED
     except OSError:
         return Sent.FAILED
     return ANSWERS.get(answer.split(b"\n", 1)[0].split(b" ", 1)[0], Sent.FAILED)
 
 
 def _retry_send(host: str, port: int, key_hex: str, message, within_s: float, settings: LaunchSettings,
-                pause) -> bool:
+                pause, until_open: bool = False) -> bool:
     """send_message, tried again every settings.stop_check_s until within_s has passed;
-    pause(seconds) waits between tries and returns False when the sender must give up."""
+    pause(seconds) waits between tries and returns False when the sender must give up.
+    until_open: a port nobody listens on yet is tried again too (a host still starting)."""
     deadline = time.monotonic() + within_s
-    while (sent := send_message(host, port, key_hex, message, settings)) is Sent.FAILED:
+    again = (Sent.FAILED, Sent.CLOSED) if until_open else (Sent.FAILED,)
+    while (sent := send_message(host, port, key_hex, message, settings)) in again:
         if time.monotonic() >= deadline or not pause(min(settings.stop_check_s, max(0.0, deadline - time.monotonic()))):
             return False
     return sent is Sent.DELIVERED
 
 
 def deliver(loop, host: str, port: int, key_hex: str, message, within_s: float,
-            settings: LaunchSettings = DEFAULTS) -> bool:
+            settings: LaunchSettings = DEFAULTS, until_open: bool = False) -> bool:
     """The message, tried until within_s; the waits between tries are the host loop's (a stop
     ends them). True when it was delivered."""
-    return _retry_send(host, port, key_hex, message, within_s, settings, loop.pause)
+    return _retry_send(host, port, key_hex, message, within_s, settings, loop.pause, until_open)
 
 
 def send_until(host: str, port: int, key_hex: str, message, within_s: float,
@@ -507,31 +646,51 @@ class Delivered(NamedTuple):
     batch: int = 0
 
 
-SENDERS = 12  # send_to_each's threads at most: a fixed pool, whatever the number of hosts (the leader's
-# threads stay within 16: the main one, the port's, the watch's and these)
+SENDERS = 12  # the senders' threads at most, in this process: a fixed pool whatever the number of hosts and
+# of batches at once (the leader's threads stay within 16: the main one, the port's, the watch's and these)
+
+
+class _SenderPool:
+    """SENDERS threads, started as the work needs them, taking (host, message, …) from one queue:
+    two batches at once (an ask for stacks as the outcome goes out) share them."""
+
+    def __init__(self) -> None:
+        import queue
+
+        self.todo: queue.SimpleQueue = queue.SimpleQueue()
+        self.lock = threading.Lock()
+        self.threads = 0
+        self.idle = 0
+
+    def put(self, work: list) -> None:
+        with self.lock:
+            for item in work:
+                self.todo.put(item)
+            wanted = min(SENDERS - self.threads, max(0, len(work) - self.idle))
+            self.threads += wanted
+        for _ in range(wanted):
+            threading.Thread(target=self._work, daemon=True, name="byoc-senders").start()
+
+    def _work(self) -> None:
+        while True:
+            with self.lock:
+                self.idle += 1
+            host, port, key_hex, message, within_s, settings, post, batch = self.todo.get()
+            with self.lock:
+                self.idle -= 1
+            post(Delivered(host, send_until(host, port, key_hex, message, within_s, settings), batch))
+
+
+_SENDERS = _SenderPool()
 
 
 def send_to_each(hosts, port: int, key_hex: str, message_of, within_s: float, post, batch: int = 0,
                  settings: LaunchSettings = DEFAULTS) -> None:
-    """message_of(host) to each of hosts' ports, SENDERS at a time, each tried until within_s of
-    its own (send_until); Delivered(host, delivered, batch) posted for each as it ends. One at a
-    time from the loop, a dead host cost every host after it its deadline; here it costs one."""
-    import queue
-
-    todo: queue.SimpleQueue = queue.SimpleQueue()
-    for host in hosts:
-        todo.put(host)
-
-    def work() -> None:
-        while True:
-            try:
-                host = todo.get_nowait()
-            except queue.Empty:
-                return
-            post(Delivered(host, send_until(host, port, key_hex, message_of(host), within_s, settings), batch))
-
-    for _ in range(min(SENDERS, len(hosts))):
-        threading.Thread(target=work, daemon=True, name="byoc-senders").start()
+    """message_of(host) to each of hosts' ports, by the process's SENDERS threads, each tried
+    until within_s of its own (send_until); Delivered(host, delivered, batch) posted for each as
+    it ends. One at a time from the loop, a dead host cost every host after it its deadline;
+    here it costs one."""
+    _SENDERS.put([(host, port, key_hex, message_of(host), within_s, settings, post, batch) for host in hosts])
 
 
 def send_live_figures(leader: str, port: int, key_hex: str, host: str, figures_json: str,

@@ -2,14 +2,16 @@
 
 Trust scheme (threat model in docs/multi-host.md):
 - Every host generates a fresh ed25519 host key at start; nothing secret is in the image.
-- The leader's host key is also its client identity. Each worker learns the leader's public
-  key with ssh-keyscan over the job's private network when the job starts (trust on first
-  use) and authorizes exactly that key, only from the leader's addresses
-  (`from="…",restrict` in authorized_keys).
-- The leader records each worker's host key on first contact (StrictHostKeyChecking
-  accept-new, a per-job known_hosts).
+- A host's key is also its client identity: mpirun's tree spawn has each host's Open MPI
+  daemon start the next hosts' (decide/plan.decide_launch_radix).
+- The keys travel on the job port (hosts/job_port.py: MPI-READY, PEER-KEYS), signed with the
+  job's key and checked against the sender's address: each worker sends the leader its public
+  key, the leader sends every worker every host's. Each host then authorizes exactly those
+  keys, each only from its own host's addresses (`from="…",restrict` in authorized_keys), and
+  pins them in a per-job known_hosts (a key that differs is refused).
 Holding the image gives nobody a way in; an attacker would have to be on the cluster's
-network and answer for the leader's address during the seconds the job starts.
+network, know the job's key, and answer for a host's address during the seconds the job
+starts.
 
 `build_*` are pure; `write_*`/`start_*`/`scan_*` touch files and processes.
 """
@@ -86,6 +88,19 @@ def build_authorized_key(public_key_line: str, addresses: list[str]) -> str:
     """`ssh-ed25519 AAAA…` restricted to the leader's addresses and to running commands."""
     key_type, key_b64 = public_key_line.split()[:2]
     return f'from="{",".join(addresses)}",restrict {key_type} {key_b64}\n'
+
+
+def build_authorized_keys(keys) -> str:
+    """One restricted line per (host, addresses, public key) of the job (PeerKeys' shape)."""
+    return "".join(build_authorized_key(key, list(addresses)) for _host, addresses, key in keys)
+
+
+def build_known_hosts(keys, port: int) -> str:
+    """The job's hosts' keys, pinned by name and address (`[name]:port` off port 22)."""
+    def named(name: str) -> str:
+        return name if port == 22 else f"[{name}]:{port}"
+
+    return "".join(f"{','.join(named(n) for n in (host, *addresses))} {key}\n" for host, addresses, key in keys)
 
 
 def parse_keyscan(output: str) -> str | None:
@@ -206,6 +221,13 @@ def public_key(files: SshFiles) -> str:
 
 def authorize(files: SshFiles, public_key_line: str, addresses: list[str]) -> None:
     _write(files.authorized_keys, build_authorized_key(public_key_line, addresses))
+
+
+def write_job_keys(files: SshFiles, keys, port: int, authorized) -> None:
+    """Every host's key pinned in known_hosts; those of `authorized` (the hosts that may log in
+    here) in authorized_keys, each from its own addresses."""
+    _write(files.known_hosts, build_known_hosts(keys, port))
+    _write(files.authorized_keys, build_authorized_keys([k for k in keys if k[0] in authorized]))
 
 
 def sshd_argv(files: SshFiles) -> tuple[str, ...]:

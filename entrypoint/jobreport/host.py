@@ -11,7 +11,7 @@ import time
 from entrypoint.jobreport.figures import fit_figures, load_rank_files
 from entrypoint.jobreport.metric_lines import ReportedThroughput
 from entrypoint.jobreport.sampler import HostSampler
-from entrypoint.decide.job_report import HOST_FIGURES_FILE, ReportSpec
+from entrypoint.decide.job_report import ReportSpec
 from entrypoint.settings import DEFAULTS
 
 def probe_process_start() -> float:
@@ -66,14 +66,6 @@ class HostReport:
         self.sampler.stop()
         self.stop_live()
         return self.build_figures(max_bytes)
-
-    def write_figures_file(self, max_bytes: int) -> None:
-        """An MPI worker's figures so far, for the leader to read over SSH (roles/mpi.py):
-        written whole (a rename), in its job folder's report/."""
-        _, text = self.build_figures(max_bytes)
-        tmp = os.path.join(self.spec.rank_folder, f".{HOST_FIGURES_FILE}.tmp")
-        write_new_file(tmp, text)
-        os.replace(tmp, os.path.join(self.spec.rank_folder, HOST_FIGURES_FILE))
 
     def build_figures(self, max_bytes: int) -> tuple[dict, str]:
         self.sampler.mark("end")

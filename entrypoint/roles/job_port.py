@@ -50,7 +50,7 @@ class JobPortRole(MultiHostRole):
     def start_beside(self) -> Outcome | None:
         plan = self.plan
         try:
-            self.port = JobPort(plan.settings.job_port, self.loop.post, job_key=plan.env_dict.get(JOB_KEY_ENV, ""),
+            self.port = JobPort(plan.settings.job_port, self.loop.post, job_key=self.job_key,
                                 settings=plan.settings, hosts=len(plan.hosts))
         except OSError as exc:
             return self.start_problem(describe_port_problem(plan.settings.job_port, plan.current_host, exc), None)
@@ -116,15 +116,21 @@ class JobPortRole(MultiHostRole):
         """A restart's word (roles/attempts.py); each role takes those meant for it."""
         self.refuse(word.sender, f"a restart's word {word.word!r}: not for this host")
 
-    def send(self, host: str, message, within_s: float) -> bool:
-        """A message to host's job port, tried again until within_s (the loop's pauses between)."""
-        plan = self.plan
-        return job_port.deliver(self.loop, host, plan.settings.job_port, plan.env_dict.get(JOB_KEY_ENV, ""), message,
-                                within_s, plan.settings)
+    @property
+    def job_key(self) -> str:
+        """The key this job's hosts sign their words with: the plan's (MPI), or the one its ranks have."""
+        return self.plan.job_key or self.plan.env_dict.get(JOB_KEY_ENV, "")
 
-    def send_word_to_each(self, hosts, word: str, attempt: int, within_s: float) -> dict[str, bool]:
-        """The word to every one of hosts at once (hosts/job_port.send_to_each), each tried for
-        within_s; host -> whether it took it (a host missing: a stop ended the wait first)."""
+    def send(self, host: str, message, within_s: float, until_open: bool = False) -> bool:
+        """A message to host's job port, tried again until within_s (the loop's pauses between;
+        until_open: a port not open yet too)."""
+        plan = self.plan
+        return job_port.deliver(self.loop, host, plan.settings.job_port, self.job_key, message, within_s, plan.settings,
+                                until_open)
+
+    def send_to_each_host(self, hosts, message_of, within_s: float) -> dict[str, bool]:
+        """message_of(host) to every one of hosts at once (hosts/job_port.send_to_each), each
+        tried for within_s; host -> whether it took it (a host missing: a stop ended the wait)."""
         plan = self.plan
         hosts = list(hosts)
         self.batch += 1
@@ -132,13 +138,17 @@ class JobPortRole(MultiHostRole):
         handlers = self.loop.on({Delivered: lambda d: taken.__setitem__(d.host, d.delivered) if d.batch == batch
                                  else None})
         try:
-            job_port.send_to_each(hosts, plan.settings.job_port, plan.env_dict.get(JOB_KEY_ENV, ""),
-                                  lambda _host: AttemptWord(word, attempt, plan.current_host), within_s,
-                                  self.loop.post, batch, plan.settings)
+            job_port.send_to_each(hosts, plan.settings.job_port, self.job_key, message_of, within_s, self.loop.post,
+                                  batch, plan.settings)
             self.loop.wait(lambda: len(taken) == len(hosts), time.monotonic() + within_s + plan.settings.thread_join_s)
         finally:
             self.loop.off(handlers)
         return taken
+
+    def send_word_to_each(self, hosts, word: str, attempt: int, within_s: float) -> dict[str, bool]:
+        """A restart's word to every one of hosts at once (send_to_each_host)."""
+        current = self.plan.current_host
+        return self.send_to_each_host(hosts, lambda _host: AttemptWord(word, attempt, current), within_s)
 
     def send_word(self, host: str, word: str, attempt: int, exit_code: int = 0, within_s: float | None = None) -> bool:
         settings = self.plan.settings
@@ -237,7 +247,7 @@ class JobPortLeader(JobPortRole):
             plan = self.plan
             message = AttemptWord("end", word.attempt, plan.current_host)
             threading.Thread(target=job_port.send_until, daemon=True,
-                             args=(word.host, plan.settings.job_port, plan.env_dict.get(JOB_KEY_ENV, ""), message,
+                             args=(word.host, plan.settings.job_port, self.job_key, message,
                                    plan.settings.host_done_failed_send_s, plan.settings)).start()
 
     def restart(self, line: str, exit_code: int, cause: str, failed_at: float) -> str | None:
@@ -358,7 +368,7 @@ class JobPortWorker(JobPortRole):
         """This host's live figures go to the leader's job port every interval (from the live
         thread: one try each, nothing of this role's touched)."""
         plan, settings = self.plan, self.plan.settings
-        key = plan.env_dict.get(JOB_KEY_ENV, "")
+        key = self.job_key
 
         def send(text: str) -> int:
             return job_port.send_live_figures(plan.leader, settings.job_port, key, plan.current_host, text, settings)

@@ -1,17 +1,22 @@
-"""The MPI launch family: mpirun on the leader starts every rank over SSH.
+"""The MPI launch family: mpirun on the leader starts every rank over SSH, as a tree (each
+host's Open MPI daemon starts the next ones': decide/plan.decide_launch_radix). Everything
+else between the hosts travels on their job ports (hosts/job_port.py), signed with the job's
+key and checked against the sender's address: no SSH session per host per step.
 
-- MpiLeader: sshd, then waits until every worker accepts its SSH; runs mpirun; after its
-  outcome is written, writes that outcome on every worker (hosts/mpi_wire.py), then stops sshd.
-- MpiWorker: start() authorizes the leader and starts sshd; run() serves SSH until the leader
-  writes the outcome; close() stops sshd.
+- Start: every host makes a fresh key (its host key and client identity). A worker starts
+  sshd with nothing authorized and tells the leader its key (MPI-READY); once every worker
+  has, the leader sends each every host's key (PEER-KEYS); each worker authorizes them, each
+  from its own host's addresses, pins them in known_hosts and says so (MPI-READY, trusted).
+  Then the leader runs mpirun.
+- Run: the leader's asks (LEADER-ASK: the ranks' stacks; the figures for the job report) and
+  the outcome (JOB-OUTCOME, with the leader's output/failure when the job failed) reach every
+  worker at once (send_to_each: bounded, each with its own deadline). A worker exits with the
+  job's exit code, so no worker reports success for ranks that failed, and its output/failure
+  leads with the job's root cause too (SDK v2 local mode keeps only the last host's).
+- Liveness: the job ports, both ways (PeerWatch). A worker whose leader stops answering for
+  BYOC_HOST_LOST_TIMEOUT_S (default 30 s) exits non-zero on its own.
 
-How a worker learns the outcome: when mpirun ends, the leader writes its exit code into the
-worker's runtime folder over the same SSH channel mpirun used (`job-exit-code`), and, when
-the job failed, its own output/failure first (`job-failure`). A worker exits with that code,
-so no worker reports success for ranks that failed, and its output/failure leads with the
-job's root cause too (SDK v2 local mode keeps only the last host's output/failure). A worker whose
-leader stops answering on its SSH port for BYOC_HOST_LOST_TIMEOUT_S (default 30 s) exits
-non-zero on its own. No fixed sleeps: every wait is a poll with a deadline.
+Every wait is on the host's loop, with its deadline; a stop ends it.
 """
 
 from __future__ import annotations
@@ -25,17 +30,22 @@ import time
 from dataclasses import dataclass
 
 from entrypoint.decide.plan import LaunchPlan
-from entrypoint.hosts import mpi_wire, ssh
-from entrypoint.hosts.job_port import PeerLost, PeerWatch
+from entrypoint.hosts import job_port, ssh
+from entrypoint.hosts.job_port import (Ask, HostFigures, JobOutcome, LeaderAsk, MpiReady, PeerKeys, PeerLost,
+                                       PeerWatch)
 from entrypoint.hosts.net import resolve_addresses
-from entrypoint.job.paths import open_regular
 from entrypoint.log import log
+from entrypoint.loop import Burst, StacksRequested, Waited
 from entrypoint.outcome.hosts import describe_job_outcome, describe_worker_failure
 from entrypoint.outcome.records import SUCCESS, Outcome
 from entrypoint.outcome.writer import load_failure_file, render_reason
-from entrypoint.roles.base import HostRole, MultiHostRole
-from entrypoint.loop import Burst, HostLoop
+from entrypoint.roles.job_port import JobPortRole
 from entrypoint.run import processes
+
+# Every host's key in messages of at most this many (PEER-KEYS): ~130 bytes each, so one
+# message stays well inside the port's 64 KiB.
+KEYS_PER_MESSAGE = 256
+
 
 @dataclass(frozen=True)
 class WorkerOutcome:
@@ -46,13 +56,18 @@ class WorkerOutcome:
 
 def start_sshd(files: ssh.SshFiles) -> subprocess.Popen:
     ssh.prepare_sshd_runtime()
-    # sshd logs every bare TCP probe (the workers' liveness checks); keep that out of the job's
-    # output, in the runtime folder.
+    # sshd logs what does not concern the job's output (a refused login): in the runtime folder.
     with open(os.path.join(files.folder, "sshd.log"), "ab") as log_file:
         return subprocess.Popen(
             list(ssh.sshd_argv(files)), stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file,
             start_new_session=True,
         )
+
+
+def build_key_parts(keys: list) -> list[PeerKeys]:
+    """Every host's (host, addresses, key) in PEER-KEYS messages of at most KEYS_PER_MESSAGE."""
+    chunks = [tuple(keys[i:i + KEYS_PER_MESSAGE]) for i in range(0, len(keys), KEYS_PER_MESSAGE)] or [()]
+    return [PeerKeys(n, len(chunks), chunk) for n, chunk in enumerate(chunks, 1)]
 
 
 # Set by mpirun/orted for each rank, or by the shell: never taken from the host's environment.
@@ -83,67 +98,6 @@ def write_host_env(plan: LaunchPlan) -> None:
     os.replace(path + ".tmp", path)
 
 
-def start_leader(plan: LaunchPlan, loop: HostLoop) -> tuple[subprocess.Popen, str | None]:
-    """Start sshd (workers fetch our key from it) and wait until every worker accepts us.
-    Returns sshd and, on failure, a one-line reason."""
-    files = plan.files.ssh
-    ssh.write_host_key_and_configs(files, plan.settings.ssh_port)
-    write_host_env(plan)
-    sshd = start_sshd(files)
-    workers = list(plan.peers)
-    started = time.monotonic()
-    deadline = started + plan.settings.peer_wait_timeout_s
-    pending = list(workers)
-    log(f"waiting for SSH on {', '.join(workers)}")
-    while pending:
-        accepted = mpi_wire.probe_workers(files, pending, plan.settings.ssh_port, plan.settings.ssh_probe_timeout_s)
-        pending = [h for h in pending if h not in accepted]
-        if not pending:
-            break
-        if time.monotonic() >= deadline:
-            return sshd, (
-                f"host(s) {', '.join(pending)} did not accept SSH within "
-                f"{plan.settings.peer_wait_timeout_s:g} s (BYOC_PEER_WAIT_TIMEOUT_S)"
-            )
-        if not loop.pause(plan.settings.wait_poll_s):
-            return sshd, f"stopped by {loop.stop_name} while waiting for the workers' SSH"
-    log(f"every worker accepts SSH ({len(workers)} host(s), {time.monotonic() - started:.2f} s)")
-    return sshd, None
-
-
-def stop_leader(plan: LaunchPlan, sshd: subprocess.Popen | None) -> None:
-    """The workers know the outcome: stop our sshd, remove the job's key."""
-    processes.stop_process(sshd)
-    ssh.remove_private_key(plan.files.ssh)
-
-
-def start_worker(plan: LaunchPlan, loop: HostLoop) -> tuple[subprocess.Popen | None, WorkerOutcome | None]:
-    """Learn the leader's key from its sshd, authorize it, start ours: (sshd, None), or (None,
-    why this host's part ended before it began)."""
-    files, settings = plan.files.ssh, plan.settings
-    for path in (plan.files.outcome, plan.files.leader_failure):
-        try:
-            os.remove(path)
-        except FileNotFoundError:
-            pass
-    ssh.write_host_key_and_configs(files, settings.ssh_port)
-    deadline = time.monotonic() + settings.peer_wait_timeout_s
-    while (key := ssh.scan_host_key(plan.leader, settings.ssh_port)) is None:
-        if time.monotonic() >= deadline:
-            return None, WorkerOutcome(1, f"the leader {plan.leader} did not serve SSH within "
-                                          f"{settings.peer_wait_timeout_s:g} s (BYOC_PEER_WAIT_TIMEOUT_S)")
-        if not loop.pause(settings.wait_poll_s):
-            return None, WorkerOutcome(128 + loop.stop_signum,
-                                       f"stopped by {loop.stop_name} before the leader {plan.leader} started")
-    addresses = resolve_addresses(plan.leader)
-    write_host_env(plan)
-    ssh.authorize(files, key, addresses)
-    processes.become_subreaper()
-    sshd = start_sshd(files)
-    log(f"serving SSH to the leader {plan.leader} ({', '.join(addresses)})")
-    return sshd, None
-
-
 def stop_worker(plan: LaunchPlan, sshd: subprocess.Popen | None) -> None:
     """The outcome is known: stop sshd (and what the leader's sessions left), remove our key."""
     try:
@@ -162,90 +116,86 @@ def forward_stop_to_ranks(signal_name: str, log) -> None:
     log(f"forwarded {signal_name} to {len(groups)} rank(s) on this host")
 
 
-def load_leader_failure(plan: LaunchPlan) -> str | None:
-    try:
-        with open_regular(plan.files.leader_failure) as f:  # in the job's folder, which its ranks can write
-            return f.read() or None
-    except OSError:
-        return None
-
-
-def wait_for_outcome(plan: LaunchPlan, loop: HostLoop, sshd: subprocess.Popen) -> WorkerOutcome:
-    """Serve SSH until the leader writes the outcome here; a stop goes to this host's ranks."""
-    settings = plan.settings
-    lost: list[str] = []  # the PeerWatch's PeerLost, taken on the loop
-    handlers = loop.on({PeerLost: lambda event: lost.append(event.host)})
-    watch = PeerWatch([plan.leader], settings.ssh_port, settings.host_lost_timeout_s, settings.host_lost_timeout_s,
-                      loop.post, seen_at_start=True, settings=settings, job_hosts=len(plan.hosts))
-    try:
-        outcome = _serve_until_outcome(plan, loop, sshd, lost)
-    finally:
-        watch.close()
-        loop.off(handlers)
-    if outcome.reason is None:
-        # The outcome file appears while the leader's session that wrote it is still
-        # closing; stopping sshd then cuts that session and the leader logs a false
-        # "could not tell algo-N the outcome: Connection ... closed by remote host".
-        processes.wait_for_descendants_to_end(sshd.pid, settings.ssh_session_close_wait_s, settings.wait_poll_s)
-    return outcome
-
-
-def load_outcome(plan: LaunchPlan) -> WorkerOutcome | None:
-    """The outcome the leader wrote here, once it has."""
-    if not os.path.exists(plan.files.outcome):
-        return None
-    try:
-        with open_regular(plan.files.outcome) as f:
-            text = f.read().strip()
-    except OSError:  # not a file the leader wrote: the job failed, and that is all we know
-        text = ""
-    code = int(text) if text.lstrip("-").isdigit() else 1
-    return WorkerOutcome(code, None, load_leader_failure(plan) if code != 0 else None)
-
-
-def _serve_until_outcome(plan: LaunchPlan, loop: HostLoop, sshd: subprocess.Popen, lost: list[str]) -> WorkerOutcome:
-    settings = plan.settings
-    stopping, stop_deadline = None, None
-    while (outcome := load_outcome(plan)) is None:
-        now = time.monotonic()
-        if stopping is None:
-            stopping = loop.stop_name
-            if stopping is None and plan.capacity_stop_at is not None and time.time() >= plan.capacity_stop_at:
-                log(f"{plan.current_host}: stopping this host's ranks before the training plan's capacity ends")
-                stopping = "SIGTERM"  # as if the platform had stopped the job: its ranks checkpoint
-            if stopping is not None:
-                forward_stop_to_ranks(stopping, log)
-                # The ranks have the grace period; then the leader reports how the job ended.
-                stop_deadline = now + settings.grace_period_s
-        if stop_deadline is not None and now >= stop_deadline:
-            return WorkerOutcome(143, f"stopped by {stopping}; the leader did not report an outcome within the grace period")
-        if lost:
-            return WorkerOutcome(1, (
-                f"lost the leader {plan.leader}: no answer on its SSH port for "
-                f"{settings.host_lost_timeout_s:g} s (BYOC_HOST_LOST_TIMEOUT_S)"
-            ))
-        # As subreaper (and PID 1 in a container) we inherit orted, the ranks and the leader's
-        # ended SSH sessions: collect them while the job runs, or they stay defunct until it ends.
-        # sshd is Popen's to collect (poll), and an exited one must not block the others.
-        sshd.poll()
-        processes.reap_orphans(set() if sshd.returncode is not None else {sshd.pid})
-        loop.take(settings.wait_poll_s)  # the outcome is a file the leader writes over SSH: looked at each tick
-    return outcome
-
-
-class MpiLeader(MultiHostRole):
-    def __init__(self, *args) -> None:
-        super().__init__(*args)
-        self.sshd = None
+class MpiRole(JobPortRole):
+    """What both MPI hosts share: the job port (opened by JobPortRole.start_beside, signed with
+    the plan's job_key), this host's fresh key and SSH configuration, and its environment for
+    the ranks mpirun starts here."""
 
     def start_beside(self) -> Outcome | None:
-        self.sshd, problem = start_leader(self.plan, self.loop)
-        return self.start_problem(problem, self.loop.stop_name) if problem else None
+        problem = super().start_beside()
+        if problem is not None:
+            return problem
+        files = self.plan.files.ssh
+        ssh.write_host_key_and_configs(files, self.plan.settings.ssh_port)
+        write_host_env(self.plan)
+        return self.start_ssh()
+
+    def start_ssh(self) -> Outcome | None:
+        return None
+
+
+class MpiLeader(MpiRole):
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        self.keys: dict[str, str] = {}  # each worker's public key, from its MPI-READY
+        self.trusted: set[str] = set()  # the workers that authorized every host's key
+        self.ready = False  # every worker trusts every host: mpirun may start
+
+    def start_ssh(self) -> Outcome | None:
+        """Every worker's key (MPI-READY), then every host's to every worker (PEER-KEYS), then
+        every worker's word that it trusts them: within BYOC_PEER_WAIT_TIMEOUT_S."""
+        plan, settings = self.plan, self.plan.settings
+        self.loop.on({MpiReady: self.on_ready})
+        workers = list(plan.peers)
+        started = time.monotonic()
+        deadline = started + settings.peer_wait_timeout_s
+        log(f"waiting for {len(workers)} worker(s) to serve SSH")
+        problem = self.wait_for_workers_to(lambda h: h in self.keys, "say they serve SSH", deadline)
+        if problem is None:
+            keys = [(plan.current_host, tuple(resolve_addresses(plan.current_host)), ssh.public_key(plan.files.ssh)),
+                    *((h, tuple(self.peer_addresses(h)), self.keys[h]) for h in workers)]
+            ssh.write_job_keys(plan.files.ssh, keys, settings.ssh_port, authorized=())
+            parts = build_key_parts(keys)
+            for part in parts:
+                taken = self.send_to_each_host(workers, lambda _h, part=part: part, settings.peer_wait_timeout_s)
+                missed = [h for h in workers if not taken.get(h)]
+                if missed:
+                    problem = f"host(s) {', '.join(missed)} could not be sent the job's SSH keys"
+                    break
+        if problem is None:
+            problem = self.wait_for_workers_to(lambda h: h in self.trusted, "trust the job's SSH keys", deadline)
+        if problem is not None:
+            return self.start_problem(problem, self.loop.stop_name)
+        self.ready = True
+        log(f"every worker is ready ({len(workers)} host(s), {time.monotonic() - started:.2f} s)")
+        return None
+
+    def wait_for_workers_to(self, done, what: str, deadline: float) -> str | None:
+        """Until done(host) for every worker: None, or why not (a stop, the deadline)."""
+        waited = self.loop.wait(lambda: all(done(h) for h in self.plan.peers), deadline)
+        if waited is Waited.DONE:
+            return None
+        if self.loop.stopped():
+            return f"stopped by {self.loop.stop_name} while waiting for the workers to {what}"
+        pending = [h for h in self.plan.peers if not done(h)]
+        return (f"host(s) {', '.join(pending)} did not {what} within {self.plan.settings.peer_wait_timeout_s:g} s "
+                f"(BYOC_PEER_WAIT_TIMEOUT_S)")
+
+    def on_ready(self, ready: MpiReady) -> None:
+        host = ready.host
+        if host not in self.plan.peers or ready.sender not in self.peer_addresses(host):
+            self.refuse(ready.sender, f"an MPI worker's readiness for {host!r}: not one of this leader's workers")
+            return
+        if ready.trusted:
+            if self.keys.get(host) == ready.public_key:
+                self.trusted.add(host)
+            return
+        self.keys.setdefault(host, ready.public_key)  # the first key stands: a replay cannot change it
 
     def start_watches(self) -> list[PeerWatch]:
         plan, settings = self.plan, self.plan.settings
-        # seen_at_start: start_leader has just reached every worker over SSH.
-        return [PeerWatch(plan.peers, settings.ssh_port, settings.host_lost_timeout_s, settings.peer_wait_timeout_s,
+        # seen_at_start: every worker has just said it is ready.
+        return [PeerWatch(plan.peers, settings.job_port, settings.host_lost_timeout_s, settings.peer_wait_timeout_s,
                           self.loop.post, seen_at_start=True, settings=settings, job_hosts=len(plan.hosts))]
 
     def before_processes_start(self, supervisor) -> None:
@@ -261,77 +211,186 @@ class MpiLeader(MultiHostRole):
                                                             self.loop, sinks, log))
 
     def ask_other_hosts(self) -> None:
-        """Each worker's entrypoint (SIGUSR1 over SSH) has its ranks print their stacks, which
-        reach this host's log through their rank files' sessions (hosts/worker_output.py), or
-        mpirun's own forwarding under a user's output option."""
-        mpi_wire.ask_workers_for_stacks(self.plan, log)
+        """Each worker's entrypoint (LEADER-ASK) has its ranks print their stacks, which reach
+        this host's log through their rank files' sessions (hosts/worker_output.py), or
+        mpirun's own forwarding under a user's output option. Sent off the loop, to every
+        worker at once; nobody waits for it."""
+        plan = self.plan
+        job_port.send_to_each(plan.peers, plan.settings.job_port, self.job_key, lambda _h: LeaderAsk(Ask.STACKS),
+                              plan.settings.host_done_failed_send_s, self.loop.post, 0, plan.settings)
 
     def job_report(self, outcome: Outcome) -> None:
-        """The workers' figures are read over SSH (they have no job port here), while they
-        still serve it: before close tells them the outcome."""
+        """The workers' figures (LEADER-ASK figures, each answering with HOST-FIGURES), while
+        they still serve: before close tells them the outcome. Not when the workers were never
+        all ready or one was lost; a bounded wait (settings.report_wait_s) for the rest."""
         if self.report_part is None:
             return
-        others = {}
-        # Not when the workers were never all reached (no sshd here) or one was lost: SSH to a
-        # host that is gone waits for its timeout, and the report is not worth that wait.
-        if self.resolved and self.sshd is not None and self.lost is None and self.plan.peers:
-            from entrypoint.jobreport.figures import parse_host_figures
-
-            for host, text in mpi_wire.collect_worker_figures(self.plan, log).items():
-                figures = parse_host_figures(text, host)
-                if figures is not None:
-                    others[host] = figures
-        self.write_job_report(outcome, others)
+        plan, settings = self.plan, self.plan.settings
+        if self.ready and self.lost is None and plan.peers:
+            self.send_to_each_host(plan.peers, lambda _h: LeaderAsk(Ask.FIGURES), settings.host_done_failed_send_s)
+            self.loop.wait(lambda: all(h in self.worker_figures for h in plan.peers),
+                           time.monotonic() + settings.report_wait_s)
+        self.write_job_report(outcome, dict(self.worker_figures))
 
     def close(self, outcome: Outcome) -> None:
         """The outcome is written here first: a worker exits as soon as it has the outcome, and
         SDK v2 local mode then stops this container. Workers are told what this host reports:
         the script's own failure file if it wrote one, else ours."""
         self.close_watches()
-        if not self.resolved:
-            return  # nothing started here; the workers give up on a leader they never reach
         try:
-            reason = (load_failure_file(self.paths) or outcome.reason) if outcome.exit_code else None
-            mpi_wire.tell_workers(self.plan, outcome.exit_code, render_reason(reason, self.collector.secrets), log)
+            if self.resolved and self.port is not None:
+                reason = (load_failure_file(self.paths) or outcome.reason) if outcome.exit_code else None
+                self.tell_workers(outcome.exit_code, render_reason(reason, self.collector.secrets) if reason else "")
         finally:
-            stop_leader(self.plan, self.sshd)
+            ssh.remove_private_key(self.plan.files.ssh)
+            super().close(outcome)
+
+    def tell_workers(self, exit_code: int, report: str) -> None:
+        """The outcome to every worker at once, each tried until its deadline; one that cannot
+        be told is named (it notices this host go)."""
+        settings = self.plan.settings
+        message = job_port.build_job_outcome(exit_code, report)
+        taken = self.send_to_each_host(self.plan.peers, lambda _h: message,
+                                       settings.host_done_send_s if exit_code == 0 else settings.host_done_failed_send_s)
+        for host in self.plan.peers:
+            if not taken.get(host):
+                log(f"could not tell {host} the outcome (it has ended, or is unreachable)")
 
 
-class MpiWorker(HostRole):
-    """start: authorize the leader, start sshd; run: serve SSH until the leader writes the
-    outcome here (mpirun on the leader starts this host's ranks over it); close: stop sshd."""
+class MpiWorker(MpiRole):
+    """start: serve SSH with every host's key authorized (from the leader, on the job port);
+    run: until the leader's outcome (mpirun on the leader starts this host's ranks over SSH);
+    close: stop sshd."""
 
     def __init__(self, *args) -> None:
         super().__init__(*args)
         self.sshd: subprocess.Popen | None = None
-        self.stack_requests = Burst()  # the leader's asks (SIGUSR1): a burst asks the ranks once
+        self.stack_requests = Burst()  # the leader's asks: a burst asks the ranks once
+        self.key_parts: dict[int, tuple] = {}  # PEER-KEYS so far: part -> its keys
+        self.key_parts_expected = 0
+        self.told: WorkerOutcome | None = None  # the leader's JOB-OUTCOME
 
     def start_live(self) -> None:
-        """None here: an MPI worker's figures reach the leader over SSH, at the end only."""
+        """None here: an MPI worker's figures reach the leader at the end only."""
 
     def start(self) -> Outcome | None:
         log(f"{self.plan.current_host}: MPI worker for the leader {self.plan.leader}")
-        self.sshd, ended = start_worker(self.plan, self.loop)
-        return None if ended is None else self.build_outcome(ended)
+        return super().start()
+
+    def start_ssh(self) -> Outcome | None:
+        """Serve SSH, tell the leader this host's key, and authorize every host's once the
+        leader sends them: (None), or why this host's part ended before it began."""
+        plan, settings = self.plan, self.plan.settings
+        self.loop.on({PeerKeys: self.on_keys, LeaderAsk: self.on_leader_asked, JobOutcome: self.on_outcome})
+        processes.become_subreaper()
+        self.sshd = start_sshd(plan.files.ssh)
+        key = ssh.public_key(plan.files.ssh)
+        deadline = time.monotonic() + settings.peer_wait_timeout_s
+        if not self.send(plan.leader, MpiReady(plan.current_host, key), settings.peer_wait_timeout_s, until_open=True):
+            return self.ended_before_start(f"the leader {plan.leader} did not answer on its job port (port "
+                                           f"{settings.job_port}) within {settings.peer_wait_timeout_s:g} s "
+                                           f"(BYOC_PEER_WAIT_TIMEOUT_S)")
+        waited = self.loop.wait(lambda: self.told is not None or self.has_every_key(), deadline)
+        if self.told is not None:
+            return self.build_outcome(self.told)
+        if waited is not Waited.DONE:
+            return self.ended_before_start(f"the leader {plan.leader} did not send the job's SSH keys within "
+                                           f"{settings.peer_wait_timeout_s:g} s (BYOC_PEER_WAIT_TIMEOUT_S)")
+        keys = [entry for part in sorted(self.key_parts) for entry in self.key_parts[part]]
+        ssh.write_job_keys(plan.files.ssh, keys, settings.ssh_port, authorized=set(plan.hosts) - {plan.current_host})
+        if not self.send(plan.leader, MpiReady(plan.current_host, key, True), settings.peer_wait_timeout_s):
+            return self.ended_before_start(f"the leader {plan.leader} could not be told this host trusts the job's "
+                                           f"SSH keys")
+        log(f"serving SSH to the leader {plan.leader} and {len(keys) - 2} other host(s)"
+            if len(keys) > 2 else f"serving SSH to the leader {plan.leader}")
+        return None
+
+    def ended_before_start(self, why: str) -> Outcome:
+        if self.loop.stopped():
+            return self.build_outcome(WorkerOutcome(128 + self.loop.stop_signum, f"stopped by {self.loop.stop_name} "
+                                                    f"before the leader {self.plan.leader} started"))
+        return self.build_outcome(WorkerOutcome(1, why))
+
+    def from_leader(self, sender: str, what: str) -> bool:
+        if sender in self.peer_addresses(self.plan.leader):
+            return True
+        self.refuse(sender, f"{what}: not from this host's leader")
+        return False
+
+    def has_every_key(self) -> bool:
+        return self.key_parts_expected > 0 and len(self.key_parts) == self.key_parts_expected
+
+    def on_keys(self, keys: PeerKeys) -> None:
+        if not self.from_leader(keys.sender, "the job's SSH keys") or keys.part in self.key_parts:
+            return
+        self.key_parts_expected = keys.parts
+        self.key_parts[keys.part] = keys.keys
+
+    def on_outcome(self, told: JobOutcome) -> None:
+        if self.told is None and self.from_leader(told.sender, "the job's outcome"):
+            self.told = WorkerOutcome(told.exit_code, None, (told.report or None) if told.exit_code else None)
 
     def run(self, launch) -> Outcome:
-        """Not the plan's processes: the leader's words (hosts/mpi_wire.py) arrive as signals,
-        which only post LeaderAsked; the loop's handler answers."""
-        handlers = self.loop.on({mpi_wire.LeaderAsked: self.on_leader_asked})
-        posting = lambda signum, _frame: self.loop.post(mpi_wire.LeaderAsked(signum, time.monotonic()))  # noqa: E731
-        previous = {sig: signal.signal(sig, posting) for sig in (mpi_wire.STACKS_SIGNAL, mpi_wire.FIGURES_SIGNAL)}
+        """Not the plan's processes: serve SSH until the leader's outcome; a stop goes to this
+        host's ranks; a SIGUSR1 here, or the leader's ask (on_leader_asked), asks them for their stacks."""
+        handlers = self.loop.on({StacksRequested: lambda event: self.ask_ranks_for_stacks(event.at)})
         try:
-            return self.build_outcome(wait_for_outcome(self.plan, self.loop, self.sshd))
+            return self.build_outcome(self.wait_for_outcome())
         finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
             self.loop.off(handlers)
 
-    def on_leader_asked(self, asked: mpi_wire.LeaderAsked) -> None:
-        if asked.signum == mpi_wire.STACKS_SIGNAL:
-            self.ask_ranks_for_stacks(asked.at)
+    def wait_for_outcome(self) -> WorkerOutcome:
+        plan, settings = self.plan, self.plan.settings
+        lost: list[str] = []  # the PeerWatch's PeerLost, taken on the loop
+        handlers = self.loop.on({PeerLost: lambda event: lost.append(event.reason)})
+        watch = PeerWatch([plan.leader], settings.job_port, settings.host_lost_timeout_s, settings.host_lost_timeout_s,
+                          self.loop.post, seen_at_start=True, settings=settings, job_hosts=len(plan.hosts))
+        try:
+            outcome = self.serve_until_outcome(lost)
+        finally:
+            watch.close()
+            self.loop.off(handlers)
+        if outcome.reason is None:
+            # The leader's follow sessions (hosts/worker_output.py) end before it tells the
+            # outcome; their sshd children may still be closing.
+            processes.wait_for_descendants_to_end(self.sshd.pid, settings.ssh_session_close_wait_s, settings.wait_poll_s)
+        return outcome
+
+    def serve_until_outcome(self, lost: list[str]) -> WorkerOutcome:
+        plan, settings, sshd = self.plan, self.plan.settings, self.sshd
+        stopping, stop_deadline = None, None
+        while self.told is None:
+            now = time.monotonic()
+            if stopping is None:
+                stopping = self.loop.stop_name
+                if stopping is None and plan.capacity_stop_at is not None and time.time() >= plan.capacity_stop_at:
+                    log(f"{plan.current_host}: stopping this host's ranks before the training plan's capacity ends")
+                    stopping = "SIGTERM"  # as if the platform had stopped the job: its ranks checkpoint
+                if stopping is not None:
+                    forward_stop_to_ranks(stopping, log)
+                    # The ranks have the grace period; then the leader reports how the job ended.
+                    stop_deadline = now + settings.grace_period_s
+            if stop_deadline is not None and now >= stop_deadline:
+                return WorkerOutcome(143, f"stopped by {stopping}; the leader did not report an outcome within the "
+                                          f"grace period")
+            if lost:
+                return WorkerOutcome(1, f"lost the leader {plan.leader}: no answer on its job port for "
+                                        f"{settings.host_lost_timeout_s:g} s (BYOC_HOST_LOST_TIMEOUT_S)")
+            # As subreaper (and PID 1 in a container) we inherit orted, the ranks and the leader's
+            # ended SSH sessions: collect them while the job runs, or they stay defunct until it ends.
+            # sshd is Popen's to collect (poll), and an exited one must not block the others.
+            sshd.poll()
+            processes.reap_orphans(set() if sshd.returncode is not None else {sshd.pid})
+            self.loop.take(settings.wait_poll_s)  # the outcome is an event; orphans are looked at each tick
+        return self.told
+
+    def on_leader_asked(self, asked: LeaderAsk) -> None:
+        if not self.from_leader(asked.sender, f"an ask for {asked.ask.value}"):
+            return
+        if asked.ask is Ask.STACKS:
+            self.ask_ranks_for_stacks(time.monotonic())
         elif self.report_part is not None:
-            self.write_figures()
+            self.send_figures()
 
     def build_outcome(self, ended: WorkerOutcome) -> Outcome:
         if ended.exit_code == 0:
@@ -346,21 +405,32 @@ class MpiWorker(HostRole):
         said = self.stack_requests.take(self.plan.settings.signal_burst_s, at)
         if said is None:
             return
-        asked = processes.signal_ranks_below([os.getpid()], mpi_wire.STACKS_SIGNAL)
+        asked = processes.signal_ranks_below([os.getpid()], signal.SIGUSR1)
         log(f"SIGUSR1{said}: asked {len(asked.asked)} rank process(es) on {self.plan.current_host} for their "
             f"Python stacks" + (f"; not asked, still starting: {', '.join(asked.starting)}" if asked.starting else ""))
 
-    def write_figures(self) -> None:
+    def send_figures(self) -> None:
+        """This host's figures so far, to the leader, off the loop (nobody here waits for it)."""
+        plan, settings = self.plan, self.plan.settings
         try:
-            self.report_part.write_figures_file(self.plan.settings.report_figures_bytes)
+            _, text = self.report_part.build_figures(settings.report_figures_bytes)
         except Exception as exc:  # noqa: BLE001 - the leader reports this host's figures missing
-            log(f"job report: could not write this host's figures: {type(exc).__name__}: {exc}")
+            log(f"job report: could not make this host's figures: {type(exc).__name__}: {exc}")
+            return
+        job_port.send_to_each([plan.leader], settings.job_port, self.job_key,
+                              lambda _h: HostFigures(plan.current_host, text), settings.host_done_failed_send_s,
+                              self.loop.post, 0, settings)
 
     def job_report(self, outcome: Outcome) -> None:
-        """Never written here: the leader read this host's figures before it told the outcome."""
+        """Never written here: the leader asked for this host's figures before it told the outcome."""
         if self.report_part is not None:
             self.report_part.sampler.stop()
             self.report_part.stop_live()
 
     def close(self, outcome: Outcome) -> None:
-        stop_worker(self.plan, self.sshd)
+        self.close_watches()
+        try:
+            stop_worker(self.plan, self.sshd)
+        finally:
+            if self.port is not None:
+                self.port.close()

@@ -161,7 +161,7 @@ def test_a_rank_that_fails_once_is_restarted_in_place_on_every_host():
 
 def test_a_silent_rank_on_a_worker_is_named_by_the_leader_with_its_stack():
     """BYOC_HANG_TIMEOUT_S under a multi-host mpirun: the leader notices the silence, asks the
-    worker's entrypoint over SSH for its ranks' stacks (they reach the leader through mpirun),
+    worker's entrypoint on its job port for its ranks' stacks (they reach the leader through mpirun),
     and every host fails; the leader's reason names the stuck rank on algo-2 and where."""
     program, distribution = LAUNCHERS["mpi"]
     with EmulatedCluster(HOSTS, job(program, distribution, fail="hang-worker")) as cluster:
@@ -200,7 +200,7 @@ def test_a_worker_is_told_why_the_mpi_leader_could_not_start():
         run = cluster.start_all(ENTRYPOINT, env={**FAST, "BYOC_PEER_WAIT_TIMEOUT_S": "6"}, hosts=["algo-1", "algo-2"])
         result = run.wait(timeout=90, fail_fast=False)
         assert {h: r.returncode for h, r in result.results.items()} == {"algo-1": 1, "algo-2": 1}
-        reason = "host(s) algo-3 did not accept SSH within 6 s (BYOC_PEER_WAIT_TIMEOUT_S)"
+        reason = "host(s) algo-3 did not say they serve SSH within 6 s (BYOC_PEER_WAIT_TIMEOUT_S)"
         assert reason in failure(cluster, "algo-1")
         assert reason in failure(cluster, "algo-2"), failure(cluster, "algo-2")
 

@@ -219,7 +219,7 @@ def test_torchrun_two_hosts_one_report_on_the_leader_covers_both():
         assert_nothing_left(cluster)
 
 
-def test_mpirun_two_hosts_the_leader_reads_the_workers_figures_over_ssh():
+def test_mpirun_two_hosts_the_leader_asks_the_workers_for_their_figures_on_the_job_port():
     spec = JobSpec(**{**job("steps_job.py", "mpi", **{"slow-rank": 3}).__dict__, "processes_per_host": 2})
     with EmulatedCluster(["algo-1", "algo-2"], spec) as cluster:
         result = cluster.run_all(ENTRYPOINT, env=FAST, timeout=180)

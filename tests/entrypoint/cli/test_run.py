@@ -231,12 +231,16 @@ def test_dry_run_prints_the_plan_and_runs_nothing(tmp_path):
     assert not (root / "output/success").exists() and not (root / "output/failure").exists()
 
 
-def test_mpi_worker_without_a_leader_fails_within_its_timeout(tmp_path):
+def test_mpi_worker_whose_leaders_name_never_resolves_fails_within_its_timeout(tmp_path):
+    """Every multi-host role waits for the job's names first (an MPI worker too, since its words
+    go to the leader's job port): bounded by BYOC_HOST_RESOLUTION_TIMEOUT_S. A leader that
+    resolves and never answers: tests/entrypoint/roles/test_mpi_launch_scale.py."""
     root = write_tree(tmp_path / "ml", hosts=("algo-1", "algo-2"), current_host="algo-2",
                       script="print('x')\n", hyperparameters={"sagemaker_mpi_enabled": True})
     started = time.monotonic()
-    done = run_entrypoint(root, BYOC_PEER_WAIT_TIMEOUT_S="2", BYOC_RUNTIME_DIR=str(tmp_path / "run"))
+    done = run_entrypoint(root, BYOC_PEER_WAIT_TIMEOUT_S="2", BYOC_HOST_RESOLUTION_TIMEOUT_S="2",
+                          BYOC_RUNTIME_DIR=str(tmp_path / "run"))
     assert time.monotonic() - started >= 2  # it waited its bound, not less; a wait past it hangs the guard
     assert done.returncode == 1
-    assert "the leader algo-1 did not serve SSH within 2 s" in failure_text(root)  # its own bound ended the wait
+    assert "did not resolve within 2 s (BYOC_HOST_RESOLUTION_TIMEOUT_S)" in failure_text(root)
     assert not (root / "output/success").exists()

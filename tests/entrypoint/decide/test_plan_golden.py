@@ -14,7 +14,7 @@ MPI_FLAGS = (
     "-mca", "plm_rsh_agent", "ssh -F /tmp/byoc/ssh/config",
     "-mca", "btl_tcp_if_include", "eth0",
     "-mca", "oob_tcp_if_include", "eth0",
-    "-mca", "plm_rsh_no_tree_spawn", "1",
+    "-mca", "plm_rsh_no_tree_spawn", "0", "-mca", "routed_radix", "1",
     "-bind-to", "none", "-map-by", "slot",
     "-mca", "pml", "ob1", "-mca", "btl", "^openib,ofi",
     "-mca", "orte_abort_on_non_zero_status", "1",
@@ -156,6 +156,24 @@ def test_eleven_hosts_mpirun_host_list_in_given_order():
     plan = plan_for(make_job(hosts=ELEVEN, hps={"sagemaker_mpi_enabled": True}), CPU)
     argv = plan.processes[0].argv
     assert argv[:5] == ("mpirun", "--host", ",".join(f"{h}:1" for h in ELEVEN), "-np", "11")
+
+
+def test_eleven_hosts_mpirun_starts_them_as_a_tree_of_radix_three():
+    argv = plan_for(make_job(hosts=ELEVEN, hps={"sagemaker_mpi_enabled": True}), CPU).processes[0].argv
+    at = argv.index("plm_rsh_no_tree_spawn")
+    assert argv[at:at + 4] == ("plm_rsh_no_tree_spawn", "0", "-mca", "routed_radix")
+    assert argv[at + 4] == "3"  # mpirun starts 3 daemons, each of them at most 3 more: 10 workers in two levels
+
+
+@pytest.mark.parametrize("hosts, radix", [(1, 1), (2, 1), (3, 1), (4, 2), (7, 2), (8, 3), (11, 3), (13, 3), (14, 4),
+                                          (32, 6), (64, 8), (256, 16), (257, 16), (258, 16), (274, 17), (1024, 32)])
+def test_the_launch_radix_is_the_fewest_that_reach_every_worker_in_two_levels(hosts, radix):
+    from entrypoint.decide.plan import decide_launch_radix
+
+    assert decide_launch_radix(hosts) == radix
+    workers = hosts - 1
+    assert radix + radix * radix >= workers  # two levels: mpirun's own, then each of theirs
+    assert radix == 1 or (radix - 1) + (radix - 1) ** 2 < workers  # and no wider than that needs
 
 
 def test_mpirun_leader_two_hosts_golden():

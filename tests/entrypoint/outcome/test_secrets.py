@@ -10,6 +10,7 @@ import os
 import string
 import subprocess
 import tempfile
+from types import SimpleNamespace
 from unittest import mock
 from urllib.parse import quote, quote_plus
 
@@ -267,13 +268,13 @@ def test_a_bad_definitions_paragraph_is_masked_in_the_log_and_by_the_writer(caps
 
 
 def test_the_one_rendering_masks_then_makes_readable():
-    """render_reason: what an MPI leader tells its workers over SSH goes through it too."""
+    """render_reason: what an MPI leader tells its workers on the job port goes through it too."""
     assert render_reason(f"key {SECRET[:15]}\n  {SECRET[15:]} \udc80 \x1b[0m", [SECRET]) == "key **** \\x80 \\x1b[0m"
     assert render_reason(None, [SECRET]) is None and render_reason("", [SECRET]) == ""
 
 
 def test_an_mpi_leader_tells_its_workers_the_reason_masked(tmp_path, monkeypatch):
-    """The leader's word to its workers over SSH goes through render_reason: never the raw reason."""
+    """The leader's word to its workers (JOB-OUTCOME) goes through render_reason: never the raw reason."""
     from entrypoint.roles import mpi
     from entrypoint.roles.choose import choose_role
     from entrypoint.run.stop import Stop
@@ -285,8 +286,8 @@ def test_an_mpi_leader_tells_its_workers_the_reason_masked(tmp_path, monkeypatch
     role = choose_role(plan, OutputCollector(secret_values(env)), env, build_paths({"SAGEMAKER_BASE_DIR": str(tmp_path)}),
                        Stop())
     told = []
-    monkeypatch.setattr(mpi.mpi_wire, "tell_workers", lambda _plan, code, report, _log: told.append((code, report)))
-    monkeypatch.setattr(mpi, "stop_leader", lambda _plan, _sshd: None)  # no sshd was started
+    monkeypatch.setattr(mpi.MpiLeader, "tell_workers", lambda _role, code, report: told.append((code, report)))
     role.resolved = True  # its workers' names resolved: they wait for its word
+    role.port = SimpleNamespace(close=lambda: None)  # its job port is open (tell_workers is the test's)
     role.close(Outcome(1, f"RuntimeError: {SECRET}\n"))
     assert told == [(1, "RuntimeError: ****\n")]

@@ -43,7 +43,7 @@ def test_a_word_goes_through_the_signed_port_and_comes_out_typed():
 
 
 def test_a_word_to_a_closed_port_is_refused_not_failed():
-    assert send_message("127.0.0.1", free_port(), KEY, AttemptWord("end", 1, "algo-1")) is Sent.REFUSED
+    assert send_message("127.0.0.1", free_port(), KEY, AttemptWord("end", 1, "algo-1")) is Sent.CLOSED
 
 
 @pytest.mark.parametrize("fields", [

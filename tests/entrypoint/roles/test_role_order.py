@@ -72,16 +72,25 @@ def sigterm_then_wait(loop) -> bool:
 def mpi_worker(host, monkeypatch):
     main, events, written = host
 
-    def start_worker(plan, loop):
-        events.append(("start sshd", written()))
-        return "sshd", None
+    class StandInPort:  # the job port opens; nothing reaches it
+        def __init__(self, *args, **kwargs):
+            pass
 
-    def wait_for_outcome(plan, loop, sshd):
-        events.append(("serve until the outcome", sshd))
+        def close(self):
+            events.append("close the job port")
+
+    def start_ssh(self):
+        events.append(("start sshd", written()))
+        self.sshd = "sshd"
+        return None
+
+    def wait_for_outcome(self):
+        events.append(("serve until the outcome", self.sshd))
         return mpi_role.WorkerOutcome(0)
 
-    monkeypatch.setattr(mpi_role, "start_worker", start_worker)
-    monkeypatch.setattr(mpi_role, "wait_for_outcome", wait_for_outcome)
+    monkeypatch.setattr(job_port_role, "JobPort", StandInPort)
+    monkeypatch.setattr(mpi_role.MpiWorker, "start_ssh", start_ssh)
+    monkeypatch.setattr(mpi_role.MpiWorker, "wait_for_outcome", wait_for_outcome)
     monkeypatch.setattr(mpi_role, "stop_worker", lambda plan, sshd: events.append(("stop sshd", sshd, written())))
     return main, events, written
 
@@ -89,33 +98,46 @@ def mpi_worker(host, monkeypatch):
 def test_an_mpi_worker_serves_ssh_from_start_and_stops_it_only_after_its_outcome_is_written(mpi_worker):
     main, events, written = mpi_worker
     assert main("algo-2", MPI) == 0
-    assert events == [("start sshd", []), ("serve until the outcome", "sshd"), ("stop sshd", "sshd", ["success"])]
+    assert events == [("start sshd", []), ("serve until the outcome", "sshd"), ("stop sshd", "sshd", ["success"]),
+                      "close the job port"]
 
 
 def test_an_mpi_worker_stopped_while_its_leader_has_not_started_still_stops_sshd(mpi_worker, monkeypatch):
     main, events, written = mpi_worker
 
-    def start_worker(plan, loop):
-        saw = sigterm_then_wait(loop)
+    def start_ssh(self):
+        saw = sigterm_then_wait(self.loop)
         events.append(("start: saw the stop", saw))
-        return None, mpi_role.WorkerOutcome(143, f"stopped by {loop.stop_name} before the leader started")
+        return self.ended_before_start("never reached")
 
-    monkeypatch.setattr(mpi_role, "start_worker", start_worker)
+    monkeypatch.setattr(mpi_role.MpiWorker, "start_ssh", start_ssh)
     assert main("algo-2", MPI) == 143
-    assert events == [("start: saw the stop", True), ("stop sshd", None, ["failure"])]
+    assert events == [("start: saw the stop", True), ("stop sshd", None, ["failure"]), "close the job port"]
 
 
-# --- the MPI leader: the workers' figures, then the outcome on every worker, then sshd -----------
+# --- the MPI leader: the workers' figures, then the outcome on every worker, then its key gone ---
 
-def test_an_mpi_leader_tells_its_workers_after_its_outcome_is_written_then_stops_sshd(host, monkeypatch):
+def test_an_mpi_leader_tells_its_workers_after_its_outcome_is_written_then_closes_its_port(host, monkeypatch):
     main, events, written = host
-    monkeypatch.setattr(mpi_role, "start_leader", lambda plan, stop: (events.append("start sshd") or "sshd", None))
+
+    class StandInPort:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def close(self):
+            events.append("close the job port")
+
+    def start_ssh(self):
+        events.append("workers ready")
+        self.ready = True
+
+    monkeypatch.setattr(job_port_role, "JobPort", StandInPort)
+    monkeypatch.setattr(mpi_role.MpiLeader, "start_ssh", start_ssh)
     monkeypatch.setattr(orchestrate, "run_with_restarts", lambda *args: events.append("mpirun") or SUCCESS)
-    monkeypatch.setattr(mpi_role.mpi_wire, "tell_workers",
-                        lambda plan, code, reason, log: events.append(("tell the workers", code, written())))
-    monkeypatch.setattr(mpi_role, "stop_leader", lambda plan, sshd: events.append(("stop sshd", sshd)))
+    monkeypatch.setattr(mpi_role.MpiLeader, "tell_workers",
+                        lambda self, code, report: events.append(("tell the workers", code, written())))
     assert main("algo-1", MPI) == 0
-    assert events == ["start sshd", "mpirun", ("tell the workers", 0, ["success"]), ("stop sshd", "sshd")]
+    assert events == ["workers ready", "mpirun", ("tell the workers", 0, ["success"]), "close the job port"]
 
 
 # --- the torchrun/PS worker: its figures, then its word to the leader, then the leader's end ------
@@ -139,7 +161,7 @@ def job_port_worker(host, monkeypatch):
 def test_a_torchrun_worker_sends_its_figures_then_its_outcome_then_waits_for_the_leader(job_port_worker, monkeypatch):
     main, events, written = job_port_worker
 
-    def deliver(loop, host, port, key, message, within_s, settings):
+    def deliver(loop, host, port, key, message, within_s, settings, until_open=False):
         events.append(("figures", written()) if isinstance(message, HostFigures) else ("outcome", message.exit_code))
         return True
 
@@ -156,7 +178,7 @@ def test_a_sigterm_taken_while_a_worker_sends_its_figures_is_still_seen_by_its_c
     BYOC_PEER_WAIT_TIMEOUT_S (300 s) for a leader that was gone."""
     main, events, written = job_port_worker
 
-    def deliver(loop, host, port, key, message, within_s, settings):
+    def deliver(loop, host, port, key, message, within_s, settings, until_open=False):
         if isinstance(message, HostFigures):
             events.append(("figures: saw the stop", sigterm_then_wait(loop)))
         else:

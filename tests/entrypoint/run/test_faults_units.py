@@ -317,27 +317,6 @@ def test_a_worker_with_its_outcome_waits_for_the_leaders_session_to_close():
         stuck.wait()
 
 
-def test_the_leaders_sessions_to_workers_run_in_parallel_but_at_most_the_cap_at_once(monkeypatch):
-    from entrypoint.hosts import mpi_wire as mpi_hosts
-
-    monkeypatch.setattr(mpi_hosts, "MAX_PARALLEL_SESSIONS", 3)
-    lock, running, peak = threading.Lock(), [0], [0]
-
-    def session(host: str) -> str:
-        with lock:
-            running[0] += 1
-            peak[0] = max(peak[0], running[0])
-        time.sleep(0.05)
-        with lock:
-            running[0] -= 1
-        return host.upper()
-
-    hosts = [f"algo-{i}" for i in range(2, 12)]
-    assert mpi_hosts.run_per_host(session, hosts) == [h.upper() for h in hosts]  # the hosts' order
-    assert peak[0] == 3  # in parallel, and never more than the cap at once
-    assert mpi_hosts.run_per_host(session, []) == []
-
-
 @pytest.mark.parametrize("as_pid_1", [False, True], ids=["plain", "as-pid-1"])
 def test_sigterm_during_start_up_is_honoured_at_once_with_143(tmp_path, as_pid_1):
     """Start-up here is the wait for the other host's name to resolve (an hour allowed). As PID 1

@@ -1,0 +1,134 @@
+"""The real MPI leader (roles/mpi.MpiLeader) against 255 light stand-in workers that speak the
+real job-port words with the job's key (tests/support/mpi_stand_ins.py, one other process):
+readiness, every host's key to every worker, an ask, and the outcome, each to every worker at
+once, with the leader's threads bounded whatever the number of hosts. Not an SSH session, not a
+thread a worker. Each stand-in has its own loopback address, which the leader checks its words
+against; the leader's port is on another port number than the workers' (one machine)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from entrypoint.decide.specs import RuntimeFiles
+from entrypoint.hosts import job_port
+from entrypoint.job.paths import build_paths
+from entrypoint.loop import Waited
+from entrypoint.outcome.failure import secret_values
+from entrypoint.outcome.records import Outcome
+from entrypoint.roles import job_port as job_port_role
+from entrypoint.roles.choose import choose_role
+from entrypoint.roles.mpi import MpiLeader
+from entrypoint.run.stop import Stop
+from entrypoint.run.supervise import OutputCollector
+from support.jobs import make_job, plan_for
+from support.mpi_stand_ins import stand_in_address, stand_in_key
+from support.ports import free_port
+
+STAND_INS = Path(__file__).resolve().parents[2] / "support" / "mpi_stand_ins.py"
+LEADER = "127.0.0.1"
+
+
+def build_leader(tmp_path, workers: list[str], environ: dict[str, str]) -> MpiLeader:
+    job = make_job(hosts=(LEADER, *workers), current=LEADER, hps={"sagemaker_mpi_enabled": True}, environ=environ)
+    plan = plan_for(job)._replace(files=RuntimeFiles(str(tmp_path / "run" / "job")))
+    env = {**environ, **plan.env_dict}
+    role = choose_role(plan, OutputCollector(secret_values(env)), env, build_paths({"SAGEMAKER_BASE_DIR": str(tmp_path)}),
+                       Stop())
+    assert isinstance(role, MpiLeader)
+    return role
+
+
+class ThreadPeak:
+    """The most threads this process ran at once while it watched (itself included)."""
+
+    def __init__(self):
+        self.peak, self._done = 0, threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self):
+        while not self._done.wait(0.002):
+            self.peak = max(self.peak, threading.active_count())
+
+    def stop(self) -> int:
+        self._done.set()
+        self._thread.join()
+        return self.peak
+
+
+@pytest.fixture
+def leader_port(monkeypatch):
+    """The leader's job port on a port of its own (the stand-ins hold the workers' on every
+    loopback address they use)."""
+    port = free_port()
+    real = job_port.JobPort
+    monkeypatch.setattr(job_port_role, "JobPort", lambda _port, *args, **kwargs: real(port, *args, **kwargs))
+    return port
+
+
+def test_255_workers_are_ready_keyed_asked_and_told_at_once_by_a_leader_of_at_most_16_threads(tmp_path, leader_port):
+    count, worker_port = 255, free_port()
+    workers = [stand_in_address(i) for i in range(count)]
+    role = build_leader(tmp_path, workers, {"BYOC_JOB_PORT": str(worker_port), "BYOC_PEER_WAIT_TIMEOUT_S": "120"})
+    stand_ins = subprocess.Popen([sys.executable, str(STAND_INS), str(count), str(leader_port), str(worker_port),
+                                  role.job_key], stdout=subprocess.PIPE, text=True)
+    try:
+        assert stand_ins.stdout.readline() == "listening\n"
+        peak = ThreadPeak()
+        assert role.start() is None, role.collector.tail
+        assert role.ready
+        leader_key = (tmp_path / "run" / "job" / "ssh" / "host_ed25519_key.pub").read_text().split()[:2]
+        known_hosts = (tmp_path / "run" / "job" / "ssh" / "known_hosts").read_text()
+        asked: list = []
+        handlers = role.loop.on({job_port.Delivered: asked.append})
+        role.ask_other_hosts()  # off the loop, as a hang's ask is; every worker takes it
+        assert role.loop.wait(lambda: len(asked) == count, time.monotonic() + 120) is Waited.DONE
+        role.loop.off(handlers)
+        assert all(d.delivered for d in asked)
+        role.close(Outcome(1, "RuntimeError: boom on rank 7\n"))
+        threads = peak.stop()
+        report = json.loads(stand_ins.stdout.readline())
+    finally:
+        stand_ins.kill()
+        stand_ins.wait()
+    assert threads <= 16, threads  # the main thread, the port's, 12 senders, the watcher: not one a worker
+    assert report["refused"] == []
+    # Every host's key, the leader's first, each with the address it came from, to every worker.
+    expected = [[LEADER, [LEADER], " ".join(leader_key)], *([w, [w], stand_in_key(i)] for i, w in enumerate(workers))]
+    assert all(report["keys"][str(i)] == expected for i in range(count))
+    assert known_hosts.count("\n") == count + 1 and f"{workers[-1]} {stand_in_key(count - 1)}\n" in known_hosts
+    # The outcome reached every worker, with the leader's failure, once; the stacks ask too.
+    assert report["outcomes"] == {str(i): [1, "RuntimeError: boom on rank 7\n"] for i in range(count)}
+    assert report["asks"] == {str(i): ["stacks"] for i in range(count)}
+    assert not (tmp_path / "run" / "job" / "ssh" / "host_ed25519_key").exists()  # the job's key is gone
+
+
+def test_a_worker_that_never_says_it_is_ready_is_named_at_the_deadline_and_the_others_are_told(tmp_path, leader_port):
+    count, worker_port = 20, free_port()
+    workers = [stand_in_address(i) for i in range(count)]
+    silent = stand_in_address(count)  # in the job, served by nobody
+    role = build_leader(tmp_path, [*workers, silent], {"BYOC_JOB_PORT": str(worker_port), "BYOC_PEER_WAIT_TIMEOUT_S": "3"})
+    stand_ins = subprocess.Popen([sys.executable, str(STAND_INS), str(count), str(leader_port), str(worker_port),
+                                  role.job_key], stdout=subprocess.PIPE, text=True)
+    try:
+        assert stand_ins.stdout.readline() == "listening\n"
+        outcome = role.start()
+        assert outcome is not None and outcome.exit_code == 1
+        said = f"host(s) {silent} did not say they serve SSH within 3 s (BYOC_PEER_WAIT_TIMEOUT_S)"
+        assert said in role.collector.tail, role.collector.tail
+        assert not role.ready
+        role.close(outcome)
+        report = json.loads(stand_ins.stdout.readline())
+    finally:
+        stand_ins.kill()
+        stand_ins.wait()
+    assert report["keys"] == {str(i): [] for i in range(count)}  # no key list went out
+    assert all(code == 1 and said in text for code, text in report["outcomes"].values())
+    assert len(report["outcomes"]) == count
