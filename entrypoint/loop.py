@@ -24,8 +24,8 @@ handled: the handlers still run on the main thread alone, under the loop's lock,
 wait looks at the state under the same lock. A step walked away from ends at its next wait
 (StepCut), running its `finally` blocks.
 
-Some conditions post nothing (a process that exits where no SIGCHLD is caught, a file a peer
-writes over SSH): their owner looks at them between take(interval)s. No wait goes longer than
+Some conditions post nothing (a process that exits where no SIGCHLD is caught, an orphan an
+MPI worker adopts): their owner looks at them between take(interval)s. No wait goes longer than
 tick_s without looking at its condition.
 """
 

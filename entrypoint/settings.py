@@ -187,8 +187,8 @@ class LaunchSettings(NamedTuple):
     # (SIGCHLD posts ChildExited on the loop), so this only paces the hang check, the
     # capacity's stop time and an exit whose SIGCHLD the kernel handed another thread.
     process_poll_s: float = 0.1
-    # How often a wait on something outside the process tree is polled (a file the leader
-    # writes over SSH, a worker's SSH, a process group that is ending).
+    # How often a wait on something outside the process tree is polled (an MPI worker's
+    # orphans, a process group that is ending).
     wait_poll_s: float = 0.05
     # How often a wait that nothing else wakes checks whether a stop signal arrived, or
     # retries a word to a peer.
@@ -220,9 +220,7 @@ class LaunchSettings(NamedTuple):
     message_clock_skew_s: float = 60.0
     # How long the job port reads one connection's message.
     message_read_timeout_s: float = 5.0
-    # The leader's probe of a worker's SSH port while it waits for the workers to accept it.
-    ssh_probe_timeout_s: float = 1.0
-    # One SSH session of the leader to a worker (telling the outcome, asking for stacks).
+    # How long the MPI leader waits for a worker's rank-output session to say it follows.
     ssh_session_timeout_s: float = 30.0
     # How long a worker that has its outcome waits for the leader's SSH sessions to close.
     ssh_session_close_wait_s: float = 5.0

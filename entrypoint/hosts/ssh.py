@@ -219,10 +219,6 @@ def public_key(files: SshFiles) -> str:
         return " ".join(f.read().split()[:2])
 
 
-def authorize(files: SshFiles, public_key_line: str, addresses: list[str]) -> None:
-    _write(files.authorized_keys, build_authorized_key(public_key_line, addresses))
-
-
 def write_job_keys(files: SshFiles, keys, port: int, authorized) -> None:
     """Every host's key pinned in known_hosts; those of `authorized` (the hosts that may log in
     here) in authorized_keys, each from its own addresses."""

@@ -74,8 +74,8 @@ class SessionEnded(NamedTuple):
 
 
 class WorkerSession:
-    """One worker's session: its ssh process and the threads that read its two pipes, which
-    post SessionReady and SessionEnded (post: the host loop's)."""
+    """One worker's session: its ssh process, whose two pipes the run's one OutputPump reads,
+    posting SessionReady and SessionEnded (post: the host loop's)."""
 
     def __init__(self, host: str, proc, collector, sinks: dict, log, post=lambda event: None) -> None:
         self.host, self.proc, self.collector, self.sinks, self.log, self.post = host, proc, collector, sinks, log, post
@@ -85,33 +85,39 @@ class WorkerSession:
         self.lost_said = False
         self.errors = b""  # the end of its stderr (ssh's and the follower's own words)
         self.streams: dict[bytes, object] = {}  # tag -> the collector's masking state of that rank stream
-        self.threads = [threading.Thread(target=self._pump, daemon=True, name=f"output-{host}"),
-                        threading.Thread(target=self._read_errors, daemon=True, name=f"output-errors-{host}")]
-        for thread in reversed(self.threads):  # the errors' reader first: the pump joins it at its end
-            thread.start()
+        # The pump's own: what its stdout said so far, and whether the first line was READY_LINE.
+        self.pending, self.following, self.pipes_open = b"", None, 2
 
-    def _read_errors(self) -> None:
-        try:
-            while chunk := self.proc.stderr.read1(65536):
-                self.errors = (self.errors + chunk)[-_ERROR_TAIL_BYTES:]
-        except (OSError, ValueError):
-            pass
+    def take_output(self, chunk: bytes) -> bool:
+        """(the pump) A piece of its stdout; False once the pump should read no more of it."""
+        if self.following is None:
+            head, newline, rest = (self.pending + chunk).partition(b"\n")
+            if not newline and len(head) < len(READY_LINE):
+                self.pending = head
+                return True
+            self.following = head + newline == READY_LINE
+            self.pending = b""
+            if not self.following:  # not our follower: its session is over for this log
+                self.post(SessionEnded(self))
+                return False
+            self.post(SessionReady(self))
+            chunk = rest
+        lines, self.pending = build_worker_lines(self.pending, chunk)
+        self._deliver(lines)
+        return True
 
-    def _pump(self) -> None:
-        pending = b""
-        try:
-            if self.proc.stdout.readline() == READY_LINE:
-                self.post(SessionReady(self))
-                while chunk := self.proc.stdout.read1(65536):
-                    lines, pending = build_worker_lines(pending, chunk)
-                    self._deliver(lines)
-        except (OSError, ValueError):
-            pass
-        finally:
-            if pending:
-                self._deliver([pending])
-            self.threads[1].join(timeout=DEFAULTS.thread_join_s)  # ssh's last words say why, if it ended early
+    def take_errors(self, chunk: bytes) -> None:
+        self.errors = (self.errors + chunk)[-_ERROR_TAIL_BYTES:]
+
+    def pipe_ended(self) -> None:
+        """(the pump) One of its pipes ended; once both have, the session has."""
+        self.pipes_open -= 1
+        if self.pipes_open == 0 and self.following is not False:
+            if self.following and self.pending:
+                self._deliver([self.pending])
+            self.pending = b""
             self.post(SessionEnded(self))
+
 
     def on_ready(self) -> None:
         self.ready = True
@@ -162,17 +168,54 @@ class WorkerSession:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
-        for thread in self.threads:
-            thread.join(timeout=DEFAULTS.thread_join_s)
+
+
+class OutputPump:
+    """Every session's two pipes, read by one thread (a selector): at 256 hosts, two threads a
+    session were 510 of the leader's. Ends once every pipe has."""
+
+    def __init__(self, sessions: list[WorkerSession]) -> None:
+        import os
+        import selectors
+
+        self._selector = selectors.DefaultSelector()
+        for session in sessions:
+            for pipe, kind in ((session.proc.stdout, "out"), (session.proc.stderr, "err")):
+                os.set_blocking(pipe.fileno(), False)
+                self._selector.register(pipe.fileno(), selectors.EVENT_READ, (session, kind))
+        self.thread = threading.Thread(target=self._run, daemon=True, name="byoc-worker-output")
+        self.thread.start()
+
+    def _run(self) -> None:
+        import os
+
+        try:
+            while self._selector.get_map():
+                for key, _ in self._selector.select():
+                    session, kind = key.data
+                    try:
+                        chunk = os.read(key.fd, 65536)
+                    except BlockingIOError:
+                        continue
+                    except OSError:
+                        chunk = b""
+                    keep = bool(chunk) and (session.take_output(chunk) if kind == "out" else
+                                            session.take_errors(chunk) is None)
+                    if not keep:
+                        self._selector.unregister(key.fd)
+                        session.pipe_ended()
+        finally:
+            self._selector.close()
 
 
 class WorkerOutput:
     """Every worker's session of one run; stop() is the Supervisor's end of a follower. Its
     sessions' events are handled on the loop from start_worker_output to stop()."""
 
-    def __init__(self, sessions: list[WorkerSession], loop) -> None:
+    def __init__(self, sessions: list[WorkerSession], loop, pump: OutputPump | None = None) -> None:
         self.sessions = sessions
         self.loop = loop
+        self.pump = pump
         mine = list(sessions)  # a late event of another run's session is not this run's
         self.handlers = loop.on({SessionReady: lambda event: event.session in mine and event.session.on_ready(),
                                  SessionEnded: lambda event: event.session in mine and event.session.on_ended()})
@@ -201,6 +244,8 @@ class WorkerOutput:
             if not session.ended:
                 session.say_lost(f"its last lines did not arrive within {join_s:g} s")
             session.end()
+        if self.pump is not None:
+            self.pump.thread.join(timeout=DEFAULTS.thread_join_s)  # every pipe ended with its ssh
         self.loop.off(self.handlers)
 
 
@@ -217,7 +262,7 @@ def start_worker_output(plan, folder: str, python: str, collector, loop, sinks: 
                                           log, loop.post))
         except OSError as error:
             log(f"{host}: its ranks' output cannot reach this log: ssh did not start ({error}); the job goes on")
-    output = WorkerOutput(sessions, loop)
+    output = WorkerOutput(sessions, loop, OutputPump(sessions))
     waited = loop.wait(lambda: all(s.ready or s.ended for s in sessions),
                        time.monotonic() + settings.ssh_session_timeout_s)
     for session in sessions:

@@ -285,11 +285,14 @@ class MpiWorker(MpiRole):
         processes.become_subreaper()
         self.sshd = start_sshd(plan.files.ssh)
         key = ssh.public_key(plan.files.ssh)
-        deadline = time.monotonic() + settings.peer_wait_timeout_s
         if not self.send(plan.leader, MpiReady(plan.current_host, key), settings.peer_wait_timeout_s, until_open=True):
             return self.ended_before_start(f"the leader {plan.leader} did not answer on its job port (port "
                                            f"{settings.job_port}) within {settings.peer_wait_timeout_s:g} s "
                                            f"(BYOC_PEER_WAIT_TIMEOUT_S)")
+        # The leader took our key, so its own wait for the workers began before now and ends by
+        # now + BYOC_PEER_WAIT_TIMEOUT_S; then it sends the keys, or why it gives up, within
+        # host_done_failed_send_s. Waiting that long, this host never gives up first.
+        deadline = time.monotonic() + settings.peer_wait_timeout_s + settings.host_done_failed_send_s
         waited = self.loop.wait(lambda: self.told is not None or self.has_every_key(), deadline)
         if self.told is not None:
             return self.build_outcome(self.told)

@@ -5,7 +5,7 @@ of the job report (jobreport/host.py), ended with it.
   leader (send, which returns the bytes sent);
 - the leader, or the one host: its own update and the workers' queued ones, into the live view,
   the TensorBoard events (when on) and the status line (when due).
-An MPI worker runs none: its figures reach the leader over SSH at the end only.
+An MPI worker runs none: its figures reach the leader at the end only (asked on the job port).
 """
 
 from __future__ import annotations

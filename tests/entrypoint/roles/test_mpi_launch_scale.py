@@ -132,3 +132,27 @@ def test_a_worker_that_never_says_it_is_ready_is_named_at_the_deadline_and_the_o
     assert report["keys"] == {str(i): [] for i in range(count)}  # no key list went out
     assert all(code == 1 and said in text for code, text in report["outcomes"].values())
     assert len(report["outcomes"]) == count
+
+
+def test_a_worker_whose_leader_never_opens_its_port_fails_at_its_deadline_naming_it(tmp_path, monkeypatch):
+    """The worker's readiness is tried until the leader's port opens (a leader still starting),
+    and no longer than BYOC_PEER_WAIT_TIMEOUT_S; its sshd and key are gone after."""
+    own_port = free_port()
+    real = job_port.JobPort
+    monkeypatch.setattr(job_port_role, "JobPort", lambda _port, *args, **kwargs: real(own_port, *args, **kwargs))
+    worker = stand_in_address(0)
+    environ = {"BYOC_JOB_PORT": str(free_port()), "BYOC_PEER_WAIT_TIMEOUT_S": "2", "BYOC_SSH_PORT": str(free_port())}
+    job = make_job(hosts=(LEADER, worker), current=worker, hps={"sagemaker_mpi_enabled": True}, environ=environ)
+    plan = plan_for(job)._replace(files=RuntimeFiles(str(tmp_path / "run" / "job")))
+    env = {**environ, **plan.env_dict}
+    role = choose_role(plan, OutputCollector(secret_values(env)), env, build_paths({"SAGEMAKER_BASE_DIR": str(tmp_path)}),
+                       Stop())
+    started = time.monotonic()
+    outcome = role.start()
+    assert time.monotonic() - started >= 2  # tried until its deadline, not given up on the first refusal
+    assert outcome is not None and outcome.exit_code == 1
+    assert f"the leader {LEADER} did not answer on its job port" in outcome.reason and "within 2 s" in outcome.reason
+    assert role.sshd is not None and role.sshd.poll() is None  # it served SSH while it waited
+    role.close(outcome)
+    assert role.sshd.poll() is not None
+    assert not (tmp_path / "run" / "job" / "ssh" / "host_ed25519_key").exists()
