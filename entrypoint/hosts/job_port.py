@@ -818,8 +818,8 @@ class PeerWatch:
     """Posts PeerLost once when a peer stops answering on `port` for lost_after_s, or never
     answers within first_contact_s (post: the host loop's).
 
-    seen_at_start: the peers are known to be up now (the MPI leader has just reached every
-    worker over SSH), so silence counts from now with lost_after_s. until_first_contact: only
+    seen_at_start: the peers are known to be up now (every MPI worker has just said it is
+    ready, on this port), so silence counts from now with lost_after_s. until_first_contact: only
     check that every peer answers within first_contact_s, then stop watching (a port that may
     close before this host's part ends). port_name: what the port is, for the reason. Its
     state is its probe thread's own."""

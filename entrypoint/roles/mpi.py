@@ -299,7 +299,11 @@ class MpiWorker(MpiRole):
         if waited is not Waited.DONE:
             return self.ended_before_start(f"the leader {plan.leader} did not send the job's SSH keys within "
                                            f"{settings.peer_wait_timeout_s:g} s (BYOC_PEER_WAIT_TIMEOUT_S)")
-        keys = [entry for part in sorted(self.key_parts) for entry in self.key_parts[part]]
+        # The leader's addresses as this host resolves them (its words came from one of them),
+        # not as the leader resolved its own name: that may be a loopback address of its own.
+        leader = tuple(self.peer_addresses(plan.leader))
+        keys = [(host, leader if host == plan.leader and leader else addresses, key)
+                for part in sorted(self.key_parts) for host, addresses, key in self.key_parts[part]]
         ssh.write_job_keys(plan.files.ssh, keys, settings.ssh_port, authorized=set(plan.hosts) - {plan.current_host})
         if not self.send(plan.leader, MpiReady(plan.current_host, key, True), settings.peer_wait_timeout_s):
             return self.ended_before_start(f"the leader {plan.leader} could not be told this host trusts the job's "

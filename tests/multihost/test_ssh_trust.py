@@ -52,3 +52,34 @@ def test_only_the_leaders_per_job_key_from_the_leaders_address_gets_in(tmp_path)
         finally:
             run.signal(signal.SIGTERM)
             run.wait(timeout=60, fail_fast=False)
+
+
+def test_mpirun_reaches_the_third_host_through_the_second_each_trusting_only_the_jobs_hosts_keys():
+    """With 3 hosts the launch radix is 1 (decide/plan.decide_launch_radix): mpirun starts
+    algo-2's orted, and algo-2's orted starts algo-3's, logging in with algo-2's own key, which
+    algo-3 accepts only from algo-2's address. Every host's key is pinned on every host."""
+    with EmulatedCluster(["algo-1", "algo-2", "algo-3"], job("mpi_job.py", "mpi", hold=60)) as cluster:
+        run = start(cluster)
+        try:
+            wait_for_files(cluster.model_dir, "started-", 3, timeout=90)
+            # orted keeps the environment of the SSH session that started it: who logged in, from where.
+            read = "tr '\\0' '\\n' < /proc/$(pgrep -o orted)/environ | grep ^SSH_CONNECTION="
+            came_from = {h: cluster.run_on(h, ["sh", "-c", read]).output.split("=", 1)[-1].split()[:1]
+                         for h in ("algo-2", "algo-3")}
+            assert came_from == {"algo-2": [cluster.address("algo-1")], "algo-3": [cluster.address("algo-2")]}, came_from
+            folder = cluster.run_on("algo-3", ["sh", "-c", "ls -d /run/byoc/job-*"]).output.strip()
+            authorized = cluster.run_on("algo-3", ["cat", f"{folder}/ssh/authorized_keys"]).output.splitlines()
+            assert sorted(line.split(",")[0] for line in authorized) == sorted(
+                f'from="{cluster.address(h)}"' for h in ("algo-1", "algo-2")), authorized
+            assert all(",restrict ssh-ed25519 " in line for line in authorized)
+            pinned = cluster.run_on("algo-2", ["cat", f"{folder}/ssh/known_hosts"]).output.splitlines()
+            assert [line.split(",")[0] for line in pinned] == ["algo-1", "algo-2", "algo-3"], pinned
+            # Another host's key from the wrong address is refused: algo-1's own key, used on algo-2
+            # to reach algo-3, is bound to algo-1's address.
+            key = cluster.run_on("algo-1", ["cat", f"{folder}/ssh/host_ed25519_key"]).output
+            denied = cluster.run_on("algo-2", ["sh", "-c", f"umask 077; printf '%s' \"$0\" > /tmp/k && ssh {' '.join(SSH_OPTS)} "
+                                               f"-i /tmp/k algo-3 true", key])
+            assert denied.returncode == 255 and "Permission denied" in denied.output, denied.output
+        finally:
+            run.signal(signal.SIGTERM)
+            run.wait(timeout=60, fail_fast=False)
