@@ -19,6 +19,7 @@ from __future__ import annotations
 import statistics
 
 from entrypoint.jobreport import html
+from entrypoint.jobreport.stragglers import decide_percentiles
 
 LARGE_RANKS = 64  # up to this many the small page draws a line per rank (64 colours)
 LARGE_HOSTS = 16  # and a panel per host
@@ -39,14 +40,6 @@ CSS = (".ataglance .glance{display:inline-block;vertical-align:top;margin:10px 3
 
 def is_large(ranks: list, hosts: list) -> bool:
     return len(ranks) > LARGE_RANKS or len(hosts) > LARGE_HOSTS
-
-
-def decide_percentiles(values: list, qs=PERCENTILES) -> list:
-    """(q, value) for each percentile q of values (nearest rank; sorted once)."""
-    ordered = sorted(values)
-    if not ordered:
-        return []
-    return [(q, ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]) for q in qs]
 
 
 def _figure(rank: dict, key: str) -> float | None:
@@ -119,7 +112,7 @@ def render_glance(ranks: list, host_medians: dict) -> str:
     for key, what in (("step_ms", "step time"), ("compute_ms", "compute")):
         values = [v for v in (_figure(r, key) for r in ranks) if v is not None]
         if values:
-            cells = "".join(f'<td class="num">{html._format_number(v)}</td>' for _, v in decide_percentiles(values))
+            cells = "".join(f'<td class="num">{html._format_number(v)}</td>' for _, v in decide_percentiles(values, PERCENTILES))
             rows.append(f'<tr><td class="txt">{what} (ms, {len(values):,} ranks)</td>{cells}</tr>')
     if rows:
         head = "".join(f"<th>{'min' if q == 0 else 'max' if q == 100 else f'p{q}'}</th>" for q in PERCENTILES)

@@ -16,6 +16,16 @@ from __future__ import annotations
 
 import statistics
 
+
+def decide_percentiles(values: list, qs) -> list:
+    """(q, value) for each percentile q of values, nearest rank, sorted once (the report's
+    distribution and the live view's job/ series: one rule)."""
+    ordered = sorted(values)
+    if not ordered:
+        return []
+    return [(q, ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]) for q in qs]
+
+
 STRAGGLER_PCT = 20.0
 MIN_EXCESS_MS = 1.0
 MIN_STEPS = 5

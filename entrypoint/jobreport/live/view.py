@@ -28,7 +28,7 @@ from collections import deque
 
 from entrypoint.jobreport.live.update import HOST_FIELDS, RECENT, Notes, finite
 from entrypoint.jobreport.live.status_line import RankNow
-from entrypoint.jobreport.stragglers import MIN_STEPS, decide_outliers, describe
+from entrypoint.jobreport.stragglers import MIN_STEPS, decide_outliers, decide_percentiles, describe
 
 # Each tick's rank scalars, at most: a rank's new steps are averaged into at most
 # MAX_RANK_POINTS points (fewer with many ranks). Every scalar costs ~30 us to write (its record's
@@ -261,10 +261,8 @@ class LiveView:
         scalars = []
         for name, values in (("step_ms", [statistics.median(s.step_ms) for s in self.ranks.values() if s.step_ms]),
                              ("compute_ms", list(self.recent_compute().values()))):
-            ordered = sorted(values)
-            for q in PERCENTILES if ordered else ():
-                at = min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))
-                scalars.append((f"job/{name}/{'max' if q == 100 else f'p{q}'}", float(ordered[at]), step, wall))
+            scalars.extend((f"job/{name}/{'max' if q == 100 else f'p{q}'}", float(value), step, wall)
+                           for q, value in decide_percentiles(values, PERCENTILES))
         return scalars
 
     def ranks_now(self) -> list[RankNow]:
