@@ -646,51 +646,33 @@ class Delivered(NamedTuple):
     batch: int = 0
 
 
-SENDERS = 12  # the senders' threads at most, in this process: a fixed pool whatever the number of hosts and
-# of batches at once (the leader's threads stay within 16: the main one, the port's, the watch's and these)
-
-
-class _SenderPool:
-    """SENDERS threads, started as the work needs them, taking (host, message, …) from one queue:
-    two batches at once (an ask for stacks as the outcome goes out) share them."""
-
-    def __init__(self) -> None:
-        import queue
-
-        self.todo: queue.SimpleQueue = queue.SimpleQueue()
-        self.lock = threading.Lock()
-        self.threads = 0
-        self.idle = 0
-
-    def put(self, work: list) -> None:
-        with self.lock:
-            for item in work:
-                self.todo.put(item)
-            wanted = min(SENDERS - self.threads, max(0, len(work) - self.idle))
-            self.threads += wanted
-        for _ in range(wanted):
-            threading.Thread(target=self._work, daemon=True, name="byoc-senders").start()
-
-    def _work(self) -> None:
-        while True:
-            with self.lock:
-                self.idle += 1
-            host, port, key_hex, message, within_s, settings, post, batch = self.todo.get()
-            with self.lock:
-                self.idle -= 1
-            post(Delivered(host, send_until(host, port, key_hex, message, within_s, settings), batch))
-
-
-_SENDERS = _SenderPool()
+SENDERS = 12  # send_to_each's threads at most a batch, whatever the number of hosts (the leader's threads
+# stay within 16: the main one, the port's, the watch's and these). A batch has threads of its own, so
+# one whose words wait out a dead host's deadline never holds up the next (a pool shared by every
+# batch would: an outcome behind retries of the job's keys).
 
 
 def send_to_each(hosts, port: int, key_hex: str, message_of, within_s: float, post, batch: int = 0,
                  settings: LaunchSettings = DEFAULTS) -> None:
-    """message_of(host) to each of hosts' ports, by the process's SENDERS threads, each tried
-    until within_s of its own (send_until); Delivered(host, delivered, batch) posted for each as
-    it ends. One at a time from the loop, a dead host cost every host after it its deadline;
-    here it costs one."""
-    _SENDERS.put([(host, port, key_hex, message_of(host), within_s, settings, post, batch) for host in hosts])
+    """message_of(host) to each of hosts' ports, SENDERS at a time, each tried until within_s of
+    its own (send_until); Delivered(host, delivered, batch) posted for each as it ends. One at a
+    time from the loop, a dead host cost every host after it its deadline; here it costs one."""
+    import queue
+
+    todo: queue.SimpleQueue = queue.SimpleQueue()
+    for host in hosts:
+        todo.put(host)
+
+    def work() -> None:
+        while True:
+            try:
+                host = todo.get_nowait()
+            except queue.Empty:
+                return
+            post(Delivered(host, send_until(host, port, key_hex, message_of(host), within_s, settings), batch))
+
+    for _ in range(min(SENDERS, len(hosts))):
+        threading.Thread(target=work, daemon=True, name="byoc-senders").start()
 
 
 def send_live_figures(leader: str, port: int, key_hex: str, host: str, figures_json: str,

@@ -33,7 +33,7 @@ from entrypoint.decide.plan import LaunchPlan
 from entrypoint.hosts import job_port, ssh
 from entrypoint.hosts.job_port import (Ask, HostFigures, JobOutcome, LeaderAsk, MpiReady, PeerKeys, PeerLost,
                                        PeerWatch)
-from entrypoint.hosts.net import resolve_addresses
+from entrypoint.hosts.net import can_connect, resolve_addresses
 from entrypoint.log import log
 from entrypoint.loop import Burst, StacksRequested, Waited
 from entrypoint.outcome.hosts import describe_job_outcome, describe_worker_failure
@@ -284,6 +284,9 @@ class MpiWorker(MpiRole):
         self.loop.on({PeerKeys: self.on_keys, LeaderAsk: self.on_leader_asked, JobOutcome: self.on_outcome})
         processes.become_subreaper()
         self.sshd = start_sshd(plan.files.ssh)
+        not_serving = self.wait_for_sshd()
+        if not_serving is not None:
+            return self.ended_before_start(not_serving)
         key = ssh.public_key(plan.files.ssh)
         if not self.send(plan.leader, MpiReady(plan.current_host, key), settings.peer_wait_timeout_s, until_open=True):
             return self.ended_before_start(f"the leader {plan.leader} did not answer on its job port (port "
@@ -310,6 +313,22 @@ class MpiWorker(MpiRole):
                                            f"SSH keys")
         log(f"serving SSH to the leader {plan.leader} and {len(keys) - 2} other host(s)"
             if len(keys) > 2 else f"serving SSH to the leader {plan.leader}")
+        return None
+
+    def wait_for_sshd(self) -> str | None:
+        """Until this host's sshd accepts connections: only then may the leader hear that it
+        serves (sshd binds its port a moment after it starts: a session opened before is
+        refused). None, or why not (a stop says None: the caller words it)."""
+        settings = self.plan.settings
+        deadline = time.monotonic() + settings.peer_wait_timeout_s
+        while not can_connect("127.0.0.1", settings.ssh_port, settings.peer_probe_timeout_s):
+            if self.sshd.poll() is not None:
+                return (f"sshd exited with code {self.sshd.returncode} before it served "
+                        f"(its log: {os.path.join(self.plan.files.ssh.folder, 'sshd.log')})")
+            if time.monotonic() >= deadline:
+                return f"sshd did not serve on port {settings.ssh_port} within {settings.peer_wait_timeout_s:g} s"
+            if not self.loop.pause(settings.wait_poll_s):
+                return "stopped"
         return None
 
     def ended_before_start(self, why: str) -> Outcome:

@@ -46,9 +46,12 @@ def build_leader(tmp_path, workers: list[str], environ: dict[str, str]) -> MpiLe
 
 
 class ThreadPeak:
-    """The most threads this process ran at once while it watched (itself included)."""
+    """The most threads this process ran at once while it watched, beyond those it ran when it
+    began (earlier tests' daemon threads, the process's sender pool once made); itself not
+    counted."""
 
     def __init__(self):
+        self.base = threading.active_count()
         self.peak, self._done = 0, threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True)
         self._thread.start()
@@ -58,9 +61,10 @@ class ThreadPeak:
             self.peak = max(self.peak, threading.active_count())
 
     def stop(self) -> int:
+        """The threads added at the peak."""
         self._done.set()
         self._thread.join()
-        return self.peak
+        return self.peak - 1 - self.base
 
 
 @pytest.fixture
@@ -98,7 +102,9 @@ def test_255_workers_are_ready_keyed_asked_and_told_at_once_by_a_leader_of_at_mo
     finally:
         stand_ins.kill()
         stand_ins.wait()
-    assert threads <= 16, threads  # the main thread, the port's, 12 senders, the watcher: not one a worker
+    # Beside the main thread: the port's and the 12 senders at most (fewer when the pool was made
+    # before), never one a worker.
+    assert threads <= 15, threads
     assert report["refused"] == []
     # Every host's key, the leader's first, each with the address it came from, to every worker.
     expected = [[LEADER, [LEADER], " ".join(leader_key)], *([w, [w], stand_in_key(i)] for i, w in enumerate(workers))]
@@ -156,3 +162,38 @@ def test_a_worker_whose_leader_never_opens_its_port_fails_at_its_deadline_naming
     role.close(outcome)
     assert role.sshd.poll() is not None
     assert not (tmp_path / "run" / "job" / "ssh" / "host_ed25519_key").exists()
+
+
+def test_a_worker_says_it_serves_ssh_only_once_its_sshd_accepts_connections(tmp_path, monkeypatch):
+    """sshd binds its port a moment after it starts; a leader told before opens a session that is
+    refused (seen on a slower machine: the rank-output session to algo-2, "Connection refused",
+    and the worker's ranks' lines lost). Here sshd's stand-in binds 1 s late, and the leader's
+    port notes, as each word arrives, whether the worker's SSH port accepts."""
+    from entrypoint.hosts.net import can_connect
+    from entrypoint.roles import mpi as mpi_role
+
+    own_port, leader_port, ssh_port = free_port(), free_port(), free_port()
+    real = job_port.JobPort
+    monkeypatch.setattr(job_port_role, "JobPort", lambda _port, *args, **kwargs: real(own_port, *args, **kwargs))
+    late_sshd = f"import socket, time; time.sleep(1); s = socket.create_server(('', {ssh_port})); time.sleep(600)"
+    monkeypatch.setattr(mpi_role, "start_sshd", lambda files: subprocess.Popen([sys.executable, "-c", late_sshd]))
+    worker = stand_in_address(0)
+    environ = {"BYOC_JOB_PORT": str(leader_port), "BYOC_PEER_WAIT_TIMEOUT_S": "2", "BYOC_SSH_PORT": str(ssh_port)}
+    job = make_job(hosts=(LEADER, worker), current=worker, hps={"sagemaker_mpi_enabled": True}, environ=environ)
+    plan = plan_for(job)._replace(files=RuntimeFiles(str(tmp_path / "run" / "job")))
+    env = {**environ, **plan.env_dict}
+    role = choose_role(plan, OutputCollector(secret_values(env)), env, build_paths({"SAGEMAKER_BASE_DIR": str(tmp_path)}),
+                       Stop())
+    heard: list = []
+    leader = real(leader_port, lambda message: heard.append((type(message).__name__,
+                                                             can_connect("127.0.0.1", ssh_port))),
+                  job_key=role.job_key)
+    try:
+        outcome = role.start()  # no keys ever come: it ends at its deadline
+    finally:
+        leader.close()
+        if role.sshd is not None:
+            role.sshd.kill()
+            role.sshd.wait()
+    assert outcome is not None and outcome.exit_code == 1
+    assert heard[:1] == [("MpiReady", True)], heard  # told only once its SSH port accepted
