@@ -172,18 +172,19 @@ class MpiLeader(MpiRole):
 
     def wait_for_workers_to(self, done, what: str, deadline: float) -> str | None:
         """Until done(host) for every worker: None, or why not (a stop, the deadline)."""
-        waited = self.loop.wait(lambda: all(done(h) for h in self.plan.peers), deadline)
+        workers = self.plan.peers  # a property that builds the tuple: once, not at every event
+        waited = self.loop.wait(lambda: all(done(h) for h in workers), deadline)
         if waited is Waited.DONE:
             return None
         if self.loop.stopped():
             return f"stopped by {self.loop.stop_name} while waiting for the workers to {what}"
-        pending = [h for h in self.plan.peers if not done(h)]
+        pending = [h for h in workers if not done(h)]
         return (f"host(s) {', '.join(pending)} did not {what} within {self.plan.settings.peer_wait_timeout_s:g} s "
                 f"(BYOC_PEER_WAIT_TIMEOUT_S)")
 
     def on_ready(self, ready: MpiReady) -> None:
         host = ready.host
-        if host not in self.plan.peers or ready.sender not in self.peer_addresses(host):
+        if ready.sender not in self.peer_addresses(host):  # no addresses: not one of this leader's workers
             self.refuse(ready.sender, f"an MPI worker's readiness for {host!r}: not one of this leader's workers")
             return
         if ready.trusted:
@@ -454,9 +455,7 @@ class MpiWorker(MpiRole):
             self.report_part.stop_live()
 
     def close(self, outcome: Outcome) -> None:
-        self.close_watches()
         try:
             stop_worker(self.plan, self.sshd)
         finally:
-            if self.port is not None:
-                self.port.close()
+            super().close(outcome)  # JobPortRole's: the watches, then the port
