@@ -72,7 +72,8 @@ from mpi4py import MPI
 comm = MPI.COMM_WORLD
 total = comm.allreduce(comm.Get_rank() + 1)
 comm.Barrier()
-record = {"rank": comm.Get_rank(), "host": socket.gethostname(), "sum": total, "start": _start, "end": time.time()}
+record = {"rank": comm.Get_rank(), "host": socket.gethostname(), "sum": total, "start": _start, "end": time.time(),
+          "cpu": sum(os.times()[:2])}
 with open(os.path.join(os.environ["SM_MODEL_DIR"], "timing-%d.json" % comm.Get_rank()), "w") as f:
     json.dump(record, f)
 '''
@@ -153,6 +154,7 @@ class RunResult:
     script_end_s: float
     host_exit_s: tuple[tuple[str, float], ...]
     load: float  # 1-minute load average when the run ended
+    leader_rank_cpu_s: float = float("nan")  # the CPU of the rank on the leader host, to its last line
 
     @property
     def overhead_s(self) -> float:
@@ -308,8 +310,9 @@ def _short_cmdline(raw: bytes) -> str:
     return " ".join(words).replace("\n", " ")
 
 
-def load_script_span(model_dir: str) -> tuple[float, float, int]:
-    """(first rank's start, last rank's end, ranks) from the timing files, wall clock."""
+def load_script_span(model_dir: str) -> tuple[float, float, int, float]:
+    """(first rank's start, last rank's end, ranks, the CPU of the leader host's rank: NaN when
+    it did not say) from the timing files, wall clock."""
     records = []
     for name in os.listdir(model_dir):
         if name.startswith("timing-"):
@@ -317,7 +320,9 @@ def load_script_span(model_dir: str) -> tuple[float, float, int]:
                 records.append(json.load(f))
     if not records:
         raise RuntimeError(f"no timing-*.json in {model_dir}: the script did not finish")
-    return min(r["start"] for r in records), max(r["end"] for r in records), len(records)
+    leader_cpu = [r["cpu"] for r in records if r.get("host") == LEADER and "cpu" in r]
+    return (min(r["start"] for r in records), max(r["end"] for r in records), len(records),
+            sum(leader_cpu) if leader_cpu else float("nan"))
 
 
 def clear_model_dir(model_dir: str) -> None:
@@ -359,7 +364,7 @@ def run_once(cluster, side: Side, lines: TimedLines, trace: bool = False) -> Run
         raise RuntimeError(f"{side.launcher}/{side.who} run failed ({result.stop_reason or 'a host failed'}):\n{tails}")
     # HostResult.seconds runs from just before the host's process started to its exit.
     ends = {h: started[h] + r.seconds for h, r in result.results.items()}
-    first, last, ranks = load_script_span(cluster.model_dir)
+    first, last, ranks, leader_rank_cpu = load_script_span(cluster.model_dir)
     if ranks != len(cluster.host_names):
         raise RuntimeError(f"{side.launcher}/{side.who}: {ranks} rank(s) reported, expected {len(cluster.host_names)}")
     events = lines.lines + (tracer.events if tracer else [])
@@ -373,6 +378,7 @@ def run_once(cluster, side: Side, lines: TimedLines, trace: bool = False) -> Run
         script_end_s=last - clock_offset - t0,
         host_exit_s=tuple((h, e - t0) for h, e in ends.items()),
         load=os.getloadavg()[0],
+        leader_rank_cpu_s=leader_rank_cpu,
     )
 
 
@@ -489,6 +495,7 @@ def build_leader_steps(r: RunResult) -> dict[str, float] | None:
     cpu = [text.split()[-2:] for _, h, text in r.timeline if h == LEADER and text.startswith("BENCH leader cpu ")]
     return {
         "cpu": float(cpu[0][0]) + float(cpu[0][1]) if cpu else float("nan"),
+        "rank_cpu": r.leader_rank_cpu_s,
         "start": probing,
         "probe": max(0.0, accepted - max(max(ready), probing)),
         "launch": r.script_start_s - launched,
@@ -504,8 +511,12 @@ def format_leader_steps(runs: list[RunResult]) -> list[str]:
     medians = {name: statistics.median(s[name] for s in steps) for name, _ in LEADER_STEPS}
     serial = statistics.median(sum(s[name] for name, _ in LEADER_STEPS) for s in steps)
     cpu = statistics.median(s["cpu"] for s in steps)
+    # The launcher's part: the leader's CPU less its own rank's (the script's, and its wait in
+    # MPI's collectives for the slower hosts' ranks: spinning, while 2 cores run every host).
+    launcher = statistics.median(s["cpu"] - s["rank_cpu"] for s in steps)
     parts = "  ".join(f"{name} {medians[name]:.2f}" for name, _ in LEADER_STEPS)
-    return [f"leader's serial time {serial:5.2f} s  ({parts})  leader's CPU {cpu:.2f} s"]
+    return [f"leader's serial time {serial:5.2f} s  ({parts})  leader's CPU {cpu:.2f} s"
+            f" (its rank's excluded: {launcher:.2f} s)"]
 
 
 # ---------------------------------------------------------------- reporting

@@ -220,9 +220,9 @@ class LaunchSettings(NamedTuple):
     message_clock_skew_s: float = 60.0
     # How long the job port reads one connection's message.
     message_read_timeout_s: float = 5.0
-    # How long the MPI leader waits for a worker's rank-output session to say it follows.
-    ssh_session_timeout_s: float = 30.0
-    # How long a worker that has its outcome waits for the leader's SSH sessions to close.
+    # How long the MPI leader waits for a worker's rank-output stream to open (hosts/worker_output.py).
+    rank_stream_timeout_s: float = 30.0
+    # How long a worker that has its outcome waits for the SSH sessions of its daemons to close.
     ssh_session_close_wait_s: float = 5.0
     # When one of the job's processes fails (or a host is lost), the others get SIGTERM, then
     # SIGKILL after this long. Not the grace period: that one is for a stop the platform asked

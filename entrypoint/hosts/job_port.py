@@ -25,6 +25,8 @@ connection carries nothing or lines of UTF-8 text, at most MAX_MESSAGE_BYTES:
                                                         stacks or its report figures
     BYOC-SIGNED <hmac> BYOC-JOB-OUTCOME {json}          the MPI job's outcome (the leader's, to each
                                                         worker)
+    BYOC-SIGNED <hmac> BYOC-FOLLOW-RANKS {json}         the MPI leader asks a worker to stream its
+                                                        ranks' output for a run (to a port of its own)
 
 - `<hmac>`: HMAC-SHA256 (hex) of the record (everything after it) with the job's key,
   BYOC_JOB_PORT_KEY (hex), which the plan gives every process of the job.
@@ -45,6 +47,9 @@ connection carries nothing or lines of UTF-8 text, at most MAX_MESSAGE_BYTES:
   ([host, [addresses], public key], one per host of the job), time.
 - BYOC-LEADER-ASK's json: ask (one of Ask), time. BYOC-JOB-OUTCOME's json: exit_code, report
   (the leader's output/failure when the job failed, cut to fit), time.
+- BYOC-FOLLOW-RANKS's json: port (where the leader takes this run's streams), nonce (32 hex
+  digits, fresh each run), time. The stream itself is not a word on this port: it opens with
+  the signed record BYOC-RANK-OUTPUT {host, nonce, time} (hosts/worker_output.py).
 - A record made more than settings.message_clock_skew_s before the port opened, or whose signature was
   seen before, is a replay and refused; so is anything unsigned or signed with another key.
 - The ranks find every host's port in BYOC_JOB_PORTS (`host:port,host:port`).
@@ -84,6 +89,8 @@ MPI_READY = "BYOC-MPI-READY "
 PEER_KEYS = "BYOC-PEER-KEYS "
 LEADER_ASK = "BYOC-LEADER-ASK "
 JOB_OUTCOME = "BYOC-JOB-OUTCOME "
+FOLLOW_RANKS = "BYOC-FOLLOW-RANKS "
+RANK_OUTPUT = "BYOC-RANK-OUTPUT "
 SIGNED = "BYOC-SIGNED "
 JOB_KEY_ENV = "BYOC_JOB_PORT_KEY"
 JOB_KEY_OLD_ENV = "BYOC_JOB_REPORT_KEY"  # its name until 2026-11: still set, for one release
@@ -214,6 +221,27 @@ class JobOutcome(NamedTuple):
     sender: str = ""
 
 
+class FollowRanks(NamedTuple):
+    """BYOC-FOLLOW-RANKS: stream this run's ranks' output to the leader's port `port`, opening
+    with the nonce (the MPI leader's, to each worker, before each mpirun)."""
+
+    port: int
+    nonce: str
+    sender: str = ""
+
+
+class RankOutputOpens(NamedTuple):
+    """BYOC-RANK-OUTPUT: the first line of a worker's rank-output stream (hosts/worker_output.py):
+    this host's ranks' lines follow, for the run whose nonce this is."""
+
+    host: str
+    nonce: str
+    sender: str = ""
+
+
+NONCE_SHAPE = re.compile(r"[0-9a-f]{32}")
+
+
 def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -292,6 +320,20 @@ def _parse_job_outcome(fields: dict) -> JobOutcome | None:
     return JobOutcome(code, report) if _is_int(code) and isinstance(report, str) else None
 
 
+def _parse_follow_ranks(fields: dict) -> FollowRanks | None:
+    port, nonce = fields.get("port"), fields.get("nonce")
+    if not (_is_int(port) and 1 <= port <= 65535 and isinstance(nonce, str) and NONCE_SHAPE.fullmatch(nonce)):
+        return None
+    return FollowRanks(port, nonce)
+
+
+def _parse_rank_output_opens(fields: dict) -> RankOutputOpens | None:
+    host, nonce = fields.get("host"), fields.get("nonce")
+    if not (isinstance(host, str) and isinstance(nonce, str) and NONCE_SHAPE.fullmatch(nonce)):
+        return None
+    return RankOutputOpens(host, nonce)
+
+
 # Each kind of message: its word on the wire, its type, its one parser (the fields' dict ->
 # the message, or None when they are not one), and how it is named when it is not one.
 MESSAGE_KINDS = {
@@ -303,6 +345,8 @@ MESSAGE_KINDS = {
     PEER_KEYS.strip(): (PeerKeys, _parse_peer_keys, "a key list that is not one"),
     LEADER_ASK.strip(): (LeaderAsk, _parse_leader_ask, "an ask that is not one"),
     JOB_OUTCOME.strip(): (JobOutcome, _parse_job_outcome, "a job's outcome without an exit code"),
+    FOLLOW_RANKS.strip(): (FollowRanks, _parse_follow_ranks, "an ask to stream rank output without a port and nonce"),
+    RANK_OUTPUT.strip(): (RankOutputOpens, _parse_rank_output_opens, "a rank-output stream's opening that is not one"),
 }
 WORD_OF = {kind: word + " " for word, (kind, _, _) in MESSAGE_KINDS.items()}
 

@@ -1,5 +1,5 @@
 """The network between hosts, as a role needs it: names resolved, a port answering. No protocol
-of ours: ssh.py, job_port.py and mpi_wire.py speak over these."""
+of ours: ssh.py, job_port.py and worker_output.py speak over these."""
 
 from __future__ import annotations
 

@@ -10,9 +10,11 @@ key and checked against the sender's address: no SSH session per host per step.
   Then the leader runs mpirun.
 - Run: the leader's asks (LEADER-ASK: the ranks' stacks; the figures for the job report) and
   the outcome (JOB-OUTCOME, with the leader's output/failure when the job failed) reach every
-  worker at once (send_to_each: bounded, each with its own deadline). A worker exits with the
-  job's exit code, so no worker reports success for ranks that failed, and its output/failure
-  leads with the job's root cause too (SDK v2 local mode keeps only the last host's).
+  worker at once (send_to_each: bounded, each with its own deadline). Before each mpirun the
+  leader asks every worker to stream its ranks' lines (FOLLOW-RANKS: hosts/worker_output.py).
+  A worker exits with the job's exit code, so no worker reports success for ranks that
+  failed, and its output/failure leads with the job's root cause too (SDK v2 local mode keeps
+  only the last host's).
 - Liveness: the job ports, both ways (PeerWatch). A worker whose leader stops answering for
   BYOC_HOST_LOST_TIMEOUT_S (default 30 s) exits non-zero on its own.
 
@@ -31,8 +33,8 @@ from dataclasses import dataclass
 
 from entrypoint.decide.plan import LaunchPlan
 from entrypoint.hosts import job_port, ssh
-from entrypoint.hosts.job_port import (Ask, HostFigures, JobOutcome, LeaderAsk, MpiReady, PeerKeys, PeerLost,
-                                       PeerWatch)
+from entrypoint.hosts.job_port import (Ask, FollowRanks, HostFigures, JobOutcome, LeaderAsk, MpiReady, PeerKeys,
+                                       PeerLost, PeerWatch)
 from entrypoint.hosts.net import can_connect, resolve_addresses
 from entrypoint.log import log
 from entrypoint.loop import Burst, StacksRequested, Waited
@@ -99,7 +101,7 @@ def write_host_env(plan: LaunchPlan) -> None:
 
 
 def stop_worker(plan: LaunchPlan, sshd: subprocess.Popen | None) -> None:
-    """The outcome is known: stop sshd (and what the leader's sessions left), remove our key."""
+    """The outcome is known: stop sshd (and what its sessions left), remove our key."""
     try:
         processes.stop_process_and_descendants(sshd, min(plan.settings.grace_period_s, plan.settings.failure_stop_s))
     finally:
@@ -207,13 +209,16 @@ class MpiLeader(MpiRole):
             from entrypoint.hosts.worker_output import start_worker_output
 
             sinks = {"stdout": sys.stdout.buffer, "stderr": sys.stderr.buffer}
-            # sys.executable: the image's python, the ranks' own (plan.Runtime.python), on every host.
-            supervisor.followers.append(start_worker_output(self.plan, folder, sys.executable, self.collector,
-                                                            self.loop, sinks, log))
+            addresses = {host: frozenset(self.peer_addresses(host)) for host in self.plan.peers}
+            supervisor.followers.append(start_worker_output(self.plan, self.collector, self.loop, sinks, log,
+                                                            self.ask_each_worker, addresses, self.job_key))
+
+    def ask_each_worker(self, message_of, within_s: float) -> dict[str, bool]:
+        return self.send_to_each_host(self.plan.peers, message_of, within_s)
 
     def ask_other_hosts(self) -> None:
         """Each worker's entrypoint (LEADER-ASK) has its ranks print their stacks, which reach
-        this host's log through their rank files' sessions (hosts/worker_output.py), or
+        this host's log through their rank-output streams (hosts/worker_output.py), or
         mpirun's own forwarding under a user's output option. Sent off the loop, to every
         worker at once; nobody waits for it."""
         plan = self.plan
@@ -270,6 +275,7 @@ class MpiWorker(MpiRole):
         self.key_parts: dict[int, tuple] = {}  # PEER-KEYS so far: part -> its keys
         self.key_parts_expected = 0
         self.told: WorkerOutcome | None = None  # the leader's JOB-OUTCOME
+        self.rank_stream = None  # hosts/worker_output.RankStream: this run's ranks' lines to the leader
 
     def start_live(self) -> None:
         """None here: an MPI worker's figures reach the leader at the end only."""
@@ -282,7 +288,8 @@ class MpiWorker(MpiRole):
         """Serve SSH, tell the leader this host's key, and authorize every host's once the
         leader sends them: (None), or why this host's part ended before it began."""
         plan, settings = self.plan, self.plan.settings
-        self.loop.on({PeerKeys: self.on_keys, LeaderAsk: self.on_leader_asked, JobOutcome: self.on_outcome})
+        self.loop.on({PeerKeys: self.on_keys, LeaderAsk: self.on_leader_asked, JobOutcome: self.on_outcome,
+                      FollowRanks: self.on_follow_ranks})
         processes.become_subreaper()
         self.sshd = start_sshd(plan.files.ssh)
         not_serving = self.wait_for_sshd()
@@ -378,8 +385,8 @@ class MpiWorker(MpiRole):
             watch.close()
             self.loop.off(handlers)
         if outcome.reason is None:
-            # The leader's follow sessions (hosts/worker_output.py) end before it tells the
-            # outcome; their sshd children may still be closing.
+            # mpirun has ended before the leader tells the outcome; the SSH sessions of this
+            # host's daemon (its parent's, and its own to its children) may still be closing.
             processes.wait_for_descendants_to_end(self.sshd.pid, settings.ssh_session_close_wait_s, settings.wait_poll_s)
         return outcome
 
@@ -403,7 +410,7 @@ class MpiWorker(MpiRole):
             if lost:
                 return WorkerOutcome(1, f"lost the leader {plan.leader}: no answer on its job port for "
                                         f"{settings.host_lost_timeout_s:g} s (BYOC_HOST_LOST_TIMEOUT_S)")
-            # As subreaper (and PID 1 in a container) we inherit orted, the ranks and the leader's
+            # As subreaper (and PID 1 in a container) we inherit orted, the ranks and their
             # ended SSH sessions: collect them while the job runs, or they stay defunct until it ends.
             # sshd is Popen's to collect (poll), and an exited one must not block the others.
             sshd.poll()
@@ -418,6 +425,25 @@ class MpiWorker(MpiRole):
             self.ask_ranks_for_stacks(time.monotonic())
         elif self.report_part is not None:
             self.send_figures()
+
+    def on_follow_ranks(self, asked: FollowRanks) -> None:
+        """A run's start: stream this host's ranks' lines to the leader, at the address the ask
+        came from (hosts/worker_output.py). An earlier run's stream ends first: its files are
+        cleared for the new run. The folder is this host's plan's (the leader asks only when its
+        mpirun writes the ranks' files there: no output option of the user's)."""
+        folder = self.plan.files.rank_output
+        if not self.from_leader(asked.sender, "an ask to stream its ranks' output"):
+            return
+        from entrypoint.hosts.worker_output import RankStream, build_opening
+
+        self.end_rank_stream()
+        opening = build_opening(self.job_key, self.plan.current_host, asked.nonce, time.time())
+        self.rank_stream = RankStream(folder, asked.sender, asked.port, opening, log, self.plan.settings).start()
+
+    def end_rank_stream(self) -> None:
+        if self.rank_stream is not None:
+            self.rank_stream.end(self.plan.settings.ssh_session_close_wait_s)
+            self.rank_stream = None
 
     def build_outcome(self, ended: WorkerOutcome) -> Outcome:
         if ended.exit_code == 0:
@@ -456,6 +482,7 @@ class MpiWorker(MpiRole):
 
     def close(self, outcome: Outcome) -> None:
         try:
+            self.end_rank_stream()
             stop_worker(self.plan, self.sshd)
         finally:
             super().close(outcome)  # JobPortRole's: the watches, then the port

@@ -14,10 +14,9 @@ file to its end first: nothing a rank wrote is held back long or lost. What has 
 given back to the file system (a hole punched where it was: the daemon writes on at its own
 offset), so the files hold only what is not yet read, not a long job's whole log.
 
-On an MPI worker this file runs by path (`python -I rank_output.py FOLDER QUIET_S POLL_S`,
-standard library only) in the leader's SSH session (hosts/worker_output.py): it writes every
-rank's lines, each whole and under its tag, to that session, where the leader reads them as its
-own ranks' (run_for_leader).
+On an MPI worker the same follower writes every rank's lines, each whole and under its tag, to
+the stream the leader asked for (hosts/worker_output.RankStream), where the leader reads them as
+its own ranks'.
 """
 
 from __future__ import annotations
@@ -36,9 +35,6 @@ MAX_PENDING_BYTES = 65536  # as run/tagged_lines.py: a line with no end (a progr
 READ_BYTES = 1 << 20  # per file and round: one busy rank cannot hold back the others for long
 RELEASE_BYTES = 1 << 20  # read this much more, then give it back to the file system
 _RANK_FILE = re.compile(r"(\d+)/rank\.(\d+)/(stdout|stderr|stddiag)")
-# The worker's first line to the leader: every later line starts with a rank's tag, this one never
-# (hosts/worker_output.READY_LINE: this file runs by path on the worker, so it keeps a copy).
-READY_LINE = b"byoc-rank-output: following\n"
 _PUNCH_HOLE = 0x01 | 0x02  # FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE (linux/falloc.h)
 
 
@@ -200,25 +196,3 @@ def start_following(folder: str, collector, quiet_s: float, poll_s: float) -> Ra
     """Follow what this run's ranks write in folder (from each file's start: nothing is missed
     however late this starts)."""
     return RankOutputFollower(folder, collector.add_line, collector.open_stream, quiet_s, poll_s).start()
-
-
-def run_for_leader(folder: str, quiet_s: float, poll_s: float) -> int:
-    """On an MPI worker, in the leader's SSH session, before the leader starts mpirun: clear
-    what an earlier run left, say READY_LINE, then write every rank's lines to stdout (both
-    streams: each line's tag names its stream) until the leader closes stdin (mpirun ended, or
-    the session did); then every file to its end, and out."""
-    clear(folder)
-    out = sys.stdout.buffer
-    follower = RankOutputFollower(folder, lambda line, stream: None, lambda: None, quiet_s, poll_s,
-                                  {"stdout": out, "stderr": out})
-    out.write(READY_LINE)
-    out.flush()
-    follower.start()
-    while sys.stdin.buffer.read1(65536):
-        pass  # the leader writes nothing: only the end of stdin says something
-    follower.stop(join_s=None)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(run_for_leader(sys.argv[1], float(sys.argv[2]), float(sys.argv[3])))

@@ -383,15 +383,16 @@ def test_a_stop_while_the_workers_output_drains_is_the_runs_too_and_cuts_the_wai
         def close(self) -> None:
             pass
 
-        def end(self) -> None:
-            pass
-
         def say_lost(self, why: str) -> None:
             self.said.append(why)
 
+    class StandInPump:
+        def stop(self) -> None:
+            pass
+
     loop, run_saw = HostLoop(), []
     loop.on({StopRequested: run_saw.append})  # the run's handler
-    output = WorkerOutput([SilentSession()], loop)
+    output = WorkerOutput([SilentSession()], loop, StandInPump())
     threading.Timer(0.2, loop.post, [StopRequested(signal.SIGTERM)]).start()
     output.stop(3600.0)
     assert run_saw == [StopRequested(signal.SIGTERM)]

@@ -12,7 +12,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 # dataclasses brings inspect, ast, dis and tokenize (~12 ms) and each frozen dataclass costs
 # ~1 ms to define: the launch path's records are typing.NamedTuple classes instead.
-NOT_AT_START = ("entrypoint.roles.mpi", "entrypoint.hosts.mpi_wire", "concurrent.futures", "logging", "tarfile", "tomllib", "secrets",
+NOT_AT_START = ("entrypoint.roles.mpi", "entrypoint.hosts.worker_output", "concurrent.futures", "logging", "tarfile", "tomllib", "secrets",
                 "tempfile", "random", "hashlib", "boto3", "dataclasses", "inspect", "ast", "dis", "tokenize",
                 "traceback")
 # What every rank's wrapper (entrypoint/rank/record_errors.py) leaves to the failure path.
@@ -46,7 +46,7 @@ def test_a_rank_imports_only_what_running_the_program_needs(tmp_path):
 NOT_ON_A_ONE_HOST_RUN = ("hashlib", "_hashlib", "argparse", "gettext", "difflib", "entrypoint.roles.mpi",
                          "concurrent.futures", "logging", "dataclasses", "inspect", "tarfile", "tempfile", "shutil",
                          "bz2", "lzma", "socket", "hmac", "entrypoint.roles.job_port",
-                         "entrypoint.hosts.mpi_wire", "entrypoint.hosts.worker_output",
+                         "entrypoint.hosts.worker_output",
                          # the deep health check (BYOC_HEALTH_CHECK=deep) only; torch never
                          "entrypoint.decide.health", "entrypoint.run.health_check", "torch")
 

@@ -261,7 +261,7 @@ def test_a_stop_while_the_leader_ends_keeps_its_exit_code():
 def test_a_worker_ranks_lines_reach_the_leaders_log_whole_and_all_of_them():
     """Issue 33, case 6: a rank on the worker host prints mpirun's tag mid-line (stdout and
     stderr), a burst of 1,000 short lines in one write and 700 'é': each worker's rank files are
-    streamed to the leader over SSH (hosts/worker_output.py), so every line is in the leader's
+    streamed to the leader (hosts/worker_output.py), so every line is in the leader's
     log whole, under the rank's tag, none lost (under --tag-output the tag glued the rank's text
     onto rank 0's line, and Open MPI dropped lines of the burst)."""
     with EmulatedCluster(["algo-1", "algo-2"], job("worker_lines.py", "mpi")) as cluster:

@@ -1,5 +1,5 @@
 """The MPI hosts' words on the job port (hosts/job_port.py: MPI-READY, PEER-KEYS, LEADER-ASK,
-JOB-OUTCOME) and what a worker writes from them (hosts/ssh.py): each parsed by its one parser,
+JOB-OUTCOME, FOLLOW-RANKS and a rank-output stream's opening, RANK-OUTPUT) and what a worker writes from them (hosts/ssh.py): each parsed by its one parser,
 refused whole when a field is not what it must be, and never able to write a second line or an
 option into authorized_keys or known_hosts."""
 
@@ -11,11 +11,13 @@ import subprocess
 import pytest
 
 from entrypoint.hosts import job_port, ssh
-from entrypoint.hosts.job_port import (MAX_MESSAGE_BYTES, Ask, JobOutcome, LeaderAsk, MpiReady, PeerKeys,
-                                       build_job_outcome, build_record, build_signed_line, parse_record)
+from entrypoint.hosts.job_port import (MAX_MESSAGE_BYTES, Ask, FollowRanks, JobOutcome, LeaderAsk, MpiReady, PeerKeys,
+                                       RankOutputOpens, build_job_outcome, build_record, build_signed_line,
+                                       parse_record)
 from entrypoint.roles.mpi import KEYS_PER_MESSAGE, build_key_parts
 
 KEY = "ssh-ed25519 " + "A" * 68
+NONCE = "0123456789abcdef" * 2
 OTHER = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIB" + "x" * 32
 
 
@@ -27,6 +29,7 @@ def record_of(word: str, fields: dict) -> str:
     MpiReady("algo-2", KEY), MpiReady("algo-2", KEY, True), LeaderAsk(Ask.STACKS), LeaderAsk(Ask.FIGURES),
     JobOutcome(0), JobOutcome(137, "RuntimeError: boom \u00e9\n"),
     PeerKeys(1, 2, (("algo-1", ("10.0.0.1",), KEY), ("algo-2", ("10.0.0.2", "fd00::2"), OTHER))),
+    FollowRanks(1, NONCE), FollowRanks(65535, NONCE), RankOutputOpens("algo-2", NONCE),
 ])
 def test_each_word_reads_back_as_it_was_made(message):
     assert parse_record(build_record(message, 1.0)) == message
@@ -49,6 +52,16 @@ def test_each_word_reads_back_as_it_was_made(message):
     ("BYOC-LEADER-ASK", {"ask": "everything"}),
     ("BYOC-JOB-OUTCOME", {"exit_code": "1"}),
     ("BYOC-JOB-OUTCOME", {"exit_code": 1, "report": 5}),
+    ("BYOC-FOLLOW-RANKS", {"port": 0, "nonce": NONCE}),  # the port's bounds: 1 to 65535
+    ("BYOC-FOLLOW-RANKS", {"port": 65536, "nonce": NONCE}),
+    ("BYOC-FOLLOW-RANKS", {"port": True, "nonce": NONCE}),
+    ("BYOC-FOLLOW-RANKS", {"port": 2.5, "nonce": NONCE}),
+    ("BYOC-FOLLOW-RANKS", {"port": 1, "nonce": NONCE[:-1]}),  # 31 digits; 33 below
+    ("BYOC-FOLLOW-RANKS", {"port": 1, "nonce": NONCE + "0"}),
+    ("BYOC-FOLLOW-RANKS", {"port": 1, "nonce": NONCE.upper()}),
+    ("BYOC-FOLLOW-RANKS", {"port": 1, "nonce": NONCE[:-1] + "\n"}),
+    ("BYOC-RANK-OUTPUT", {"host": 2, "nonce": NONCE}),
+    ("BYOC-RANK-OUTPUT", {"host": "algo-2"}),
 ])
 def test_a_word_with_a_field_that_is_not_what_it_must_be_is_refused_whole(word, fields):
     assert isinstance(parse_record(record_of(word, fields)), str)
