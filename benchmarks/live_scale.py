@@ -83,6 +83,7 @@ def measure(hosts: int, ranks_per_host: int, ticks: int) -> dict:
     from entrypoint.decide.job_report import ReportSpec
     from entrypoint.jobreport.live.loop import LiveLoop
     from entrypoint.jobreport.live.update import Notes, build_update, fit_update
+    from entrypoint.jobreport.live.view import decide_points_sent
     from entrypoint.settings import DEFAULTS
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -103,7 +104,9 @@ def measure(hosts: int, ranks_per_host: int, ticks: int) -> dict:
             for h in range(1, hosts):
                 raws = [rank_raw(h * ranks_per_host + local, 1 + tick * STEPS) for local in range(ranks_per_host)]
                 update = build_update(f"algo-{h + 1}", host_points(start, h), raws, sent[h], None, Notes())
-                loop.take_remote(f"algo-{h + 1}", fit_update(update, DEFAULTS.live_figures_bytes))
+                # As a worker of this job sends it (jobreport/live/loop.py: its newest points only, over 16 hosts).
+                loop.take_remote(f"algo-{h + 1}", fit_update(update, DEFAULTS.live_figures_bytes,
+                                                             decide_points_sent(hosts)))
             loop.next_status = 0.0
             before = time.thread_time()
             loop.tick()

@@ -42,14 +42,14 @@ class HostReport:
         self.live = None  # the live thread (live/loop.py), when the role starts one
 
     def start_live(self, log, send=None, capacity_ends_at: float | None = None,
-                   max_bytes: int = DEFAULTS.live_figures_bytes) -> None:
+                   max_bytes: int = DEFAULTS.live_figures_bytes, job_hosts: int = 1) -> None:
         """The job watched live: a worker's updates to the leader (send), or the leader's
         events and status line; never the job's failure."""
         from entrypoint.jobreport.live.loop import LiveLoop
 
         try:
             self.live = LiveLoop(self.spec, self.host, self.sampler, self.throughput, log, send, capacity_ends_at,
-                                 max_bytes).start()
+                                 max_bytes, job_hosts).start()
         except Exception as exc:  # noqa: BLE001
             log(f"job report: the live figures did not start: {type(exc).__name__}: {exc}")
 

@@ -373,7 +373,7 @@ class JobPortWorker(JobPortRole):
         def send(text: str) -> int:
             return job_port.send_live_figures(plan.leader, settings.job_port, key, plan.current_host, text, settings)
 
-        self.report_part.start_live(log, send, settings.capacity_ends_at, settings.live_figures_bytes)
+        self.report_part.start_live(log, send, settings.capacity_ends_at, settings.live_figures_bytes, len(plan.hosts))
 
     def on_attempt_word(self, word: AttemptWord) -> None:
         """The leader's `stop`, `start` or `end`, from the leader's own address."""

@@ -275,7 +275,7 @@ class MpiWorker(MpiRole):
         self.key_parts: dict[int, tuple] = {}  # PEER-KEYS so far: part -> its keys
         self.key_parts_expected = 0
         self.told: WorkerOutcome | None = None  # the leader's JOB-OUTCOME
-        self.rank_stream = None  # hosts/worker_output.RankStream: this run's ranks' lines to the leader
+        self.rank_stream = None  # run/rank_stream.RankStream: this run's ranks' lines to the leader
 
     def start_live(self) -> None:
         """None here: an MPI worker's figures reach the leader at the end only."""
@@ -434,7 +434,8 @@ class MpiWorker(MpiRole):
         folder = self.plan.files.rank_output
         if not self.from_leader(asked.sender, "an ask to stream its ranks' output"):
             return
-        from entrypoint.hosts.worker_output import RankStream, build_opening
+        from entrypoint.hosts.worker_output import build_opening
+        from entrypoint.run.rank_stream import RankStream
 
         self.end_rank_stream()
         opening = build_opening(self.job_key, self.plan.current_host, asked.nonce, time.time())

@@ -15,7 +15,7 @@ given back to the file system (a hole punched where it was: the daemon writes on
 offset), so the files hold only what is not yet read, not a long job's whole log.
 
 On an MPI worker the same follower writes every rank's lines, each whole and under its tag, to
-the stream the leader asked for (hosts/worker_output.RankStream), where the leader reads them as
+the stream the leader asked for (run/rank_stream.RankStream), where the leader reads them as
 its own ranks'.
 """
 

@@ -46,7 +46,7 @@ def test_a_rank_imports_only_what_running_the_program_needs(tmp_path):
 NOT_ON_A_ONE_HOST_RUN = ("hashlib", "_hashlib", "argparse", "gettext", "difflib", "entrypoint.roles.mpi",
                          "concurrent.futures", "logging", "dataclasses", "inspect", "tarfile", "tempfile", "shutil",
                          "bz2", "lzma", "socket", "hmac", "entrypoint.roles.job_port",
-                         "entrypoint.hosts.worker_output",
+                         "entrypoint.hosts.worker_output", "entrypoint.run.rank_stream",
                          # the deep health check (BYOC_HEALTH_CHECK=deep) only; torch never
                          "entrypoint.decide.health", "entrypoint.run.health_check", "torch")
 

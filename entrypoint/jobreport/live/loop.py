@@ -31,12 +31,13 @@ def decide_tick_s(tensorboard_dir: str | None, live_interval_s: float, status_in
 
 class LiveLoop:
     def __init__(self, spec, host: str, sampler, throughput, log, send=None, capacity_ends_at: float | None = None,
-                 max_bytes: int = DEFAULTS.live_figures_bytes):
-        from entrypoint.jobreport.live.view import LiveView
+                 max_bytes: int = DEFAULTS.live_figures_bytes, job_hosts: int = 1):
+        from entrypoint.jobreport.live.view import LiveView, decide_points_sent
 
         self.spec, self.host, self.sampler, self.throughput, self.log = spec, host, sampler, throughput, log
         self.send = send  # a worker's: text -> bytes delivered (0: not)
         self.max_bytes = max_bytes  # a worker's update, at most (settings.live_figures_bytes)
+        self.points_sent = decide_points_sent(job_hosts)  # a worker's: its newest points the leader reads
         self.capacity_ends_at = capacity_ends_at
         self.notes, self.notes_logged = Notes(), 0
         self.sent: dict = {}  # what this host's updates covered so far (update.build_update)
@@ -98,7 +99,7 @@ class LiveLoop:
         self.cpu_s += time.thread_time() - started
 
     def send_update(self, update: dict) -> None:
-        text = fit_update(update, self.max_bytes)
+        text = fit_update(update, self.max_bytes, self.points_sent)
         delivered = self.send(text)
         if delivered:
             self.messages, self.bytes_sent = self.messages + 1, self.bytes_sent + delivered

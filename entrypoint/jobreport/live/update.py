@@ -168,9 +168,13 @@ def build_update(host: str, points: list[dict], raws: list[dict], sent: dict, sa
             "ranks": ranks, "samples_per_s": finite(samples_per_s)}
 
 
-def fit_update(update: dict, max_bytes: int) -> str:
+def fit_update(update: dict, max_bytes: int, newest: int | None = None) -> str:
     """The update's JSON, at most max_bytes: the oldest half of its points dropped until it
-    fits (the next update brings newer ones), at last its points altogether."""
+    fits (the next update brings newer ones), at last its points altogether. newest: only the
+    newest this many points of the host and of each rank (view.decide_points_sent)."""
+    if newest is not None:
+        update = {**update, "points": update["points"][-newest:],
+                  "ranks": [{**r, "points": r["points"][-newest:]} for r in update["ranks"]]}
     while True:
         text = json.dumps(update, ensure_ascii=True, separators=(",", ":"), allow_nan=False)
         if len(json.dumps(text)) <= max_bytes:

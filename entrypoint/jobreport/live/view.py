@@ -44,6 +44,14 @@ PERCENTILES = (50, 90, 99, 100)  # the job's distribution, each tick (100: max)
 # point; a rank's are merged into decide_points_per_rank(DETAILED_RANKS) = 2 points; its recent
 # medians cover the last RECENT of them).
 LARGE_POINTS_READ = 2
+
+
+def decide_points_sent(job_hosts: int) -> int | None:
+    """How many of its newest points a worker of a job of job_hosts hosts sends each interval
+    (None: all): over DETAILED_HOSTS hosts the leader reads LARGE_POINTS_READ of each (its
+    decide_points_read), so the rest would only cost both ends (at 1,024 hosts, decoding and
+    checking them was most of the leader's tick)."""
+    return LARGE_POINTS_READ if job_hosts > DETAILED_HOSTS else None
 SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
 
 

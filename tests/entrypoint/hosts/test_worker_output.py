@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import sys
 import threading
 import time
 
@@ -18,8 +17,9 @@ import pytest
 
 from entrypoint.hosts import job_port
 from entrypoint.hosts.job_port import Refused
-from entrypoint.hosts.worker_output import (MAX_LINE_BYTES, RankStream, build_opening, build_worker_lines,
-                                            parse_opening, parse_worker_line, start_worker_output)
+from entrypoint.hosts.worker_output import (MAX_LINE_BYTES, build_opening, build_worker_lines, parse_opening,
+                                            parse_worker_line, start_worker_output)
+from entrypoint.run.rank_stream import RankStream
 from entrypoint.run import rank_output
 from entrypoint.loop import HostLoop, StopRequested
 from entrypoint.run.supervise import OutputCollector

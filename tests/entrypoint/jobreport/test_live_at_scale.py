@@ -125,3 +125,28 @@ def test_a_large_view_reads_only_the_newest_points_of_an_update():
     assert len(every["points"]) == 10 and len(every["ranks"][0]["points"]) == 20
     assert newest["points"] == every["points"][-2:] and newest["ranks"][0]["points"] == every["ranks"][0]["points"][-2:]
     assert json.loads(text)["host"] == "algo-2"
+
+
+@pytest.mark.parametrize("job_hosts, newest", [(16, None), (17, 2), (1024, 2)])
+def test_a_worker_of_a_large_job_sends_only_the_newest_points_the_leader_reads(tmp_path, job_hosts, newest):
+    """Over DETAILED_HOSTS hosts the leader reads LARGE_POINTS_READ points of each host and rank
+    (decide_points_read): a worker of such a job sends only those (the real worker LiveLoop,
+    its send taken here); up to the limit, every new point. The leader reads what it sent as it
+    would have read the whole update."""
+    (tmp_path / "ranks").mkdir()
+    (tmp_path / "ranks" / "rank-0.json").write_text(json.dumps(rank_raw(0, 1)))
+    sampler, sent = Sampler(), []
+    sampler.points = host_points(T0, 1)
+    spec = ReportSpec(str(tmp_path / "ranks"), 1.0, 2, 0, str(tmp_path / "tb"), 10.0, 10.0)
+    worker = LiveLoop(spec, "algo-2", sampler, NoThroughput(), lambda line: None,
+                      send=lambda text: sent.append(text) or len(text), job_hosts=job_hosts)
+    worker.tick()
+    update = json.loads(sent[0])
+    assert len(update["points"]) == (newest or 10) and len(update["ranks"][0]["points"]) == (newest or 20)
+    assert [p["time"] for p in update["points"]] == [T0 + i for i in range(10)][-(newest or 10):]
+    assert [p[0] for p in update["ranks"][0]["points"]] == list(range(1, 21))[-(newest or 20):]
+    whole = build_update("algo-2", host_points(T0, 1), [rank_raw(0, 1)], {}, None, Notes())
+    read = parse_update(fit_update(whole, DEFAULTS.live_figures_bytes), "algo-2", Notes(), newest)
+    assert parse_update(sent[0], "algo-2", Notes(), newest) == read
+    worker.tick()  # nothing new since: nothing resent
+    assert json.loads(sent[1])["points"] == [] and json.loads(sent[1])["ranks"][0]["points"] == []
