@@ -124,8 +124,14 @@ def build_rank_update(raw: dict, after_step: int, notes: Notes) -> dict | None:
     count = len(columns[0])
     start = max(0, count - 4 * MAX_POINTS)
     columns = [(c[:count] + [None] * (count - len(c)))[start:] for c in columns]
+    return build_rank_entry(name, raw.get("steps"), raw.get("ddp"), zip(*columns), after_step, notes)
+
+
+def build_rank_entry(name: str, steps, ddp, rows, after_step: int, notes: Notes) -> dict:
+    """A rank's entry from its rows (step, step_ms, wait_ms, backward_ms, data_wait_ms,
+    samples), each number checked: the steps after after_step, at most MAX_POINTS (the newest)."""
     points, dropped, bad_steps = [], 0, 0
-    for values in zip(*columns):
+    for values in rows:
         step = build_step(values[0])
         if step is None:
             bad_steps += 1
@@ -141,8 +147,8 @@ def build_rank_update(raw: dict, after_step: int, notes: Notes) -> dict | None:
         notes.add(f"rank {name!r}: steps whose time is not a finite number, left out")
     if bad_steps:
         notes.add(f"rank {name!r}: steps that are not whole numbers from 0 to {MAX_STEP}, left out")
-    steps = finite(raw.get("steps"))
-    return {"rank": name, "steps": int(steps) if steps is not None else 0, "ddp": raw.get("ddp") is True,
+    steps = finite(steps)
+    return {"rank": name, "steps": int(steps) if steps is not None else 0, "ddp": ddp is True,
             "points": points[-MAX_POINTS:]}
 
 
@@ -205,14 +211,11 @@ def parse_update(text: str, host: str, notes: Notes, newest: int | None = None) 
             points.append({"time": p["time"], **{k: p[k] for k in HOST_FIELDS if k in p}})
     ranks = []
     for r in data.get("ranks") if isinstance(data.get("ranks"), list) else []:
-        if isinstance(r, dict) and isinstance(r.get("points"), list):
-            columns = [list(c) for c in zip(*[p for p in _newest(r["points"], newest)
-                                               if isinstance(p, list) and len(p) == 6])] or [[]] * 6
-            raw = {"rank": r.get("rank"), "steps": r.get("steps"), "ddp": r.get("ddp"),
-                   "series": dict(zip(("step",) + RANK_FIELDS, columns))}
-            update = build_rank_update(raw, 0, notes)
-            if update is not None:
-                ranks.append(update)
+        rank = r.get("rank") if isinstance(r, dict) else None
+        if isinstance(rank, (str, int)) and not isinstance(rank, bool) and isinstance(r.get("points"), list):
+            # The worker's points are rows already: each checked as a rank file's (build_rank_entry).
+            rows = [p for p in _newest(r["points"], newest) if isinstance(p, list) and len(p) == 6]
+            ranks.append(build_rank_entry(build_rank_name(rank), r.get("steps"), r.get("ddp"), rows, 0, notes))
     return {"host": host, "points": points[-MAX_POINTS:], "ranks": ranks,
             "samples_per_s": finite(data.get("samples_per_s"))}
 

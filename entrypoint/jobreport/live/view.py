@@ -60,19 +60,44 @@ def build_tag_part(text: str) -> str:
     return "".join(c if c in SAFE else "_" for c in str(text))[:64] or "_"
 
 
+def decide_wait_ms(point: list, ddp: bool, shortest_backward: float | None):
+    """A rank point's wait: its own, or under DDP the backward beyond the job's shortest
+    (jobreport/figures.adjust_ddp_ranks, the same rule live)."""
+    wait_ms, backward_ms = point[2], point[3]
+    if ddp and backward_ms is not None and shortest_backward is not None:
+        return max(0.0, backward_ms - shortest_backward)
+    return wait_ms
+
+
 def build_rank_values(point: list, ddp: bool, shortest_backward: float | None) -> dict[str, float]:
     """One rank point's scalars: [step, step_ms, wait_ms, backward_ms, data_wait_ms, samples]
-    with compute = step - wait; under DDP the wait is the backward beyond the job's shortest
-    (jobreport/figures.adjust_ddp_ranks, the same rule live)."""
-    _, step_ms, wait_ms, backward_ms, data_wait_ms, samples = point
-    if ddp and backward_ms is not None and shortest_backward is not None:
-        wait_ms = max(0.0, backward_ms - shortest_backward)
+    with compute = step - wait (decide_wait_ms)."""
+    _, step_ms, _, backward_ms, data_wait_ms, samples = point
+    wait_ms = decide_wait_ms(point, ddp, shortest_backward)
     values = {"step_ms": step_ms, "wait_ms": wait_ms, "backward_ms": backward_ms, "data_wait_ms": data_wait_ms}
     if wait_ms is not None:
         values["compute_ms"] = max(0.0, step_ms - wait_ms)
     if samples and step_ms > 0:
         values["samples_per_s"] = samples * 1e3 / step_ms  # a tiny step time: beyond what is sensible
     return {k: round(v, 3) for k, v in values.items() if v is not None and finite(v) is not None}
+
+
+def build_rank_times(point: list, ddp: bool, shortest_backward: float | None) -> tuple:
+    """(step_ms, compute_ms or None) of a rank point, as build_rank_values gives them: what a
+    rank's recent medians take, without the rest of its scalars (a large view draws few ranks)."""
+    step_ms = point[1]
+    wait_ms = decide_wait_ms(point, ddp, shortest_backward)
+    compute = finite(max(0.0, step_ms - wait_ms)) if wait_ms is not None else None
+    return (round(step_ms, 3) if finite(step_ms) is not None else None,
+            round(compute, 3) if compute is not None else None)
+
+
+def median(values):
+    """statistics.median's value for a short sequence (a rank's RECENT), without its checks:
+    each tick of a large view takes two of each of 8,192 ranks."""
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
 def decide_points_per_rank(ranks: int) -> int:
@@ -114,6 +139,7 @@ class LiveView:
 
         self.hosts_shown: set[str] = set()  # the hosts the last take_all wrote figures of
         self.hosts_seen: set[str] = set()
+        self._recent: dict | None = None  # recent_medians of this tick
 
     def take(self, update: dict) -> tuple[list, list]:
         """(scalars, texts) of one host's update: (tag, value, step, wall time) each."""
@@ -134,12 +160,14 @@ class LiveView:
             else:
                 self._take_points(host, update)
             for rank in update["ranks"]:
-                timed.append((host, rank, self._rank_points(host, rank, shortest)))
+                self._note_times(host, rank, shortest)
+                timed.append((host, rank))
+        self._recent = None  # the ranks' recent medians: taken once a tick, from here on
         if not detailed_hosts:
             scalars.extend(self._host_aggregates(updates))
             self.notes.add(f"{len(self.hosts_seen)} hosts: each host is drawn as its aggregates (cpu_pct, "
                            f"tree_rss_mb, gpu_util_pct, gpu_mem_mb, slowest_compute_ms), its newest point a tick")
-        scalars.extend(self._rank_scalars(timed))
+        scalars.extend(self._rank_scalars(timed, shortest))
         self.hosts_shown = {u["host"] for u in updates}
         return scalars, self._straggler_texts()
 
@@ -182,9 +210,10 @@ class LiveView:
     def _host_aggregates(self, updates: list[dict]) -> list:
         """Each host of this tick as its aggregates, at its newest point (many hosts)."""
         slowest: dict[str, float] = {}
-        for (_rank, host), state in self.ranks.items():
+        medians = self.recent_medians()
+        for key, state in self.ranks.items():
             if state.compute_ms:
-                slowest[host] = max(slowest.get(host, 0.0), statistics.median(state.compute_ms))
+                slowest[key[1]] = max(slowest.get(key[1], 0.0), medians[key][1])
         scalars = []
         for update in updates:
             host, part = update["host"], build_tag_part(update["host"])
@@ -214,21 +243,19 @@ class LiveView:
                 if point[3] is not None:
                     state.backward_ms.append(point[3])
 
-    def _rank_points(self, host: str, rank: dict, shortest: float | None) -> list:
-        """The rank's new points as (step, values), its recent medians moved on."""
+    def _note_times(self, host: str, rank: dict, shortest: float | None) -> None:
+        """The rank's new points' times, its recent medians moved on."""
         state = self.ranks[(rank["rank"], host)]
-        timed = []
         for point in rank["points"]:
-            values = build_rank_values(point, state.ddp, shortest)
-            state.step_ms.append(values["step_ms"])
-            if "compute_ms" in values:
-                state.compute_ms.append(values["compute_ms"])
-            timed.append((point[0], values))
-        return timed
+            step_ms, compute_ms = build_rank_times(point, state.ddp, shortest)
+            state.step_ms.append(step_ms)
+            if compute_ms is not None:
+                state.compute_ms.append(compute_ms)
 
-    def _rank_scalars(self, timed: list) -> list:
-        """The ranks' series (host, rank, its points): each rank's up to DETAILED_RANKS, else
-        the slowest and those that stand out, and the job's distribution."""
+    def _rank_scalars(self, timed: list, shortest: float | None) -> list:
+        """The ranks' series ((host, rank) each): each rank's up to DETAILED_RANKS, else the
+        slowest and those that stand out, and the job's distribution. A rank's scalars are made
+        only when it is drawn."""
         # no wall time in a rank's point: the newest host time the view has
         wall = max((p["time"] for p in self.latest_points.values()), default=self.started_at)
         drawn = timed
@@ -240,7 +267,9 @@ class LiveView:
             self.notes.add(f"{len(self.ranks)} ranks: rank series for the slowest {SLOWEST_RANKS} and those that "
                            f"stand out; every rank in job/step_ms and job/compute_ms (p50, p90, p99, max)")
         most = decide_points_per_rank(min(len(self.ranks), DETAILED_RANKS))
-        for _host, rank, points in drawn:
+        for host, rank in drawn:
+            ddp = self.ranks[(rank["rank"], host)].ddp
+            points = [(point[0], build_rank_values(point, ddp, shortest)) for point in rank["points"]]
             part = build_tag_part(rank["rank"])
             scalars.extend((f"rank/{part}/{name}", value, step, wall)
                            for step, values in build_merged(points, most) for name, value in values.items())
@@ -254,10 +283,18 @@ class LiveView:
             return LARGE_POINTS_READ
         return None
 
+    def recent_medians(self) -> dict:
+        """(rank, host) -> (its recent median step, its recent median compute), each None when
+        it has none; made once a tick (take_all sets it aside) and read by every part of it."""
+        if self._recent is None:
+            self._recent = {key: (median(s.step_ms) if s.step_ms else None,
+                                  median(s.compute_ms) if s.compute_ms else None) for key, s in self.ranks.items()}
+        return self._recent
+
     def recent_compute(self) -> dict:
         """(rank, host) -> its recent median compute, for the ranks timed long enough."""
-        return {key: statistics.median(s.compute_ms) for key, s in self.ranks.items()
-                if s.compute_ms and s.steps >= MIN_STEPS}
+        medians = self.recent_medians()
+        return {key: medians[key][1] for key, s in self.ranks.items() if s.compute_ms and s.steps >= MIN_STEPS}
 
     def decide_drawn_ranks(self) -> set:
         recent = self.recent_compute()
@@ -267,16 +304,16 @@ class LiveView:
     def _job_percentiles(self, wall: float) -> list:
         step = max(0, int(round(wall - self.started_at)))
         scalars = []
-        for name, values in (("step_ms", [statistics.median(s.step_ms) for s in self.ranks.values() if s.step_ms]),
+        medians = self.recent_medians()
+        for name, values in (("step_ms", [medians[key][0] for key, s in self.ranks.items() if s.step_ms]),
                              ("compute_ms", list(self.recent_compute().values()))):
             scalars.extend((f"job/{name}/{'max' if q == 100 else f'p{q}'}", float(value), step, wall)
                            for q, value in decide_percentiles(values, PERCENTILES))
         return scalars
 
     def ranks_now(self) -> list[RankNow]:
-        return [RankNow(rank, s.steps, statistics.median(s.step_ms) if s.step_ms else None,
-                        statistics.median(s.compute_ms) if s.compute_ms else None)
-                for (rank, _host), s in sorted(self.ranks.items())]
+        medians = self.recent_medians()
+        return [RankNow(rank, s.steps, *medians[(rank, host)]) for (rank, host), s in sorted(self.ranks.items())]
 
     def gpu_now(self) -> tuple[list, list]:
         """The newest reading of every GPU of every host: (use %, memory MB)."""

@@ -196,6 +196,34 @@ def test_ddp_compute_takes_the_backward_beyond_the_shortest():
     assert build_rank_values([5, 50.0, 5.0, 30.0, 1.0, 10], False, 10.0)["compute_ms"] == 45.0
 
 
+EDGE_VALUES = [None, 0.0, -0.0, 1.0, -5.0, 0.0004, 0.0005, 1e12, -1e12, 1e12 + 1, float("nan"), float("inf"),
+               -float("inf"), 480.123456]
+
+
+@pytest.mark.parametrize("ddp", [False, True])
+@pytest.mark.parametrize("shortest", [None, 10.0])
+def test_a_ranks_times_are_what_its_scalars_say_at_every_edge(ddp, shortest):
+    """build_rank_times (what a large view keeps of every rank) gives the step and compute of
+    build_rank_values (what it draws), for every pair of edge values: NaN, the infinities, the
+    bound of 1e12 and just over, rounding at the third decimal."""
+    for step_ms in [v for v in EDGE_VALUES if v is not None and live_update.finite(v) is not None]:
+        for wait_ms in EDGE_VALUES:
+            for backward_ms in (None, 30.0, 1e12):
+                point = [5, step_ms, wait_ms, backward_ms, None, 0]
+                values = build_rank_values(point, ddp, shortest)
+                assert live_view.build_rank_times(point, ddp, shortest) == (values.get("step_ms"),
+                                                                            values.get("compute_ms")), point
+
+
+@pytest.mark.parametrize("values", [[1.0], [2.0, 1.0], [3.0, 1.0, 2.0], [0.1, 0.2, 0.3, 0.4], [5.0] * 64,
+                                    [float(i % 7) for i in range(63)], [1, 2, 3, 4]])
+def test_the_views_median_is_statistics_median(values):
+    import statistics
+    from collections import deque
+
+    assert live_view.median(deque(values, maxlen=64)) == statistics.median(values)
+
+
 def test_a_slow_rank_is_named_live_once_it_has_enough_steps():
     view = LiveView(0.0, Notes())
     fast = build_rank_update(rank_raw(10, rank="0"), 0, Notes())
