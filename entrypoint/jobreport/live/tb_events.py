@@ -105,13 +105,18 @@ class EventsFile:
     def _write_events(self, scalars, texts) -> None:
         _, event_pb2, summary_pb2, tensor_pb2, shape_pb2, text_pb2 = self._modules
         Event, Summary = event_pb2.Event, summary_pb2.Summary
+        # The scalars of one (step, wall time) share an event, as a merged summary does: a tick
+        # at 1,024 hosts has ~5,300 scalars at a few hundred points in time, and a record each
+        # (two CRCs in pure Python, a proto) was a sixth of the tick.
+        at: dict[tuple, list] = {}
         for tag, value, step, wall in scalars:
             why = decide_unholdable(value, step, wall)
             if why is not None:
                 self.leave_out(tag, why)
                 continue
-            summary = Summary(value=[Summary.Value(tag=tag, simple_value=value)])
-            self._writer.write_event(Event(wall_time=wall, step=step, summary=summary))
+            at.setdefault((step, wall), []).append(Summary.Value(tag=tag, simple_value=value))
+        for (step, wall), values in at.items():
+            self._writer.write_event(Event(wall_time=wall, step=step, summary=Summary(value=values)))
             self.written += 1
         # Text as tensorboardX.summary.text makes it (the text plugin's string tensor).
         metadata = summary_pb2.SummaryMetadata(plugin_data=summary_pb2.SummaryMetadata.PluginData(

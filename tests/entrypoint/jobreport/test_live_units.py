@@ -255,6 +255,20 @@ def test_the_events_read_back_with_tensorboards_own_loader(tmp_path):
     assert logged == []
 
 
+def test_the_scalars_of_one_moment_share_an_event_and_each_reads_back(tmp_path):
+    """A tick's scalars at one (step, wall time) go in one event (a merged summary); each tag
+    reads back with its own value, and one the writer cannot hold is left out of its event."""
+    events = tb_events.EventsFile(str(tmp_path / "byoc-job"), lambda text: None)
+    scalars = [(f"host/algo-{h}/cpu_pct", float(h), 7, 100.0) for h in range(1, 301)] + \
+        [(f"host/algo-{h}/cpu_pct", float(h) + 0.5, 8, 101.0) for h in range(1, 301)] + \
+        [("job/step_ms/p50", float("inf"), 8, 101.0)]
+    assert events.write(scalars, [])
+    events.close()
+    assert events.written == 2 and events.left_out == 1
+    read = read_scalars(tmp_path / "byoc-job")
+    assert read == {f"host/algo-{h}/cpu_pct": [(7, float(h)), (8, float(h) + 0.5)] for h in range(1, 301)}
+
+
 def test_a_folder_that_cannot_be_made_is_a_note_and_no_error(tmp_path):
     (tmp_path / "file").write_text("x")
     logged = []
