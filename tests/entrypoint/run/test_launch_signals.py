@@ -147,10 +147,13 @@ def fill_pipe() -> tuple[int, int]:
 
 
 def test_a_burst_of_sigusr1_against_a_log_that_does_not_drain_is_said_once_and_kills_nothing(tmp_path):
-    """3,000 SIGUSR1 while start-up waits for the other hosts' names, with the log pipe full (as
-    Docker's log driver blocks): before, the handler wrote to stderr, nested, and the entrypoint
-    died of SIGUSR1 with `Traceback … object refcount` and no output/failure. Now each only
-    posts: the burst is one line, and a SIGTERM after it ends start-up as a stop."""
+    """3,000 SIGUSR1 early in start-up, with the log pipe full (as Docker's log driver blocks:
+    the entrypoint's first log line waits in write(2)): before, the handler wrote to stderr,
+    nested, and the entrypoint died of SIGUSR1 with `Traceback … object refcount` and no
+    output/failure. Now each only posts: the burst is one line, and a SIGTERM once start-up
+    waits for the other hosts' names ends it as a stop. (The SIGTERM waits for the pre-flight
+    line: sent as the log drains, it could come before start-up reached it, a stop that rightly
+    ends start-up there: a loaded fresh root saw it.)"""
     root = write_tree(tmp_path / "ml", hosts=("algo-1", "no-such-host.invalid"), script="print('must not run')\n",
                       hyperparameters={"sagemaker_mpi_enabled": True})
     env = entrypoint_env(root, BYOC_HOST_RESOLUTION_TIMEOUT_S="3600", BYOC_RUNTIME_DIR=str(tmp_path / "run"))
@@ -167,6 +170,10 @@ def test_a_burst_of_sigusr1_against_a_log_that_does_not_drain_is_said_once_and_k
         # The log drains (slowly: the test's reads), then the stop.
         reader = threading.Thread(target=lambda: drained.extend(iter(lambda: os.read(read_end, 512), b"")))
         reader.start()
+        deadline = time.monotonic() + 300  # only so a broken start-up cannot hang the suite
+        while b"pre-flight:" not in b"".join(drained) and proc.poll() is None:
+            assert time.monotonic() < deadline, "start-up never reached its pre-flight"
+            time.sleep(0.01)
         assert proc.poll() is None, "the entrypoint died of the burst"
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=120)
