@@ -225,7 +225,7 @@ class OutputPump:
         self._selector = selectors.DefaultSelector()
         self._selector.register(self.listener, selectors.EVENT_READ, "accept")
         self._selector.register(self._wake_read, selectors.EVENT_READ, "wake")
-        self._sockets: list = []  # every socket accepted: closed at the end
+        self._sockets: set = set()  # every socket accepted and not refused: closed at the end
         self.thread = threading.Thread(target=self._run, daemon=True, name="byoc-worker-output")
         self.thread.start()
 
@@ -262,7 +262,7 @@ class OutputPump:
             except OSError:
                 return
             sock.setblocking(False)
-            self._sockets.append(sock)
+            self._sockets.add(sock)
             opening = _Opening(sock, address[0] if address else "?",
                                time.monotonic() + self.settings.message_read_timeout_s)
             openings[sock] = opening
@@ -319,7 +319,7 @@ class OutputPump:
         openings.pop(opening.sock, None)
         self._selector.unregister(opening.sock)
         opening.sock.close()
-        self._sockets.remove(opening.sock)
+        self._sockets.discard(opening.sock)
         self.post(job_port.Refused(opening.sender, f"a rank-output stream: {why}"))
 
     def stop(self) -> None:
@@ -388,7 +388,7 @@ def start_worker_output(plan, collector, loop, sinks: dict, log, ask_each, addre
     ask = job_port.FollowRanks(pump.port, nonce)
     taken = ask_each(lambda _host: ask, settings.rank_stream_timeout_s)
     waited = loop.wait(lambda: all(s.ready or s.ended or not taken.get(h) for h, s in sessions.items()), deadline)
-    for host, session in sessions.items():
+    for session in sessions.values():
         session.cut_off()
     loop.handle_pending()  # a stream that opened before the cut is ready
     for host, session in sessions.items():

@@ -52,6 +52,8 @@ def decide_points_sent(job_hosts: int) -> int | None:
     decide_points_read), so the rest would only cost both ends (at 1,024 hosts, decoding and
     checking them was most of the leader's tick)."""
     return LARGE_POINTS_READ if job_hosts > DETAILED_HOSTS else None
+
+
 SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
 
 
@@ -84,12 +86,12 @@ def build_rank_values(point: list, ddp: bool, shortest_backward: float | None) -
 
 def build_rank_times(point: list, ddp: bool, shortest_backward: float | None) -> tuple:
     """(step_ms, compute_ms or None) of a rank point, as build_rank_values gives them: what a
-    rank's recent medians take, without the rest of its scalars (a large view draws few ranks)."""
+    rank's recent medians take, without the rest of its scalars (a large view draws few ranks).
+    A point's step_ms is a finite number: one that is not never reaches the view (update.py)."""
     step_ms = point[1]
     wait_ms = decide_wait_ms(point, ddp, shortest_backward)
     compute = finite(max(0.0, step_ms - wait_ms)) if wait_ms is not None else None
-    return (round(step_ms, 3) if finite(step_ms) is not None else None,
-            round(compute, 3) if compute is not None else None)
+    return round(step_ms, 3), (round(compute, 3) if compute is not None else None)
 
 
 def median(values):
