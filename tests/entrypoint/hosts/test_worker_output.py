@@ -295,6 +295,8 @@ def test_an_opening_waits_for_its_line_end_up_to_the_ports_limit(size, refused):
     loop, seen = HostLoop(), []
     loop.on({Refused: seen.append})
     plan = leader_plan(("algo-2",), ready_s=0.5)
+    # No refusal for its slowness here, however loaded the machine: only the size can refuse it.
+    plan = plan._replace(settings=plan.settings._replace(message_read_timeout_s=3600.0))
     output = start_worker_output(plan, OutputCollector(), loop, {"stdout": Sink(), "stderr": Sink()}, lambda _: None,
                                  lambda message_of, within_s: {"algo-2": True}, {"algo-2": LOOPBACK}, KEY)
     sock = socket.create_connection(("127.0.0.1", output.pump.port))
