@@ -165,7 +165,7 @@ class StandIns:
 
 
 def run_stand_ins(count: int, every_s: float) -> int:
-    from entrypoint.hosts.job_port import AttemptWord, HostDone, HostLive, build_record, build_signed_line
+    from entrypoint.hosts.job_port import AttemptWord, HostDone, HostLive, Word, build_record, build_signed_line
     from entrypoint.jobreport.live.update import Notes, build_update, fit_update
     from entrypoint.jobreport.live.view import decide_points_sent
     from entrypoint.settings import DEFAULTS
@@ -216,7 +216,7 @@ def run_stand_ins(count: int, every_s: float) -> int:
                                                             decide_points_sent(count + 1))))
             elif what == "ended":
                 def line(i: int) -> str:
-                    return signed(AttemptWord("ended", 1, f"algo-{i + 2}", 1))
+                    return signed(AttemptWord(Word.ENDED, 1, f"algo-{i + 2}", 1))
             else:  # done
                 def line(i: int) -> str:
                     return signed(HostDone(f"algo-{i + 2}", 0))
@@ -234,7 +234,7 @@ def cpu_s() -> float:
 
 def measure(hosts: int, liveness_s: float) -> dict:
     from entrypoint.decide.job_report import ReportSpec
-    from entrypoint.hosts.job_port import (AttemptWord, Delivered, HostDone, HostLive, JobPort, PeerLost, PeerWatch,
+    from entrypoint.hosts.job_port import (AttemptWord, Word, Delivered, HostDone, HostLive, JobPort, PeerLost, PeerWatch,
                                            decide_probe_every_s, send_to_each)
     from entrypoint.jobreport.live.loop import LiveLoop
     from entrypoint.loop import HostLoop
@@ -296,8 +296,8 @@ def measure(hosts: int, liveness_s: float) -> dict:
         # The restart barrier: every `ended 1` taken, then `start 2` to every worker at once.
         sent_at = tell("ended")["sent_at"]
         wait(lambda: len(got["ended"]) == workers)
-        send_to_each(names, WORKER_PORT, KEY, lambda host: AttemptWord("start", 2, "algo-1"),
-                     DEFAULTS.host_done_send_s, loop.post)
+        send_to_each(names, WORKER_PORT, KEY, lambda host: AttemptWord(Word.START, 2, "algo-1"),
+                     DEFAULTS.host_done_send_s, loop)
         wait(lambda: len(got["delivered"]) == workers)
         barrier = tell("report")
         restart_barrier_s = max(barrier["starts"].values(), default=sent_at) - sent_at

@@ -19,7 +19,7 @@ from entrypoint.decide.settings import parse_launch_settings
 from entrypoint.settings import LaunchSettings
 from entrypoint.errors import EXIT_BAD_JOB, JobDefinitionError
 from entrypoint.outcome.failure import describe_bad_definition, redact, secret_values
-from entrypoint.outcome.stops import describe_startup_stop
+from entrypoint.outcome.stops import decide_stop_exit_code, describe_startup_stop
 from entrypoint.log import log
 from entrypoint.outcome.records import Outcome
 from entrypoint.outcome.writer import clear_previous_outcome, render_reason, write_outcome
@@ -135,7 +135,7 @@ def build_bad_job(message: str, environ: dict[str, str]) -> Outcome:
 
 def build_startup_stopped(stop: Stop) -> Outcome:
     """The outcome of a stop that came before the role started (the first stop's)."""
-    code = 128 + stop.loop.stop_signum
+    code = decide_stop_exit_code(stop.loop.stop_signum)
     return Outcome(code, describe_startup_stop(stop.loop.stop_name, code))
 
 

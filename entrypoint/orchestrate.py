@@ -6,12 +6,11 @@ It sits above the roles and drives only their lifecycle (roles/base.py): run/sup
 starts and watches the processes, the role owns what runs beside them and its ordering rules,
 decide/restarts.py decides whether a crashed run is started again, and outcome/ words the
 outcome. From the role's start to its outcome, every wait is on the host's loop
-(entrypoint/loop.py), where a stop is an event like the others.
+(entrypoint/loop/), where a stop is an event like the others.
 """
 
 from __future__ import annotations
 
-import signal
 import time
 
 from entrypoint.decide.plan import LaunchPlan
@@ -23,7 +22,7 @@ from entrypoint.loop import StopRequested
 from entrypoint.outcome.failure import (describe_exit_code, describe_job_failure, describe_root_cause,
                                         first_root_cause, secret_values)
 from entrypoint.outcome.records import SUCCESS, Outcome
-from entrypoint.outcome.stops import (describe_capacity_over, describe_capacity_stop, describe_startup_stop,
+from entrypoint.outcome.stops import (decide_stop_exit_code, describe_capacity_over, describe_capacity_stop, describe_startup_stop,
                                       describe_stop_before_restart)
 from entrypoint.outcome.writer import clear_previous_outcome
 from entrypoint.run import runtime_dirs
@@ -85,7 +84,7 @@ def run_plan(plan: LaunchPlan, paths: MlPaths, environ: dict[str, str], launch: 
     outcome = outcome or build_stopped_at_start(stop)
     if outcome is None:
         # From the role's start to its outcome a stop is an event on the host's loop: every
-        # wait of the role's ends on it, a run forwards it to its processes (entrypoint/loop.py).
+        # wait of the role's ends on it, a run forwards it to its processes (entrypoint/loop/).
         stop.loop.on({StopRequested: SayStop(stop.loop)})
         outcome = role.start() or build_stopped_at_start(stop)
     if outcome is not None:
@@ -133,7 +132,7 @@ def build_stopped_at_start(stop: Stop) -> Outcome | None:
     stop.loop.handle_pending()
     if not stop.loop.stopped():
         return None
-    code = 128 + stop.loop.stop_signum
+    code = decide_stop_exit_code(stop.loop.stop_signum)
     return Outcome(code, describe_startup_stop(stop.loop.stop_name, code))
 
 
@@ -157,7 +156,7 @@ def run_install_steps(plan: LaunchPlan, env: dict[str, str], role: HostRole) -> 
         run = run_processes((ProcessSpec("pip", step),), env, plan.cwd, role.collector, role.stop,
                             RunHooks(plan.settings, plan.current_host))
         if run.stopped_by:  # before pip started, or forwarded to it: nothing was trained, a start-up stop
-            code = 128 + signal.Signals[run.stopped_by]
+            code = decide_stop_exit_code(run.stopped_by)
             return Outcome(code, describe_startup_stop(run.stopped_by, code))
         if run.launch_error:
             return Outcome(run.exit_code, f"{what}: {run.launch_error}")
@@ -203,7 +202,7 @@ def build_stopped_while_restarting(role: HostRole, earlier: list[str]) -> Outcom
     """A stop that came while the hosts were starting the job again: it is not restarted, and
     the outcome is the stop's, naming the failures before it."""
     role.end_attempts()
-    code = 128 + role.stop.loop.stop_signum
+    code = decide_stop_exit_code(role.stop.loop.stop_signum)
     return Outcome(code, describe_stop_before_restart(role.stop.loop.stop_name, code, earlier))
 
 

@@ -55,7 +55,7 @@ connection carries nothing or lines of UTF-8 text, at most MAX_MESSAGE_BYTES:
 - The ranks find every host's port in BYOC_JOB_PORTS (`host:port,host:port`).
 
 In the process, each kind is a type with one parser (MESSAGE_KINDS), and the port posts what
-it reads, typed, on the host's loop (entrypoint/loop.py); the role's handlers take it there, on
+it reads, typed, on the host's loop (entrypoint/loop/); the role's handlers take it there, on
 the main thread. Nothing here waits on the main thread's behalf: deliver's pauses between
 tries are the loop's.
 
@@ -75,8 +75,10 @@ import re
 import threading
 import time
 from collections import deque
-from typing import NamedTuple
 
+from entrypoint.loop.events import (Ask, AttemptWord, Delivered, FollowRanks, HostDone, HostFigures,  # noqa: F401
+                                    HostLive, JobOutcome, LeaderAsk, MpiReady, PeerKeys, PeerLost, PortClosed,
+                                    RankOutputOpens, Refused, RootCauseLine, Word)
 from entrypoint.outcome.records import RootCause
 from entrypoint.settings import DEFAULTS, LaunchSettings
 
@@ -122,124 +124,10 @@ def parse_root_cause_line(line: str) -> RootCause | None:
         return None
 
 
-class HostDone(NamedTuple):
-    """BYOC-HOST-DONE: a worker host's part ended (to the leader)."""
-
-    host: str
-    exit_code: int
-    sender: str = ""  # the address it came from (the port fills it in; not on the wire)
-
-
-class HostFigures(NamedTuple):
-    """BYOC-HOST-FIGURES: a worker host's figures for the job report (to the leader); the
-    figures' JSON goes in as a string: the leader parses it on its own terms."""
-
-    host: str
-    figures: str
-    sender: str = ""
-
-
-class HostLive(NamedTuple):
-    """BYOC-HOST-LIVE: a worker host's live figures (to the leader, every live interval)."""
-
-    host: str
-    figures: str
-    sender: str = ""
-
-
-class AttemptWord(NamedTuple):
-    """BYOC-ATTEMPT: a restart's word (roles/attempts.py says who sends which, and when)."""
-
-    word: str  # one of ATTEMPT_WORDS
-    attempt: int  # the attempt it is about, from 1
-    host: str  # the sender's host
-    exit_code: int = 0  # "ended": how that host's processes of the attempt ended
-    sender: str = ""
-
-
-class RootCauseLine(NamedTuple):
-    """BYOC-ROOT-CAUSE: a rank's root cause, as the record line it printed (any host's rank)."""
-
-    line: str
-    sender: str = ""
-
-
-class Refused(NamedTuple):
-    """What reached the port and is not this job's (unsigned, another key, a replay, not one of
-    the words): dropped, and said why."""
-
-    sender: str
-    why: str
-    host_done: bool = False  # it claims to be a host's outcome (the leader waits for those)
-
-
-# stop: the leader's, attempt N failed: stop your processes of it and say when they are gone.
-# ended: a worker's, its processes of attempt N are gone (they failed, or were stopped).
-# start: the leader's, every host's processes of attempt N-1 are gone: start attempt N.
-# end: the leader's, attempt N is the last: end your part with its outcome.
-ATTEMPT_WORDS = ("stop", "ended", "start", "end")
-
-
-class MpiReady(NamedTuple):
-    """BYOC-MPI-READY: an MPI worker's sshd serves (to the leader). trusted False: here is this
-    host's key (its client identity and host key); True: every host's key is authorized here."""
-
-    host: str
-    public_key: str
-    trusted: bool = False
-    sender: str = ""
-
-
-class PeerKeys(NamedTuple):
-    """BYOC-PEER-KEYS: part `part` of `parts` of every host's SSH key (the MPI leader's, to each
-    worker): ((host, (addresses...), public key), ...)."""
-
-    part: int
-    parts: int
-    keys: tuple
-    sender: str = ""
-
-
-class Ask(str, enum.Enum):
-    """What the MPI leader asks a worker for (BYOC-LEADER-ASK)."""
-
-    STACKS = "stacks"  # its ranks print their Python stacks
-    FIGURES = "figures"  # its figures for the job report (a HostFigures back)
-
-
-class LeaderAsk(NamedTuple):
-    ask: Ask
-    sender: str = ""
-
-
-class JobOutcome(NamedTuple):
-    """BYOC-JOB-OUTCOME: the MPI job's outcome (the leader's, to each worker); report: the
-    leader's output/failure when the job failed."""
-
-    exit_code: int
-    report: str = ""
-    sender: str = ""
-
-
-class FollowRanks(NamedTuple):
-    """BYOC-FOLLOW-RANKS: stream this run's ranks' output to the leader's port `port`, opening
-    with the nonce (the MPI leader's, to each worker, before each mpirun)."""
-
-    port: int
-    nonce: str
-    sender: str = ""
-
-
-class RankOutputOpens(NamedTuple):
-    """BYOC-RANK-OUTPUT: the first line of a worker's rank-output stream (hosts/worker_output.py):
-    this host's ranks' lines follow, for the run whose nonce this is."""
-
-    host: str
-    nonce: str
-    sender: str = ""
-
-
 NONCE_SHAPE = re.compile(r"[0-9a-f]{32}")
+
+
+WORDS = frozenset(w.value for w in Word)  # a restart's words on the wire
 
 
 def _is_int(value) -> bool:
@@ -261,10 +149,9 @@ def _parse_figures(kind):
 def _parse_attempt_word(fields: dict) -> AttemptWord | None:
     word, attempt, host, code = (fields.get("word"), fields.get("attempt"), fields.get("host"),
                                  fields.get("exit_code", 0))
-    if word not in ATTEMPT_WORDS or not isinstance(host, str) or not _is_int(attempt) or not _is_int(code) \
-            or attempt < 1:
+    if word not in WORDS or not isinstance(host, str) or not _is_int(attempt) or not _is_int(code) or attempt < 1:
         return None
-    return AttemptWord(word, attempt, host, code)
+    return AttemptWord(Word(word), attempt, host, code)
 
 
 # What a key list may hold: nothing that could turn an authorized_keys or known_hosts line into
@@ -373,6 +260,15 @@ def parse_record(record: str):
         fields = None
     message = kind[1](fields) if isinstance(fields, dict) else None
     return kind[2] if message is None else message
+
+
+def parse_claimed_kind(line: str) -> type | None:
+    """The type a line names by its word, signed or not, whether or not it is one (a refused
+    host's outcome is said always: the leader waits for those); None when it names none."""
+    first, _, rest = line.partition(" ")
+    word = rest.split(" ", 2)[1] if first == SIGNED.strip() and rest.count(" ") >= 1 else first
+    kind = MESSAGE_KINDS.get(word)
+    return kind[0] if kind is not None else None
 
 
 def parse_attempt_record(record: str) -> AttemptWord | None:
@@ -493,7 +389,7 @@ class JobPort:
     line of the others is posted, typed, with the address it came from: a HostDone, HostFigures,
     HostLive, AttemptWord or RootCauseLine, or a Refused saying why it is not this job's (and
     a replay); then answered (TAKEN or REFUSED, a line each). post: the host loop's
-    (entrypoint/loop.py), where the role's handlers take them.
+    (entrypoint/loop/), where the role's handlers take them.
 
     One thread serves every connection (a selector: a thread a connection, 357 to 920 at once,
     cost the leader a quarter of a core at 1,024 hosts), with a backlog sized to the job
@@ -598,7 +494,7 @@ class JobPort:
             record, why = None, "received before (a replay)"
         message = parse_record(record) if record is not None else why
         if isinstance(message, str):
-            return Refused(sender, message, host_done=HOST_DONE in line)
+            return Refused(sender, message, host_done=parse_claimed_kind(line) is HostDone)
         return message._replace(sender=sender)
 
     def close(self) -> None:
@@ -674,20 +570,12 @@ def deliver(loop, host: str, port: int, key_hex: str, message, within_s: float,
     return _retry_send(host, port, key_hex, message, within_s, settings, loop.pause, until_open)
 
 
-def send_until(host: str, port: int, key_hex: str, message, within_s: float,
+def send_until(host: str, port: int, key_hex: str, message, within_s: float, loop,
                settings: LaunchSettings = DEFAULTS) -> bool:
-    """deliver, for a thread that only sends (no loop of its own): it pauses on an Event no one
-    sets."""
-    idle = threading.Event()
-    return _retry_send(host, port, key_hex, message, within_s, settings, lambda s: not idle.wait(s))
-
-
-class Delivered(NamedTuple):
-    """A message sent to one host off the loop (send_to_each): whether that host took it."""
-
-    host: str
-    delivered: bool
-    batch: int = 0
+    """deliver, for a thread that only sends (send_to_each's): its pauses between tries are
+    the host loop's (loop: a HostLoop), a stop aside: its deadline is its own."""
+    return _retry_send(host, port, key_hex, message, within_s, settings,
+                       lambda seconds: loop.pause(seconds, stop_ends=False))
 
 
 SENDERS = 12  # send_to_each's threads at most a batch, whatever the number of hosts (the leader's threads
@@ -696,11 +584,12 @@ SENDERS = 12  # send_to_each's threads at most a batch, whatever the number of h
 # batch would: an outcome behind retries of the job's keys).
 
 
-def send_to_each(hosts, port: int, key_hex: str, message_of, within_s: float, post, batch: int = 0,
+def send_to_each(hosts, port: int, key_hex: str, message_of, within_s: float, loop, batch: int = 0,
                  settings: LaunchSettings = DEFAULTS) -> None:
     """message_of(host) to each of hosts' ports, SENDERS at a time, each tried until within_s of
-    its own (send_until); Delivered(host, delivered, batch) posted for each as it ends. One at a
-    time from the loop, a dead host cost every host after it its deadline; here it costs one."""
+    its own (send_until); Delivered(host, delivered, batch) posted on the loop (a HostLoop) for
+    each as it ends. One at a time from the loop, a dead host cost every host after it its
+    deadline; here it costs one."""
     import queue
 
     todo: queue.SimpleQueue = queue.SimpleQueue()
@@ -713,10 +602,22 @@ def send_to_each(hosts, port: int, key_hex: str, message_of, within_s: float, po
                 host = todo.get_nowait()
             except queue.Empty:
                 return
-            post(Delivered(host, send_until(host, port, key_hex, message_of(host), within_s, settings), batch))
+            loop.post(Delivered(host, send_until(host, port, key_hex, message_of(host), within_s, loop, settings),
+                                batch))
 
     for _ in range(min(SENDERS, len(hosts))):
         threading.Thread(target=work, daemon=True, name="byoc-senders").start()
+
+
+def start_root_cause_sender(record: dict, env: dict[str, str]) -> threading.Thread:
+    """A root cause written for a rank that could not (killed by a signal), to every host's
+    port as the rank's own sender does (rank/record_errors.send_root_cause), on a thread that
+    only sends; returned, for the run to join."""
+    from entrypoint.rank.record_errors import send_root_cause
+
+    sender = threading.Thread(target=send_root_cause, args=(record, env), daemon=True, name="byoc-root-cause")
+    sender.start()
+    return sender
 
 
 def send_live_figures(leader: str, port: int, key_hex: str, host: str, figures_json: str,
@@ -824,20 +725,6 @@ def watch_ports(hosts, port: int, on_probe, give_up: threading.Event, settings: 
     thread = threading.Thread(target=probe, daemon=True, name="byoc-port-watch")
     thread.start()
     return thread
-
-
-class PeerLost(NamedTuple):
-    """A peer stopped answering on its port for the time allowed, or never answered."""
-
-    host: str
-    reason: str
-
-
-class PortClosed(NamedTuple):
-    """A host's port stopped answering (its part is over: it has exited)."""
-
-    host: str
-    port: int
 
 
 class PeerWatch:

@@ -32,7 +32,7 @@ def can_connect(host: str, port: int, timeout_s: float = DEFAULTS.peer_probe_tim
 
 def wait_for_hosts(hosts: tuple[str, ...], timeout_s: float, loop, settings: LaunchSettings = DEFAULTS) -> list[str]:
     """Hosts that still do not resolve after timeout_s (SageMaker's DNS can lag at start), or
-    once a stop came; the waits between tries are the host loop's (entrypoint/loop.py), each
+    once a stop came; the waits between tries are the host loop's (entrypoint/loop/), each
     twice the one before, from settings.resolve_first_wait_s to settings.resolve_longest_wait_s."""
     import socket
 

@@ -35,7 +35,7 @@ traffic, they travel in the clear between the job's hosts. SageMaker's inter-con
 encryption covers them where a job turns it on.
 
 On the leader, one thread (OutputPump, a selector) accepts and reads every stream, and posts
-what happened to a session (SessionReady, SessionEnded) on the host's loop (entrypoint/loop.py):
+what happened to a session (SessionReady, SessionEnded) on the host's loop (entrypoint/loop/):
 the session's state is the main thread's, and the waits for it are the loop's.
 """
 
@@ -44,10 +44,10 @@ from __future__ import annotations
 import re
 import threading
 import time
-from typing import NamedTuple
 
 from entrypoint.hosts import job_port
-from entrypoint.loop import StopRequested, Waited
+from entrypoint.loop import Waited
+from entrypoint.loop.events import SessionEnded, SessionReady, StopRequested
 from entrypoint.settings import DEFAULTS
 
 # The longest line the follower writes: a tag and run/rank_output.MAX_PENDING_BYTES (64 KiB).
@@ -95,18 +95,6 @@ def parse_opening(line: bytes, key_hex: str, nonce: str, not_before: float, sett
 
 
 # --- the leader's end --------------------------------------------------------------------------
-
-
-class SessionReady(NamedTuple):
-    """A worker's stream opened: it follows its folder."""
-
-    session: object  # the WorkerSession (one per worker and run: an earlier run's is not this one's)
-
-
-class SessionEnded(NamedTuple):
-    """A worker's stream reached its end (or never opened: its ask was not taken)."""
-
-    session: object
 
 
 class WorkerSession:
@@ -347,27 +335,22 @@ class WorkerOutput:
     def stop(self, join_s: float) -> None:
         """Every stream's lines to their end, within join_s (a stop that comes meanwhile cuts
         the wait; one that came during the run does not: its ranks' last words count most).
-        A stop here is still the run's too (its handler before this one's)."""
+        A stop here is still the run's too: this wait's handler runs beside the run's."""
         for session in self.sessions:
             session.close()
         self.loop.handle_pending()  # what came before this wait is the run's alone
         cut: list = []
-
-        def on_stop(event) -> None:
-            cut.append(event)
-            if previous.get(StopRequested) is not None:
-                previous[StopRequested](event)  # the run's: it forwards and notes the stop
-
-        previous = self.loop.on({StopRequested: on_stop})
+        beside = self.loop.also({StopRequested: cut.append})
         try:
             self.loop.wait(lambda: bool(cut) or all(s.ended for s in self.sessions), time.monotonic() + join_s,
                            stop_ends=False)
         finally:
-            self.loop.off(previous)
+            self.loop.off(beside)
         for session in self.sessions:
             if not session.ended:
                 session.say_lost(f"its last lines did not arrive within {join_s:g} s")
         self.pump.stop()
+        self.loop.handle_pending()  # the pump's last events, while this run's handlers still take them
         self.loop.off(self.handlers)
 
 

@@ -42,7 +42,7 @@ def describe_exit_code(code: int, oom_kills: int | None = None, killed_by_us: bo
     signaled: whether a signal ended the process (False: it returned the code itself, as
     `os._exit(137)` or mpirun do; None: unknown). 137 is called out-of-memory only when the
     kernel's counter says so, and a signal only when one was seen."""
-    if signaled is False and 128 < code < 128 + 65 and not killed_by_us and not oom_kills:
+    if signaled is False and 128 < code <= 192 and not killed_by_us and not oom_kills:
         return (f"exit code {code}, which the process returned itself: no signal ended it (a shell or launcher "
                 f"returns 128 + {code - 128} when a process it ran was killed by {describe_signal(code - 128)[0]})")
     if code == 137:

@@ -4,7 +4,18 @@ decides when)."""
 
 from __future__ import annotations
 
+import signal
+
 from entrypoint.decide.capacity import CAPACITY_END_ENV, describe_utc
+
+SIGNAL_EXIT_BASE = 128  # a process ended by signal N exits 128 + N (the shell's rule, and SageMaker's reading)
+
+
+def decide_stop_exit_code(stopped_by: int | str) -> int:
+    """The exit code of a host stopped by a signal (its number, or its name: SIGTERM): the one
+    place the rule is written."""
+    number = signal.Signals[stopped_by] if isinstance(stopped_by, str) else signal.Signals(stopped_by)
+    return SIGNAL_EXIT_BASE + int(number)
 
 
 def describe_startup_stop(signal_name: str, code: int) -> str:

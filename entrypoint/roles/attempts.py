@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import enum
 
-from entrypoint.hosts.job_port import AttemptWord
+from entrypoint.loop.events import AttemptWord, Word
 
 
 class Taken(enum.Enum):
@@ -57,16 +57,16 @@ class AttemptBoard:
     def take_leader_word(self, word: AttemptWord) -> str | None:
         """A worker's: the leader's `stop`, `start` or `end`. Why this attempt's run must stop
         now, when the word says so; None otherwise (a word about another attempt is dropped)."""
-        if word.word == "start" and word.attempt == self.attempt + 1 or \
-                word.word == "end" and word.attempt == self.attempt:
+        if word.word is Word.START and word.attempt == self.attempt + 1 or \
+                word.word is Word.END and word.attempt == self.attempt:
             self.word = self.word or word
             return None
         why = f"the leader stops attempt {word.attempt} to start the job again"
-        if word.word == "stop" and self.word is not None and word.attempt == self.word.attempt == \
-                self.attempt + 1 and self.word.word == "start":
+        if word.word is Word.STOP and self.word is not None and word.attempt == self.word.attempt == \
+                self.attempt + 1 and self.word.word is Word.START:
             self.next_stop_why = why  # the attempt it just said to start failed already
             return None
-        return why if word.word == "stop" and word.attempt == self.attempt else None
+        return why if word.word is Word.STOP and word.attempt == self.attempt else None
 
     def stop(self, why: str) -> None:
         """This attempt's run ends: now (the caller stops it) or once its processes start."""

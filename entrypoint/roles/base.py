@@ -14,7 +14,7 @@
 
 and the hooks a run calls: before_processes_start (None, or a callable given the supervisor),
 on_processes_started(supervisor), on_rank_killed(env, signum), ask_other_hosts (None, or a
-callable). Every wait of a role is on the host's loop (entrypoint/loop.py), where its handlers
+callable). Every wait of a role is on the host's loop (entrypoint/loop/), where its handlers
 take what the other hosts say and a stop ends the wait. One module per launch family: single.py, mpi.py, job_port.py; choose.py is the
 one switch on plan.role.
 """
@@ -43,7 +43,7 @@ class HostRole:
     def __init__(self, plan: LaunchPlan, collector, env: dict[str, str], paths, stop, what: str, relaunchable: bool):
         self.plan = plan
         self.stop = stop  # the job's one stop token (run/stop.py)
-        self.loop = stop.loop  # the host's loop (entrypoint/loop.py): every wait here is on it
+        self.loop = stop.loop  # the host's loop (entrypoint/loop/): every wait here is on it
         self.collector = collector  # supervise.OutputCollector: the tail and root causes, for the failure's words
         self.env = env  # the processes' environment (the container's and the plan's)
         self.paths = paths

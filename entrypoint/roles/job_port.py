@@ -12,11 +12,10 @@
 
 from __future__ import annotations
 
-import threading
 import time
 
 from entrypoint.hosts import job_port
-from entrypoint.hosts.job_port import (JOB_KEY_ENV, AttemptWord, ClosedWatch, Delivered, HostDone, HostFigures, HostLive,
+from entrypoint.hosts.job_port import (JOB_KEY_ENV, AttemptWord, Word, ClosedWatch, Delivered, HostDone, HostFigures, HostLive,
                                        JobPort, PeerWatch, PortClosed, Refused, RootCauseLine)
 from entrypoint.log import log
 from entrypoint.loop import Waited
@@ -27,6 +26,7 @@ from entrypoint.roles.attempts import AttemptBoard, Taken
 from entrypoint.roles.base import MultiHostRole
 
 MAX_REFUSED_LOGGED = 5
+NOBODY_WAITS = 0  # the batch of a word sent off the loop that no wait reads (a last `end`, an ask)
 
 
 class JobPortRole(MultiHostRole):
@@ -46,6 +46,7 @@ class JobPortRole(MultiHostRole):
         self.board = AttemptBoard()  # the attempt this host is in, and the restart words heard about it
         self.closed_ports: set[str] = set()  # the hosts whose job port closed (their part is over)
         self.batch = 0  # the words sent to every host at once so far (send_word_to_each)
+        self.delivered: dict[int, dict[str, bool]] = {}  # the batches waited for: host -> whether it took it
 
     def start_beside(self) -> Outcome | None:
         plan = self.plan
@@ -61,7 +62,7 @@ class JobPortRole(MultiHostRole):
         self.addresses = {host: resolve_addresses(host) for host in plan.peers}
         self.loop.on({RootCauseLine: lambda event: self.collector.add_line_text(event.line),
                       HostDone: self.on_host_done, HostFigures: self.on_figures, HostLive: self.on_live,
-                      AttemptWord: self.on_attempt_word, Refused: self.on_refused,
+                      AttemptWord: self.on_attempt_word, Refused: self.on_refused, Delivered: self.on_delivered,
                       PortClosed: lambda event: self.closed_ports.add(event.host)})
         return None
 
@@ -114,7 +115,7 @@ class JobPortRole(MultiHostRole):
 
     def on_attempt_word(self, word: AttemptWord) -> None:
         """A restart's word (roles/attempts.py); each role takes those meant for it."""
-        self.refuse(word.sender, f"a restart's word {word.word!r}: not for this host")
+        self.refuse(word.sender, f"a restart's word {word.word.value!r}: not for this host")
 
     @property
     def job_key(self) -> str:
@@ -134,23 +135,29 @@ class JobPortRole(MultiHostRole):
         plan = self.plan
         hosts = list(hosts)
         self.batch += 1
-        batch, taken = self.batch, {}
-        handlers = self.loop.on({Delivered: lambda d: taken.__setitem__(d.host, d.delivered) if d.batch == batch
-                                 else None})
+        batch = self.batch
+        taken = self.delivered[batch] = {}
         try:
-            job_port.send_to_each(hosts, plan.settings.job_port, self.job_key, message_of, within_s, self.loop.post,
+            job_port.send_to_each(hosts, plan.settings.job_port, self.job_key, message_of, within_s, self.loop,
                                   batch, plan.settings)
             self.loop.wait(lambda: len(taken) == len(hosts), time.monotonic() + within_s + plan.settings.thread_join_s)
         finally:
-            self.loop.off(handlers)
-        return taken
+            del self.delivered[batch]  # a late answer of this batch is nobody's now
+        return dict(taken)
 
-    def send_word_to_each(self, hosts, word: str, attempt: int, within_s: float) -> dict[str, bool]:
+    def on_delivered(self, delivered: Delivered) -> None:
+        """A sender's answer: the batch's that waits for it (send_to_each_host); one sent with
+        NOBODY_WAITS, or a batch's whose wait has ended, is dropped."""
+        batch = self.delivered.get(delivered.batch)
+        if batch is not None:
+            batch[delivered.host] = delivered.delivered
+
+    def send_word_to_each(self, hosts, word: Word, attempt: int, within_s: float) -> dict[str, bool]:
         """A restart's word to every one of hosts at once (send_to_each_host)."""
         current = self.plan.current_host
         return self.send_to_each_host(hosts, lambda _host: AttemptWord(word, attempt, current), within_s)
 
-    def send_word(self, host: str, word: str, attempt: int, exit_code: int = 0, within_s: float | None = None) -> bool:
+    def send_word(self, host: str, word: Word, attempt: int, exit_code: int = 0, within_s: float | None = None) -> bool:
         settings = self.plan.settings
         return self.send(host, AttemptWord(word, attempt, self.plan.current_host, exit_code),
                          settings.host_done_send_s if within_s is None else within_s)
@@ -192,14 +199,12 @@ class JobPortRole(MultiHostRole):
         signal and wrote no record: write it for it, as torchrun's launcher does for its ranks
         (rank/launch_torchrun.py), here and on every host's port. Returns the sending thread,
         which only sends."""
-        from entrypoint.rank.record_errors import build_root_cause_line, build_signal_root_cause, send_root_cause
+        from entrypoint.rank.record_errors import build_root_cause_line, build_signal_root_cause
 
         record = build_signal_root_cause(env["RANK"], env.get("LOCAL_RANK", "0"), self.plan.current_host, signum,
                                          time.time())
         self.collector.add_line_text(build_root_cause_line(record))
-        sender = threading.Thread(target=send_root_cause, args=(record, env), daemon=True)
-        sender.start()
-        return sender
+        return job_port.start_root_cause_sender(record, env)
 
     def wait_until_closed(self, hosts, deadline: float, closed_after_s: float = 0.0, until=lambda: False) -> Waited:
         """Until every one of hosts' job ports closed (ClosedWatch), until() is true, a stop came,
@@ -234,8 +239,8 @@ class JobPortLeader(JobPortRole):
 
     def on_attempt_word(self, word: AttemptWord) -> None:
         """A worker's `ended`: its processes of this attempt are gone; this host's stop too."""
-        if word.word != "ended" or word.host not in self.plan.peers or word.sender not in self.peer_addresses(word.host):
-            self.refuse(word.sender, f"a restart's word {word.word!r} for {word.host!r}: not from one of this "
+        if word.word is not Word.ENDED or word.host not in self.plan.peers or word.sender not in self.peer_addresses(word.host):
+            self.refuse(word.sender, f"a restart's word {word.word.value!r} for {word.host!r}: not from one of this "
                                      f"leader's workers")
             return
         taken = self.board.take_ended(word)
@@ -245,10 +250,9 @@ class JobPortLeader(JobPortRole):
                           f"{word.exit_code}: the attempt cannot go on")
         if taken is Taken.OVER:  # no attempt follows: that worker waits for this word, sent off the loop
             plan = self.plan
-            message = AttemptWord("end", word.attempt, plan.current_host)
-            threading.Thread(target=job_port.send_until, daemon=True,
-                             args=(word.host, plan.settings.job_port, self.job_key, message,
-                                   plan.settings.host_done_failed_send_s, plan.settings)).start()
+            message = AttemptWord(Word.END, word.attempt, plan.current_host)
+            job_port.send_to_each([word.host], plan.settings.job_port, self.job_key, lambda _host: message,
+                                  plan.settings.host_done_failed_send_s, self.loop, NOBODY_WAITS, plan.settings)
 
     def restart(self, line: str, exit_code: int, cause: str, failed_at: float) -> str | None:
         """Every worker's processes of the failed attempt gone (each told `stop`, each saying
@@ -258,7 +262,7 @@ class JobPortLeader(JobPortRole):
         if self.worker_outcomes:
             return self.describe_ended_worker()
         log(line)
-        self.send_word_to_each([h for h in plan.peers if h not in self.board.ended], "stop", attempt,
+        self.send_word_to_each([h for h in plan.peers if h not in self.board.ended], Word.STOP, attempt,
                                settings.host_done_failed_send_s)
         # A worker whose part ended (it succeeded as this attempt failed here) never says `ended`.
         self.loop.wait(lambda: all(h in self.board.ended for h in plan.peers) or self.lost is not None
@@ -272,7 +276,7 @@ class JobPortLeader(JobPortRole):
             return (f"host(s) {', '.join(silent)} did not say their processes of attempt {attempt} were gone within "
                     f"{settings.attempt_end_wait_s:g} s")
         following = self.next_attempt()
-        taken = self.send_word_to_each(plan.peers, "start", following, settings.host_done_send_s)
+        taken = self.send_word_to_each(plan.peers, Word.START, following, settings.host_done_send_s)
         for host in plan.peers:
             if not taken.get(host):
                 return f"host {host} could not be told to start attempt {following}"
@@ -287,7 +291,7 @@ class JobPortLeader(JobPortRole):
         """No attempt follows: the workers that wait for a word get `end`."""
         self.board.over = True
         if self.board.ended:
-            self.send_word_to_each(self.board.ended, "end", self.attempt, self.plan.settings.host_done_failed_send_s)
+            self.send_word_to_each(self.board.ended, Word.END, self.attempt, self.plan.settings.host_done_failed_send_s)
 
     def on_host_done(self, done: HostDone) -> None:
         """A worker host's part ended. One that failed while this host still runs ends the
@@ -378,8 +382,8 @@ class JobPortWorker(JobPortRole):
     def on_attempt_word(self, word: AttemptWord) -> None:
         """The leader's `stop`, `start` or `end`, from the leader's own address."""
         leader = self.plan.leader
-        if word.word == "ended" or word.host != leader or word.sender not in self.peer_addresses(leader):
-            self.refuse(word.sender, f"a restart's word {word.word!r} for {word.host!r}: not from this host's leader")
+        if word.word is Word.ENDED or word.host != leader or word.sender not in self.peer_addresses(leader):
+            self.refuse(word.sender, f"a restart's word {word.word.value!r} for {word.host!r}: not from this host's leader")
             return
         why = self.board.take_leader_word(word)  # a word about another attempt is stale: dropped
         if why is not None:
@@ -393,7 +397,7 @@ class JobPortWorker(JobPortRole):
         self.note_restart(exit_code, cause, failed_at)
         log(f"{plan.current_host}: attempt {attempt} ended on this host with exit code {exit_code} ({cause}); "
             f"waiting for the leader's word on a restart (BYOC_MAX_RESTARTS)")
-        if not self.send_word(plan.leader, "ended", attempt, exit_code):
+        if not self.send_word(plan.leader, Word.ENDED, attempt, exit_code):
             return f"the leader {plan.leader} could not be told (it has ended, or is unreachable)"
         waited = self.loop.wait(lambda: self.board.word is not None or self.lost is not None,
                                 time.monotonic() + settings.peer_wait_timeout_s)
@@ -401,7 +405,7 @@ class JobPortWorker(JobPortRole):
             return self.lost or "a stop signal came"
         if waited is Waited.TIMEOUT:
             return f"no word from the leader {plan.leader} within {settings.peer_wait_timeout_s:g} s"
-        if self.board.word.word == "end":
+        if self.board.word.word is Word.END:
             return f"the leader {plan.leader} ends the job after attempt {attempt}"
         log(f"{plan.current_host}: the leader starts attempt {self.next_attempt()}")
         return None

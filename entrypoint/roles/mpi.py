@@ -40,8 +40,9 @@ from entrypoint.log import log
 from entrypoint.loop import Burst, StacksRequested, Waited
 from entrypoint.outcome.hosts import describe_job_outcome, describe_worker_failure
 from entrypoint.outcome.records import SUCCESS, Outcome
+from entrypoint.outcome.stops import decide_stop_exit_code
 from entrypoint.outcome.writer import load_failure_file, render_reason
-from entrypoint.roles.job_port import JobPortRole
+from entrypoint.roles.job_port import NOBODY_WAITS, JobPortRole
 from entrypoint.run import processes
 
 # Every host's key in messages of at most this many (PEER-KEYS): ~130 bytes each, so one
@@ -223,7 +224,7 @@ class MpiLeader(MpiRole):
         worker at once; nobody waits for it."""
         plan = self.plan
         job_port.send_to_each(plan.peers, plan.settings.job_port, self.job_key, lambda _h: LeaderAsk(Ask.STACKS),
-                              plan.settings.host_done_failed_send_s, self.loop.post, 0, plan.settings)
+                              plan.settings.host_done_failed_send_s, self.loop, NOBODY_WAITS, plan.settings)
 
     def job_report(self, outcome: Outcome) -> None:
         """The workers' figures (LEADER-ASK figures, each answering with HOST-FIGURES), while
@@ -341,7 +342,7 @@ class MpiWorker(MpiRole):
 
     def ended_before_start(self, why: str) -> Outcome:
         if self.loop.stopped():
-            return self.build_outcome(WorkerOutcome(128 + self.loop.stop_signum, f"stopped by {self.loop.stop_name} "
+            return self.build_outcome(WorkerOutcome(decide_stop_exit_code(self.loop.stop_signum), f"stopped by {self.loop.stop_name} "
                                                     f"before the leader {self.plan.leader} started"))
         return self.build_outcome(WorkerOutcome(1, why))
 
@@ -473,7 +474,7 @@ class MpiWorker(MpiRole):
             return
         job_port.send_to_each([plan.leader], settings.job_port, self.job_key,
                               lambda _h: HostFigures(plan.current_host, text), settings.host_done_failed_send_s,
-                              self.loop.post, 0, settings)
+                              self.loop, NOBODY_WAITS, settings)
 
     def job_report(self, outcome: Outcome) -> None:
         """Never written here: the leader asked for this host's figures before it told the outcome."""

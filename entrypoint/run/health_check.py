@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import time
 
 from entrypoint.decide import health
@@ -20,6 +19,7 @@ from entrypoint.errors import EXIT_BAD_JOB
 from entrypoint.log import log
 from entrypoint.outcome.failure import secret_values
 from entrypoint.outcome.records import Outcome
+from entrypoint.outcome.stops import decide_stop_exit_code
 from entrypoint.run.stop import Stop
 from entrypoint.run.supervise import OutputCollector, RunHooks, RunResult, run_processes
 
@@ -58,7 +58,7 @@ def run_health_check(plan: LaunchPlan, env: dict[str, str], stop: Stop) -> Outco
     collector = OutputCollector(secret_values(env))
     run, result = run_check(check, env, stop, RunHooks(plan.settings, host), collector)
     if run.stopped_by:
-        code = 128 + signal.Signals[run.stopped_by].value
+        code = decide_stop_exit_code(run.stopped_by)
         return Outcome(code, f"Stopped by {run.stopped_by} during the deep health check (BYOC_HEALTH_CHECK=deep), "
                              f"before the training started; nothing was trained. Exit code {code}.\n")
     if run.exit_code != 0 or result is None:

@@ -3,7 +3,7 @@ handler from then to the end. None makes its own, so a stop taken during one wai
 to the next (the torchrun/PS worker that took a SIGTERM while sending its figures used to wait
 out BYOC_PEER_WAIT_TIMEOUT_S in close).
 
-Its handler only posts StopRequested on the host's loop (entrypoint/loop.py), in every phase:
+Its handler only posts StopRequested on the host's loop (entrypoint/loop/), in every phase:
 it writes nothing and raises nothing (a handler that wrote to a slow log pipe nested under a
 burst of signals and ended the process). The phase's owner answers it:
 - start-up (cli.main, orchestrate.run_plan up to the role's start): each step looks at the loop

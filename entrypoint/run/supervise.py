@@ -5,7 +5,7 @@
   groups get SIGKILL. When one of several processes fails, the others get the same treatment.
 - Output is streamed live, byte for byte; a bounded tail is kept for the failure report, and
   the root-cause lines that ranks print (see rank/record_errors.py) are collected.
-- A stop reaches a run through the host's loop (entrypoint/loop.py): the stop token posts
+- A stop reaches a run through the host's loop (entrypoint/loop/): the stop token posts
   StopRequested, and the run's handler (Supervisor.on_stop) forwards it to every process
   started so far. A stop counts from its post: the run looks at the loop just before each
   start, so a stop either prevents it (no process started: the run reports started=False) or
@@ -35,6 +35,7 @@ from entrypoint.run import processes
 from entrypoint.errors import EXIT_BAD_JOB
 from entrypoint.hosts.job_port import ROOT_CAUSE, parse_root_cause_line
 from entrypoint.outcome.failure import SecretLines
+from entrypoint.outcome.stops import decide_stop_exit_code
 from entrypoint.log import log
 from entrypoint.decide.specs import ProcessSpec
 from entrypoint.job.probe import load_oom_kill_count
@@ -211,7 +212,7 @@ class RunHooks(NamedTuple):
 
 class Supervisor:
     """One run's processes. Written by the main thread only: what the role's threads hear (a
-    lost host, a peer's word) reaches it through the host's loop (entrypoint/loop.py), whose
+    lost host, a peer's word) reaches it through the host's loop (entrypoint/loop/), whose
     handlers run here."""
 
     def __init__(self, collector: OutputCollector, hooks: RunHooks = RunHooks(), loop: HostLoop | None = None):
@@ -534,7 +535,7 @@ def run_processes(processes_: tuple[ProcessSpec, ...], env: dict[str, str], cwd:
     try:
         loop.handle_pending()
         if loop.stopped():  # said when it was taken (on_stop, or the phase's handler before the run)
-            return RunResult(128 + loop.stop_signum, loop.stop_name, stop.at, started=False)
+            return RunResult(decide_stop_exit_code(loop.stop_signum), loop.stop_name, stop.at, started=False)
         code = start_beside(supervisor, hooks.before_start, loop, stop) or \
             start_and_wait(supervisor, processes_, env, cwd, hooks.on_started)
         # What was posted as the run ended (another host's root cause, a lost host) is
@@ -567,7 +568,7 @@ def start_beside(supervisor: Supervisor, before_start, loop: HostLoop, stop: Sto
         return None
     for follower in supervisor.followers:
         follower.stop(supervisor.settings.thread_join_s)
-    return RunResult(128 + signal.Signals[supervisor.stopped_by], supervisor.stopped_by, stop.at, started=False)
+    return RunResult(decide_stop_exit_code(supervisor.stopped_by), supervisor.stopped_by, stop.at, started=False)
 
 
 def start_and_wait(supervisor: Supervisor, processes_: tuple[ProcessSpec, ...], env: dict[str, str], cwd: str,
@@ -590,7 +591,7 @@ def start_and_wait(supervisor: Supervisor, processes_: tuple[ProcessSpec, ...], 
     supervisor.loop.handle_pending()  # a stop posted as the last one started reaches it now
     if not supervisor.children and supervisor.stopped_by is not None:  # stopped before the first start
         name = supervisor.stopped_by
-        return RunResult(128 + signal.Signals[name], name, supervisor.stopped_at, started=False)
+        return RunResult(decide_stop_exit_code(name), name, supervisor.stopped_at, started=False)
     if on_started is not None:
         on_started(supervisor)
     return supervisor.wait()

@@ -31,7 +31,7 @@ ROLE_MODULES = {"decide/plan.py", "decide/topology.py", "decide/distribution.py"
 # drives a role's lifecycle (orchestrate.py), and the order of things (cli.py).
 LAYERS = (
     ("rank/",),
-    ("errors.py", "log.py", "settings.py", "loop.py"),
+    ("errors.py", "log.py", "settings.py", "loop/"),
     ("job/",),
     ("decide/",),
     ("outcome/", "jobreport/"),
@@ -207,7 +207,7 @@ def test_every_timeout_and_interval_is_in_the_settings_record():
 # process table's own pace (run/processes.py: a gap between two ranks' SIGUSR1, a process group
 # that is ending, read from /proc; used before and after the loop runs) and SDK v3's SSH setup,
 # a program of its own that runs before the entrypoint (sdk_v3/peer_trust.py). Every other wait
-# is the host loop's (loop.py), whose waits are on its queue; rank/ runs inside the ranks.
+# is the host loop's (loop/), whose waits are on its queue; rank/ runs inside the ranks.
 SLEEPERS = {"run/processes.py", "sdk_v3/peer_trust.py"}
 
 
@@ -231,7 +231,7 @@ def test_no_lock_in_the_roles():
 
 
 def test_the_stop_token_is_read_only_by_its_own_module():
-    """Waits end on the loop's StopRequested event (loop.py), never by polling the token."""
+    """Waits end on the loop's StopRequested event (loop/), never by polling the token."""
     polling = {name for name, tree in modules().items() if calls_of(tree, "requested")}
     assert polling <= {"run/stop.py"}, polling
 

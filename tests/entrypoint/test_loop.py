@@ -1,4 +1,4 @@
-"""The host's one loop (entrypoint/loop.py): events posted from any thread or a signal handler
+"""The host's one loop (entrypoint/loop/): events posted from any thread or a signal handler
 are handled on the main thread, by type; a wait ends on its condition, its deadline or a stop.
 Then the roles on it, with stand-in transports: the job port's and the watches' events posted
 in every order, a stop among them at every point, and what the role decides."""
@@ -18,7 +18,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from entrypoint.hosts.job_port import AttemptWord, HostDone, PeerLost  # noqa: E402
+from entrypoint.hosts.job_port import AttemptWord, HostDone, PeerLost, Word  # noqa: E402
 from entrypoint.loop import HostLoop, StopRequested, Waited  # noqa: E402
 from entrypoint.run.stop import Stop  # noqa: E402
 
@@ -94,6 +94,37 @@ def test_handlers_are_the_phases_and_off_gives_back_the_ones_before():
     loop.post(Ping(3))
     loop.handle_pending()
     assert seen == [("inner", 1), "x", ("outer", 2)]
+
+
+def test_a_phase_takes_a_type_with_several_handlers_and_a_step_beside_it_sees_it_too(capsys):
+    loop, seen = HostLoop(), []
+    phase = loop.on({Ping: (lambda e: seen.append(("first", e.n)), lambda e: seen.append(("second", e.n)))})
+    beside = loop.also({Ping: lambda e: seen.append(("beside", e.n))})
+    later = loop.on({Other: lambda e: seen.append(e.text)})  # another type: the Ping handlers stay
+    loop.post(Ping(1))
+    loop.handle_pending()
+    loop.off(beside)  # out of order: what came after it stays
+    loop.post(Ping(2))
+    loop.post(Other("x"))
+    loop.handle_pending()
+    loop.off(phase)
+    loop.off(later)
+    assert seen == [("first", 1), ("second", 1), ("beside", 1), ("first", 2), ("second", 2), "x"]
+    assert loop.handlers_of(Ping) == ()
+
+
+def test_an_event_no_handler_takes_is_said_once_for_its_type_and_a_wake_up_never(capsys):
+    from entrypoint.loop import ChildExited, StepEnded
+
+    loop = HostLoop()
+    for n in range(3):
+        loop.post(Ping(n))
+        loop.post(Other("nobody"))
+        loop.post(ChildExited())
+        loop.post(StepEnded())
+    loop.handle_pending()
+    said = [line for line in capsys.readouterr().err.splitlines() if "no phase takes" in line]
+    assert len(said) == 2 and any("Ping" in line for line in said) and any("Other" in line for line in said)
 
 
 def test_take_waits_for_one_event_then_handles_what_is_queued_behind_it():
@@ -207,10 +238,10 @@ class StandInRun:
         self.stopped.append(why)
 
 
-ENDED_2 = AttemptWord("ended", 1, "algo-2", 137, "10.0.0.2")
-ENDED_3 = AttemptWord("ended", 1, "algo-3", 143, "10.0.0.3")
-STALE = AttemptWord("ended", 2, "algo-3", 1, "10.0.0.3")  # another attempt's: dropped
-FORGED = AttemptWord("ended", 1, "algo-3", 1, "10.9.9.9")  # from another address: refused
+ENDED_2 = AttemptWord(Word.ENDED, 1, "algo-2", 137, "10.0.0.2")
+ENDED_3 = AttemptWord(Word.ENDED, 1, "algo-3", 143, "10.0.0.3")
+STALE = AttemptWord(Word.ENDED, 2, "algo-3", 1, "10.0.0.3")  # another attempt's: dropped
+FORGED = AttemptWord(Word.ENDED, 1, "algo-3", 1, "10.9.9.9")  # from another address: refused
 DONE_3 = HostDone("algo-3", 0, "10.0.0.3")
 LOST_3 = PeerLost("algo-3", "host algo-3 stopped answering on port 7778 for 30 s")
 STOP = StopRequested(signal.SIGTERM)
@@ -269,11 +300,11 @@ def test_a_stop_at_every_point_of_the_leaders_restart_ends_it_and_starts_no_atte
     assert not [s for s in sent if s[1] == "start"] and role.attempt == 1
 
 
-START_2 = AttemptWord("start", 2, "algo-1", 0, "10.0.0.1")
-END_1 = AttemptWord("end", 1, "algo-1", 0, "10.0.0.1")
-STOP_1 = AttemptWord("stop", 1, "algo-1", 0, "10.0.0.1")
-START_3 = AttemptWord("start", 3, "algo-1", 0, "10.0.0.1")  # two ahead: stale
-FORGED_START = AttemptWord("start", 2, "algo-1", 0, "10.9.9.9")  # not the leader's address
+START_2 = AttemptWord(Word.START, 2, "algo-1", 0, "10.0.0.1")
+END_1 = AttemptWord(Word.END, 1, "algo-1", 0, "10.0.0.1")
+STOP_1 = AttemptWord(Word.STOP, 1, "algo-1", 0, "10.0.0.1")
+START_3 = AttemptWord(Word.START, 3, "algo-1", 0, "10.0.0.1")  # two ahead: stale
+FORGED_START = AttemptWord(Word.START, 2, "algo-1", 0, "10.9.9.9")  # not the leader's address
 LOST_1 = PeerLost("algo-1", "host algo-1 stopped answering on port 7778 for 30 s")
 WORKER_EVENTS = (START_2, END_1, STOP_1, START_3, FORGED_START, LOST_1, STOP)
 

@@ -1,5 +1,5 @@
 """Every function entrypoint/ passes to signal.signal only posts an event on the host's loop
-(entrypoint/loop.py): read from the code (its AST), not from a list kept by hand. A handler that
+(entrypoint/loop/): read from the code (its AST), not from a list kept by hand. A handler that
 writes nests under a burst of signals and wedges on a slow log pipe; one that raises cuts
 whatever runs (issue 49)."""
 

@@ -1,7 +1,8 @@
 """A failing rank's record reaches the leader's job port from another process (as from
 another host); a bare connection is only a liveness probe. What the port reads comes out
-typed, on the host's loop (entrypoint/loop.py)."""
+typed, on the host's loop (entrypoint/loop/)."""
 
+import signal
 import socket
 import subprocess
 import sys
@@ -239,18 +240,21 @@ def test_a_delivery_to_an_unreachable_host_gives_up_at_its_deadline_or_on_a_stop
 
 
 def test_a_send_off_the_loop_is_tried_until_its_deadline_and_not_again_once_refused():
-    """send_until (the leader's `end` word, from a thread of its own): tried again while the
-    host is unreachable, up to its deadline; a refused port (that host has ended) ends it."""
+    """send_until (send_to_each's senders, each on a thread of its own): tried again while the
+    host is unreachable, up to its deadline, its pauses the host loop's, which a stop does not
+    end (the sender's deadline is its own); a refused port (that host has ended) ends it."""
     from entrypoint.hosts.job_port import send_until
 
+    stopped = HostLoop()
+    stopped.post(StopRequested(signal.SIGTERM))
     started = time.monotonic()
-    assert not send_until("host.invalid", 1, KEY, HostDone("algo-2", 0), 0.5)
-    assert time.monotonic() - started >= 0.5  # not before its deadline
-    assert not send_until("127.0.0.1", free_port(), KEY, HostDone("algo-2", 0), 3600.0)  # refused: at once
+    assert not send_until("host.invalid", 1, KEY, HostDone("algo-2", 0), 0.5, stopped)
+    assert time.monotonic() - started >= 0.5  # not before its deadline, a stop or not
+    assert not send_until("127.0.0.1", free_port(), KEY, HostDone("algo-2", 0), 3600.0, HostLoop())  # refused: at once
     port, heard = free_port(), Heard(HostDone)
     job_port = JobPort(port, heard.loop.post, job_key=KEY)
     try:
-        assert send_until("127.0.0.1", port, KEY, HostDone("algo-2", 0), 5.0)
+        assert send_until("127.0.0.1", port, KEY, HostDone("algo-2", 0), 5.0, HostLoop())
         assert heard.wait_for(1) == [HostDone("algo-2", 0, "127.0.0.1")]
     finally:
         job_port.close()

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from entrypoint.hosts import job_port
-from entrypoint.hosts.job_port import (AttemptWord, Delivered, HostDone, JobPort, Probe, Refused, build_record,
+from entrypoint.hosts.job_port import (AttemptWord, Word, Delivered, HostDone, JobPort, Probe, Refused, build_record,
                                        build_signed_line, decide_probe_every_s, probe_ports)
 from entrypoint.loop import HostLoop
 from entrypoint.settings import DEFAULTS
@@ -139,7 +139,8 @@ def test_a_port_that_takes_the_bytes_but_never_answers_is_tried_again_until_the_
     thread = threading.Thread(target=swallow, daemon=True)
     thread.start()
     try:
-        assert not job_port.send_until("127.0.0.1", silent.getsockname()[1], KEY, HostDone("algo-2", 0), 1.0)
+        assert not job_port.send_until("127.0.0.1", silent.getsockname()[1], KEY, HostDone("algo-2", 0), 1.0,
+                                       HostLoop())
     finally:
         stop.set()
         thread.join()
@@ -163,13 +164,13 @@ def test_a_word_to_every_host_at_once_a_dead_one_costs_its_own_deadline_only():
         by_port = {f"h{i}": p for i, p in enumerate(ports)} | {"dead": dead.getsockname()[1]}
         original = job_port.send_until
 
-        def send_until(host, _port, key, message, within_s, settings=DEFAULTS):
-            return original("127.0.0.1", by_port[host], key, message, within_s, settings)
+        def send_until(host, _port, key, message, within_s, loop, settings=DEFAULTS):
+            return original("127.0.0.1", by_port[host], key, message, within_s, loop, settings)
 
         job_port.send_until = send_until
         try:
             job_port.send_to_each(["dead", *[f"h{i}" for i in range(50)]], 0, KEY,
-                                  lambda host: AttemptWord("start", 2, "algo-1"), 3.0, loop.post, batch=7)
+                                  lambda host: AttemptWord(Word.START, 2, "algo-1"), 3.0, loop, batch=7)
             loop.wait(lambda: len(results) == 51, time.monotonic() + 120)
         finally:
             job_port.send_until = original

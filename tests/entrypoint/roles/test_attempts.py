@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from entrypoint.hosts.job_port import (ATTEMPT, AttemptWord, JobPort, Refused, Sent, build_record,
+from entrypoint.hosts.job_port import (ATTEMPT, AttemptWord, Word, JobPort, Refused, Sent, build_record,
                                        build_signed_line, parse_attempt_record, send_message)
 from entrypoint.loop import HostLoop
 from entrypoint.roles.attempts import AttemptBoard, Taken
@@ -32,7 +32,7 @@ def test_a_word_goes_through_the_signed_port_and_comes_out_typed():
     loop.on({AttemptWord: heard.append, Refused: heard.append})
     listener = JobPort(port, loop.post, job_key=KEY)
     try:
-        word = AttemptWord("ended", 3, "algo-2", 137)
+        word = AttemptWord(Word.ENDED, 3, "algo-2", 137)
         assert send_message("127.0.0.1", port, KEY, word) is Sent.DELIVERED
         assert send_message("127.0.0.1", port, "ef" * 32, word) is Sent.REFUSED  # another job's key: told so
         loop.wait(lambda: len(heard) == 2, time.monotonic() + 60)
@@ -43,7 +43,7 @@ def test_a_word_goes_through_the_signed_port_and_comes_out_typed():
 
 
 def test_a_word_to_a_closed_port_is_refused_not_failed():
-    assert send_message("127.0.0.1", free_port(), KEY, AttemptWord("end", 1, "algo-1")) is Sent.CLOSED
+    assert send_message("127.0.0.1", free_port(), KEY, AttemptWord(Word.END, 1, "algo-1")) is Sent.CLOSED
 
 
 @pytest.mark.parametrize("fields", [
@@ -63,48 +63,48 @@ def test_a_word_that_is_not_one_is_none(fields):
 
 
 def test_every_word_survives_its_round_trip_and_odd_host_text_too():
-    for word in ("stop", "ended", "start", "end"):
+    for word in Word:
         for host in ("algo-1", "h\ud800st", "a\x00b", "x" * 5000):
             got = parse_attempt_record(build_record(AttemptWord(word, 2 ** 40, host, 255), time.time()))
-            assert got == AttemptWord(word, 2 ** 40, host, 255)
-    assert build_signed_line(KEY, build_record(AttemptWord("end", 1, "h\ud800"), 1.0)).isascii()
+            assert got == AttemptWord(word, 2 ** 40, host, 255) and got.word is word  # the enum, not its text
+    assert build_signed_line(KEY, build_record(AttemptWord(Word.END, 1, "h\ud800"), 1.0)).isascii()
 
 
 def test_the_board_takes_words_only_for_the_attempt_it_is_in():
     board = AttemptBoard()
-    assert board.take_leader_word(AttemptWord("start", 3, "algo-1")) is None and board.word is None  # two ahead
-    assert board.take_leader_word(AttemptWord("end", 2, "algo-1")) is None and board.word is None  # another's end
-    assert board.take_ended(AttemptWord("ended", 2, "algo-2", 1)) is Taken.STALE
-    assert board.take_ended(AttemptWord("ended", 1, "algo-2", 1)) is Taken.TAKEN
+    assert board.take_leader_word(AttemptWord(Word.START, 3, "algo-1")) is None and board.word is None  # two ahead
+    assert board.take_leader_word(AttemptWord(Word.END, 2, "algo-1")) is None and board.word is None  # another's end
+    assert board.take_ended(AttemptWord(Word.ENDED, 2, "algo-2", 1)) is Taken.STALE
+    assert board.take_ended(AttemptWord(Word.ENDED, 1, "algo-2", 1)) is Taken.TAKEN
     assert board.ended == {"algo-2": 1}
     assert board.next() == 2 and board.ended == {}  # what was heard of attempt 1 is forgotten
-    assert board.take_ended(AttemptWord("ended", 1, "algo-3", 1)) is Taken.STALE  # late word of attempt 1
+    assert board.take_ended(AttemptWord(Word.ENDED, 1, "algo-3", 1)) is Taken.STALE  # late word of attempt 1
     board.over = True
-    assert board.take_ended(AttemptWord("ended", 2, "algo-3", 1)) is Taken.OVER
+    assert board.take_ended(AttemptWord(Word.ENDED, 2, "algo-3", 1)) is Taken.OVER
 
 
 def test_the_leaders_start_or_end_is_the_word_a_worker_waits_for_and_the_first_stands():
     board = AttemptBoard()
-    assert board.take_leader_word(AttemptWord("start", 2, "algo-1")) is None
-    assert board.take_leader_word(AttemptWord("end", 1, "algo-1")) is None
-    assert board.word == AttemptWord("start", 2, "algo-1")
+    assert board.take_leader_word(AttemptWord(Word.START, 2, "algo-1")) is None
+    assert board.take_leader_word(AttemptWord(Word.END, 1, "algo-1")) is None
+    assert board.word == AttemptWord(Word.START, 2, "algo-1")
 
 
 def test_a_stop_that_comes_before_the_attempts_processes_started_stops_them_once_they_have():
     board = AttemptBoard()
-    why = board.take_leader_word(AttemptWord("stop", 1, "algo-1"))
+    why = board.take_leader_word(AttemptWord(Word.STOP, 1, "algo-1"))
     assert why == "the leader stops attempt 1 to start the job again"
     board.stop(why)
     assert board.started() == why
-    assert board.take_leader_word(AttemptWord("stop", 2, "algo-1")) is None  # not this attempt's: stale
+    assert board.take_leader_word(AttemptWord(Word.STOP, 2, "algo-1")) is None  # not this attempt's: stale
 
 
 def test_a_stop_for_the_attempt_just_started_that_comes_before_it_began_here_is_kept():
     """The leader said `start 2`, and attempt 2 failed elsewhere before this host moved to it:
     its `stop 2` stops this host's attempt 2 as soon as its processes start, not dropped as stale."""
     board = AttemptBoard()
-    assert board.take_leader_word(AttemptWord("start", 2, "algo-1")) is None
-    assert board.take_leader_word(AttemptWord("stop", 2, "algo-1")) is None  # kept for attempt 2
+    assert board.take_leader_word(AttemptWord(Word.START, 2, "algo-1")) is None
+    assert board.take_leader_word(AttemptWord(Word.STOP, 2, "algo-1")) is None  # kept for attempt 2
     assert board.next() == 2
     assert board.started() == "the leader stops attempt 2 to start the job again"
-    assert AttemptBoard().take_leader_word(AttemptWord("stop", 2, "algo-1")) is None  # no start 2 heard: stale
+    assert AttemptBoard().take_leader_word(AttemptWord(Word.STOP, 2, "algo-1")) is None  # no start 2 heard: stale

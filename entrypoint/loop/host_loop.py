@@ -1,19 +1,26 @@
 """This host's one loop: every thread, port reader and signal handler only *posts* a typed event
-here; the main thread takes them, one at a time, and hands each to the handler the current
-phase registered for its type. So the role's state has one writer (the main thread), no lock
-guards it, and every wait is a wait on this queue, with its deadline as the timeout.
+here (the events and who takes each: events.py); the main thread takes them, one at a time,
+and hands each to the handlers the current phase registered for its type. So the role's state
+has one writer (the main thread), no lock guards it, and every wait is a wait on this queue,
+with its deadline as the timeout.
 
     post(event)          any thread, and a signal handler (SimpleQueue.put is reentrant)
-    on({Type: handler})  the current phase's handlers, for the events of those types
+    on({Type: handler})  the current phase's handlers (one or several a type), in place of an
+                         earlier phase's for those types, until off()
+    also({Type: handler})  handlers beside the current phase's (a step that must see a stop the
+                         run answers too), until off()
     wait(until, deadline)  take events until until() is true, a stop came, or the deadline
     handle_pending()     take what is queued now, without waiting
+
+An event no handler takes is said once for its type (a phase that forgot it), never dropped
+without a word; events.WAKE_UPS only wake a wait and need none.
 
 A stop is an event like the others: the stop token (run/stop.py) posts StopRequested from
 its signal handler, and it counts from its post: every wait ends on it (Waited.STOPPED), so
 a stop cannot fall between two mechanisms. The loop keeps the first stop posted: a wait begun
 after it ends at once. torch's elastic agent is the model (_invoke_run: one loop, one state value).
 
-Every signal handler of the entrypoint only posts (tests/entrypoint/test_layout.py reads them
+Every signal handler of the entrypoint only posts (tests/entrypoint/test_signal_handlers.py reads them
 from the code): nothing is written, raised or decided in one, so a burst of signals nests
 nothing and a slow log pipe cannot wedge the process. A call that may block in the kernel
 (reading a FIFO, fetching the code, a finishing step's peer that never answers) is not cut by
@@ -36,31 +43,11 @@ import queue
 import signal
 import threading
 import time
-from typing import Callable, NamedTuple
+from typing import Callable
 
 from entrypoint.log import log
+from entrypoint.loop.events import WAKE_UPS, StepEnded, StopRequested
 from entrypoint.settings import DEFAULTS
-
-
-class StopRequested(NamedTuple):
-    """SIGTERM or SIGINT reached this process (posted by the stop token's handler)."""
-
-    signum: int
-
-
-class StacksRequested(NamedTuple):
-    """SIGUSR1: every rank on this host prints its Python stack (the run's handler asks them;
-    outside a run there is none to ask, and the phase says so)."""
-
-    at: float = 0.0  # time.monotonic() of its post: a burst is told by when the signals came
-
-
-class ChildExited(NamedTuple):
-    """SIGCHLD: a process below this one ended (posted while a run is on)."""
-
-
-class StepEnded(NamedTuple):
-    """A step run beside the loop returned or raised (run_beside)."""
 
 
 class StepCut(BaseException):  # not caught by a step's `except Exception`
@@ -102,7 +89,8 @@ class HostLoop:
         # The longest any wait goes without looking: a signal the kernel hands another thread
         # runs its Python handler (which posts) only once the main thread runs again.
         self.tick_s = tick_s
-        self._handlers: dict[type, Callable] = {}
+        self._layers: list[Handlers] = []  # the phases' handlers, oldest first (on, also)
+        self._unhandled: set[type] = set()  # the types said once as taken by no handler
         self.stop_signum: int | None = None  # the first StopRequested posted (since begin_finishing)
         self.stops: list[int] = []  # every stop posted, in order (the stop token reads them)
         self.stop_at: float | None = None  # time.time() of the first
@@ -127,48 +115,73 @@ class HostLoop:
                 self.stop_signum = event.signum
         self._events.put(event)
 
-    def on(self, handlers: dict[type, Callable]) -> dict[type, Callable]:
-        """Register handlers (type -> callable(event)); returns those they replaced, for off()."""
-        with self._lock:
-            previous = {kind: self._handlers.get(kind) for kind in handlers}
-            self._handlers.update(handlers)
-        return previous
+    def on(self, handlers: dict[type, Callable | tuple[Callable, ...]]) -> "Handlers":
+        """A phase's handlers (type -> a callable(event), or several, called in order): from now
+        on they take the events of those types, in place of those an earlier phase registered
+        for the same types, until off(the returned Handlers)."""
+        return self._register(handlers, beside=False)
 
-    def off(self, previous: dict[type, Callable]) -> None:
+    def also(self, handlers: dict[type, Callable | tuple[Callable, ...]]) -> "Handlers":
+        """Handlers that take their types' events beside the current phase's (after them), until
+        off(): a step within a phase that must see a stop the phase also answers."""
+        return self._register(handlers, beside=True)
+
+    def _register(self, handlers: dict, beside: bool) -> "Handlers":
+        layer = Handlers({kind: tuple(h) if isinstance(h, tuple) else (h,) for kind, h in handlers.items()}, beside)
         with self._lock:
-            for kind, handler in previous.items():
-                if handler is None:
-                    self._handlers.pop(kind, None)
-                else:
-                    self._handlers[kind] = handler
+            self._layers.append(layer)
+        return layer
+
+    def off(self, layer: "Handlers") -> None:
+        """Those handlers take nothing more (whatever was registered after them stays)."""
+        with self._lock:
+            if layer in self._layers:
+                self._layers.remove(layer)
+
+    def handlers_of(self, kind: type) -> tuple[Callable, ...]:
+        """What takes an event of this type now, in the order it is called: the innermost phase
+        that registered the type, then every `also` registered after it."""
+        found: list[tuple[Callable, ...]] = []
+        for layer in reversed(self._layers):
+            if kind in layer.kinds:
+                found.append(layer.kinds[kind])
+                if not layer.beside:
+                    break
+        return tuple(h for handlers in reversed(found) for h in handlers)
 
     @property
     def stop_name(self) -> str | None:
         """The first stop's signal name (SIGTERM), or None."""
         return None if self.stop_signum is None else signal.Signals(self.stop_signum).name
 
-    def handles(self, kind: type) -> bool:
-        return kind in self._handlers
-
     def stopped(self) -> bool:
         """A stop was posted (the stop token's handler)."""
         return self.stop_signum is not None
 
     def dispatch(self, event) -> None:
-        """The event to its handler. A handler that raises is a defect of ours: said with its
-        traceback, and the loop goes on (the wait that took it must still reach its deadline)."""
+        """The event to its handlers. One that none takes is said once for its type (a phase
+        that forgot it), a wake-up aside. A handler that raises is a defect of ours: said with
+        its traceback, and the loop goes on (the wait that took it must still reach its deadline)."""
         with self._lock:
-            handler = self._handlers.get(type(event))
             try:
-                if handler is not None:
-                    handler(event)
-            except Exception as exc:  # noqa: BLE001 - a wait's decision must not die of one event
-                import traceback
-
-                log(f"internal error while handling {type(event).__name__}: {type(exc).__name__}: {exc}")
-                traceback.print_exc()
+                handlers = self.handlers_of(type(event))
+                if not handlers and type(event) not in WAKE_UPS and type(event) not in self._unhandled:
+                    self._unhandled.add(type(event))
+                    log(f"internal: no phase takes {type(event).__name__} events now: dropped (said once)")
+                for handler in handlers:
+                    self._call(handler, event)
             finally:
                 self._lock.notify_all()  # a step's wait beside the loop looks again
+
+    @staticmethod
+    def _call(handler: Callable, event) -> None:
+        try:
+            handler(event)
+        except Exception as exc:  # noqa: BLE001 - a wait's decision must not die of one event
+            import traceback
+
+            log(f"internal error while handling {type(event).__name__}: {type(exc).__name__}: {exc}")
+            traceback.print_exc()
 
     def handle_pending(self) -> None:
         """Every event queued now, handled here (main thread). From a step run beside the loop:
@@ -195,13 +208,7 @@ class HostLoop:
             seen = self._look(until, deadline, stop_ends)
             if isinstance(seen, Waited):
                 return seen
-            try:
-                event = self._events.get(timeout=seen)
-            except queue.Empty:
-                with self._lock:
-                    self._lock.notify_all()  # a tick, beside the loop too
-                continue  # a tick: until() and the deadline are looked at again
-            self.dispatch(event)
+            self._take_one(seen)  # then until() and the deadline are looked at again
 
     def _wait_beside(self, until: Callable[[], bool], deadline: float | None, stop_ends: bool) -> Waited:
         """wait(), on a step's own thread: the main thread takes the events and wakes this at
@@ -273,14 +280,34 @@ class HostLoop:
         """Wait at most timeout_s for an event; handle it and every one queued behind it. True
         when one came. (A run's wait: it looks at its processes after each.)"""
         assert threading.current_thread() is threading.main_thread(), "a run's wait is the main thread's"
-        try:
-            event = self._events.get(timeout=max(0.0, min(timeout_s, self.tick_s)))
-        except queue.Empty:
+        if not self._take_one(max(0.0, min(timeout_s, self.tick_s))):
             return False
-        self.dispatch(event)
         self.handle_pending()
         return True
 
-    def pause(self, seconds: float) -> bool:
-        """Wait seconds, handling what comes meanwhile; False when a stop ended it."""
-        return self.wait(deadline=time.monotonic() + seconds) is not Waited.STOPPED
+    def _take_one(self, timeout_s: float) -> bool:
+        """The one dequeue step of every wait: the next event, handled, within timeout_s; a
+        tick (nothing came) wakes the steps beside the loop to look again. True when one came."""
+        try:
+            event = self._events.get(timeout=timeout_s)
+        except queue.Empty:
+            with self._lock:
+                self._lock.notify_all()
+            return False
+        self.dispatch(event)
+        return True
+
+    def pause(self, seconds: float, stop_ends: bool = True) -> bool:
+        """Wait seconds, handling what comes meanwhile; False when a stop ended it (stop_ends
+        False: a sender's pause between tries, whose deadline is its own, goes on)."""
+        return self.wait(deadline=time.monotonic() + seconds, stop_ends=stop_ends) is not Waited.STOPPED
+
+
+class Handlers:
+    """One registration on the loop (HostLoop.on, HostLoop.also): type -> its handlers, and
+    whether they run beside the phase's own (also) or in place of an earlier phase's (on)."""
+
+    __slots__ = ("kinds", "beside")
+
+    def __init__(self, kinds: dict[type, tuple[Callable, ...]], beside: bool) -> None:
+        self.kinds, self.beside = kinds, beside

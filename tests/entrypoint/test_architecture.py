@@ -1,0 +1,193 @@
+"""The launch code's rules, read from its meaning (the AST), not its text: what carries an
+event and who takes it, how a restart's word is compared, where a stop's exit code is made,
+which waits are the loop's, which modules start threads, and what the orchestrator reads of a
+role. Each rule's reader is shown to tell a breach on a small sample first."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+PACKAGE = REPO / "entrypoint"
+sys.path.insert(0, str(REPO))
+
+from entrypoint.loop import events  # noqa: E402
+
+
+def modules() -> dict[str, ast.Module]:
+    return {str(p.relative_to(PACKAGE)): ast.parse(p.read_text(), str(p)) for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def name_of(node: ast.AST) -> str | None:
+    """The last name of a Name or an Attribute (job_port.Refused -> Refused)."""
+    return node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+
+
+def event_types() -> set[str]:
+    return {n.name for n in ast.parse((PACKAGE / "loop" / "events.py").read_text()).body
+            if isinstance(n, ast.ClassDef) and any(name_of(b) == "NamedTuple" for b in n.bases)}
+
+
+# --- events: one module defines them; each has a handler ------------------------------------
+
+
+def find_posted(tree: ast.Module) -> set[str]:
+    """The types of what is posted: `x.post(T(...))`, `post(T(...))`, `self._post(T(...))`."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and name_of(node.func) in ("post", "_post") and node.args and \
+                isinstance(node.args[0], ast.Call):
+            found.add(name_of(node.args[0].func))
+    return found - {None}
+
+
+def find_registered(tree: ast.Module) -> set[str]:
+    """The types handlers are registered for: the keys of `x.on({...})` and `x.also({...})`."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and name_of(node.func) in ("on", "also") and node.args and \
+                isinstance(node.args[0], ast.Dict):
+            found.update(name_of(key) for key in node.args[0].keys if key is not None)
+    return found - {None}
+
+
+def test_the_readers_of_posts_and_handlers_see_every_shape():
+    tree = ast.parse("loop.post(StopRequested(1))\nself._post(job_port.Refused('a', 'b'))\npost(Delivered(h, 1))\n"
+                     "loop.post(event)\nloop.on({PeerLost: f, job_port.HostDone: g})\nloop.also({StopRequested: h})\n")
+    assert find_posted(tree) == {"StopRequested", "Refused", "Delivered"}
+    assert find_registered(tree) == {"PeerLost", "HostDone", "StopRequested"}
+
+
+def test_every_event_posted_or_taken_is_defined_in_the_events_module():
+    defined = event_types()
+    posted = {(name, kind) for name, tree in modules().items() for kind in find_posted(tree)}
+    registered = {(name, kind) for name, tree in modules().items() for kind in find_registered(tree)}
+    assert {kind for _, kind in posted} >= {"StopRequested", "StacksRequested", "ChildExited", "PeerLost"}
+    assert not {(n, k) for n, k in posted | registered if k not in defined}
+    elsewhere = {f"{name}: {node.name}" for name, tree in modules().items() if name != "loop/events.py"
+                 for node in ast.walk(tree) if isinstance(node, ast.ClassDef)
+                 and node.name in defined}
+    assert not elsewhere, elsewhere
+
+
+def test_every_event_but_a_wake_up_has_a_handler_somewhere():
+    """An event none takes is logged once (host_loop.dispatch); one that no module registers
+    for at all is a defect of the contract. RankOutputOpens is read by the pump, never posted."""
+    registered = {kind for tree in modules().values() for kind in find_registered(tree)}
+    wake_ups = {kind.__name__ for kind in events.WAKE_UPS}
+    never_posted = {"RankOutputOpens"}
+    posted = {kind for tree in modules().values() for kind in find_posted(tree)}
+    assert not never_posted & posted
+    missing = event_types() - registered - wake_ups - never_posted
+    assert not missing, missing
+    assert not wake_ups & registered, "a wake-up needs no handler: the wait reads its condition"
+
+
+# --- a restart's word is an enum; a stop's exit code is one function ----------------------------
+
+
+def find_word_text_compares(tree: ast.Module) -> list[int]:
+    """Lines that compare a `.word` with a string, or make an AttemptWord from one."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(name_of(s) == "word" for s in sides) and \
+                    any(isinstance(s, ast.Constant) and isinstance(s.value, str) for s in sides):
+                found.append(node.lineno)
+        if isinstance(node, ast.Call) and name_of(node.func) == "AttemptWord" and node.args and \
+                isinstance(node.args[0], ast.Constant):
+            found.append(node.lineno)
+    return found
+
+
+def test_a_restart_word_is_never_compared_as_text():
+    sample = ast.parse('if word.word == "start": pass\nif "end" != self.board.word.word: pass\n'
+                       'AttemptWord("stop", 1, h)\nif word.word is Word.START: pass\nAttemptWord(Word.END, 1, h)\n')
+    assert find_word_text_compares(sample) == [1, 2, 3]
+    found = {f"{name}:{line}" for name, tree in modules().items() for line in find_word_text_compares(tree)}
+    assert not found, found
+
+
+def find_signal_exit_arithmetic(tree: ast.Module) -> list[int]:
+    """`128 + x` (or `x + 128`): the exit code of a signal, made by hand."""
+    return [node.lineno for node in ast.walk(tree) if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add)
+            and any(isinstance(side, ast.Constant) and side.value == 128 for side in (node.left, node.right))]
+
+
+def test_a_stop_exit_code_is_made_in_one_function():
+    from entrypoint.outcome.stops import decide_stop_exit_code
+
+    assert find_signal_exit_arithmetic(ast.parse("code = 128 + signum\nx = n + 128\ny = 128 - n\n")) == [1, 2]
+    found = {name for name, tree in modules().items() if find_signal_exit_arithmetic(tree)}
+    assert not found, found
+    import signal
+
+    assert decide_stop_exit_code(signal.SIGTERM) == decide_stop_exit_code("SIGTERM") == 143
+    assert decide_stop_exit_code(2) == decide_stop_exit_code("SIGINT") == 130
+    assert decide_stop_exit_code("SIGHUP") == 129
+
+
+# --- waits: the loop's, and no Event nobody sets --------------------------------------------
+
+
+def find_idle_event_waits(tree: ast.Module) -> list[str]:
+    """Events waited on that nothing in the module sets: a pause in disguise (an Event's wait
+    is a thread's own interruptible pause only when its owner can end it)."""
+    made = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and name_of(node.value.func) == "Event":
+            made.update(name_of(target) for target in node.targets)
+    waited = {name_of(n.func.value) for n in ast.walk(tree) if isinstance(n, ast.Call)
+              and isinstance(n.func, ast.Attribute) and n.func.attr == "wait" and name_of(n.func.value) in made}
+    set_ = {name_of(n.func.value) for n in ast.walk(tree) if isinstance(n, ast.Call)
+            and isinstance(n.func, ast.Attribute) and n.func.attr == "set"}
+    # An Event handed to a function that sets it (watch_ports(give_up=...)) is set by its owner.
+    passed = {name_of(a) for n in ast.walk(tree) if isinstance(n, ast.Call) for a in n.args}
+    return sorted(waited - set_ - passed)
+
+
+def test_no_wait_is_on_an_event_that_nothing_sets():
+    sample = ast.parse("idle = threading.Event()\nidle.wait(1)\nself._stop = threading.Event()\n"
+                       "self._stop.wait(2)\ndef close(self): self._stop.set()\n")
+    assert find_idle_event_waits(sample) == ["idle"]
+    found = {f"{name}: {n}" for name, tree in modules().items() if not name.startswith("rank/")
+             for n in find_idle_event_waits(tree)}
+    assert not found, found
+
+
+# --- threads: who starts them --------------------------------------------------------------
+
+
+# The modules that start threads, each for a reason: the loop's steps beside it (run_beside);
+# the transports' readers and senders (the job port, the watches, the rank-output pump); the
+# run's followers of its processes' output; what keeps a job's figures (the sampler, the live
+# view, the accelerators' reader) and caches. Every thread only posts on the loop or keeps
+# state of its own: none is started by a role or the orchestrator, whose state is the main thread's.
+THREAD_MODULES = {"loop/host_loop.py", "hosts/job_port.py", "hosts/worker_output.py", "run/supervise.py",
+                  "run/rank_stream.py", "run/rank_output.py", "run/compile_cache.py", "jobreport/sampler.py",
+                  "jobreport/live/loop.py", "jobreport/accelerators.py", "rank/record_errors.py"}
+
+
+def find_thread_starts(tree: ast.Module) -> list[int]:
+    return sorted(n.lineno for n in ast.walk(tree) if isinstance(n, ast.Call) and name_of(n.func) in ("Thread", "Timer"))
+
+
+def test_threads_are_started_only_in_the_named_modules_and_never_by_a_role():
+    assert find_thread_starts(ast.parse("threading.Thread(target=f).start()\nThread(target=g)\nt.start()\n")) == [1, 2]
+    starting = {name for name, tree in modules().items() if find_thread_starts(tree)}
+    assert starting <= THREAD_MODULES, starting - THREAD_MODULES
+    assert not {n for n in starting if n.startswith("roles/") or n in ("orchestrate.py", "cli.py")}
+
+
+def test_a_sender_started_off_the_loop_pauses_on_the_loop():
+    """send_to_each's senders and the root-cause sender: their pauses between tries are the
+    host loop's (send_until takes the loop), not an Event nobody sets."""
+    import inspect
+
+    from entrypoint.hosts import job_port
+
+    assert "loop" in inspect.signature(job_port.send_until).parameters
+    assert "loop" in inspect.signature(job_port.send_to_each).parameters
