@@ -1,35 +1,94 @@
-"""The orchestrator: run a LaunchPlan on this host, one straight line: install steps, then this
-host's role (roles/: start, run with restarts, settle); the Outcome goes back to cli.main, which
-writes it (the one writer of output/) and then closes the role and the job's folders (Launch).
+"""The orchestrator: this host's one state machine (torch's elastic agent, _invoke_run over
+WorkerState, is the model). One value, Host, carries the state and what the steps made; run_host
+walks it from STARTING to DONE, one step a state, each step returning the next one:
 
-It sits above the roles and drives only their lifecycle (roles/base.py): run/supervise.py
-starts and watches the processes, the role owns what runs beside them and its ordering rules,
-decide/restarts.py decides whether a crashed run is started again, and outcome/ words the
-outcome. From the role's start to its outcome, every wait is on the host's loop
-(entrypoint/loop/), where a stop is an event like the others.
+    STARTING ──► INSTALLING ──► CHECKING ──► RESTORING ──► WAITING ──► RUNNING ◄──► RESTARTING
+       │             │              │             │            │           │              │
+       └─────────────┴── a stop, or a step that failed: the outcome ──► DONE            │
+                                                                           └──► SETTLING ◄┘ ──► DONE
+
+    STARTING    the plan is decided, nothing started: a stop, a capacity already over
+    INSTALLING  requirements.txt, a source directory that is a package (pip)
+    CHECKING    BYOC_HEALTH_CHECK=deep: the all-reduce check on every host
+    RESTORING   torch.compile's caches, restored before any rank runs
+    WAITING     the role's start: the other hosts' names, sshd, the job port, the peers
+    RUNNING     one attempt's processes, to their end (run/supervise.py; an MPI worker serves
+                mpirun until the leader's word)
+    RESTARTING  an attempt failed and may be started again (restarts.py): the role's part (a
+                job-port leader stops every host's attempt and waits until all are gone)
+    SETTLING    the role's last word before the outcome is written (a leader waits for its workers)
+
+A stop is an event on the host's loop (entrypoint/loop/) in every state, never an exception:
+each step before the role's start looks at the loop first, and from the role's start every
+wait ends on it and a run forwards it. The exit code of a stop comes from one function of the
+state and the stop (build_stop_outcome); what run_host started is ended in one `finally`
+(end_host). The outcome goes back to cli.main, which writes it (the one writer of output/) and
+then closes the role and the job's folders (Launch).
+
+It drives the role through its lifecycle only (roles/base.py): run/supervise.py starts and
+watches the processes, the role owns what runs beside them and its ordering rules,
+decide/restarts.py decides whether a crashed attempt is started again, and outcome/ words it.
 """
 
 from __future__ import annotations
 
+import enum
 import time
 
 from entrypoint.decide.plan import LaunchPlan
 from entrypoint.decide.specs import ProcessSpec
-from entrypoint.decide.restarts import build_restart_line, decide_restart
+from entrypoint.decide.restarts import build_restart_line
 from entrypoint.job.paths import MlPaths
 from entrypoint.log import log
 from entrypoint.loop import StopRequested
 from entrypoint.outcome.failure import (describe_exit_code, describe_job_failure, describe_root_cause,
                                         first_root_cause, secret_values)
 from entrypoint.outcome.records import SUCCESS, Outcome
-from entrypoint.outcome.stops import (decide_stop_exit_code, describe_capacity_over, describe_capacity_stop, describe_startup_stop,
-                                      describe_stop_before_restart)
+from entrypoint.outcome.stops import (decide_stop_exit_code, describe_capacity_over, describe_capacity_stop,
+                                      describe_startup_stop, describe_stop_before_restart)
 from entrypoint.outcome.writer import clear_previous_outcome
 from entrypoint.run import runtime_dirs
 from entrypoint.roles.base import HostRole
 from entrypoint.roles.choose import choose_role
 from entrypoint.run.stop import SayStop, Stop
 from entrypoint.run.supervise import OutputCollector, RunHooks, RunResult, run_processes
+
+
+class HostState(enum.Enum):
+    STARTING = "starting"
+    INSTALLING = "installing"
+    CHECKING = "checking"
+    RESTORING = "restoring"
+    WAITING = "waiting"
+    RUNNING = "running"
+    RESTARTING = "restarting"
+    SETTLING = "settling"
+    DONE = "done"
+
+
+# The states before the role's start: a stop there ends start-up, before anything ran.
+BEFORE_THE_ROLE = (HostState.STARTING, HostState.INSTALLING, HostState.CHECKING, HostState.RESTORING)
+
+
+class Host:
+    """The state machine's one value: its state, and what the steps made on the way."""
+
+    def __init__(self, plan: LaunchPlan, env: dict[str, str], role: HostRole, paths: MlPaths) -> None:
+        self.state = HostState.STARTING
+        self.plan = plan
+        self.env = env  # the processes' environment (the container's and the plan's)
+        self.role = role
+        self.paths = paths
+        self.keeper = None  # run/compile_cache.CacheKeeper, once RESTORING made one
+        self.ran = False  # RUNNING was reached: the ranks ran (the keeper writes the caches back)
+        self.run: RunResult | None = None  # the last attempt's
+        self.earlier: list[str] = []  # the failures of the attempts restarted so far, in order
+        self.outcome: Outcome | None = None
+        self.say_stop = SayStop(role.stop.loop)  # WAITING on: a stop said without "during start-up"
+
+    @property
+    def loop(self):
+        return self.role.stop.loop
 
 
 class Launch:
@@ -73,33 +132,167 @@ def run_plan(plan: LaunchPlan, paths: MlPaths, environ: dict[str, str], launch: 
     """This host's part of the job; returns its outcome, written by the caller."""
     env = {**environ, **plan.env_dict}
     collector = OutputCollector(secret_values(env))
-    stop = launch.stop
-    role = launch.role = choose_role(plan, collector, env, paths, stop)
+    role = launch.role = choose_role(plan, collector, env, paths, launch.stop)
     role.start_report()
-    # Start-up: a stop is posted, never raised; each step looks at the loop before the next.
-    outcome = build_stopped_at_start(stop) or build_capacity_over(plan) or run_install_steps(plan, env, role) \
-        or check_health(plan, env, stop)
-    keeper = start_compile_cache(plan, role, env) if outcome is None else None
-    plan = role.plan  # the cache's folder may have changed in it (start_compile_cache)
-    outcome = outcome or build_stopped_at_start(stop)
-    if outcome is None:
-        # From the role's start to its outcome a stop is an event on the host's loop: every
-        # wait of the role's ends on it, a run forwards it to its processes (entrypoint/loop/).
-        stop.loop.on({StopRequested: SayStop(stop.loop)})
-        outcome = role.start() or build_stopped_at_start(stop)
-    if outcome is not None:
-        if keeper is not None:
-            keeper.close()  # no rank ran: nothing new to keep
-        return outcome
+    return run_host(Host(plan, env, role, paths))
+
+
+def run_host(host: Host) -> Outcome:
+    """The walk from STARTING to DONE: each state's step, then the next state it names."""
     try:
-        outcome = role.settle(role.run(lambda: run_with_restarts(plan, env, role, paths, keeper)))
+        while host.state is not HostState.DONE:
+            host.state = STEPS[host.state](host)
     finally:
-        if keeper is not None:
-            keeper.end(plan.settings.thread_join_s)
-            role.add_report_notes(keeper.lines)
-    if outcome.exit_code == 0 and role.started_at is not None:
-        log(f"{plan.current_host}: {role.what} succeeded in {time.monotonic() - role.started_at:.1f} s")
-    return outcome
+        end_host(host)
+    role = host.role
+    if host.outcome.exit_code == 0 and role.started_at is not None:
+        log(f"{host.plan.current_host}: {role.what} succeeded in {time.monotonic() - role.started_at:.1f} s")
+    return host.outcome
+
+
+def end_host(host: Host) -> None:
+    """What run_host started, ended: the compile cache's keeper writes back what the ranks
+    made (or, when none ran, lets go), and its lines go in the report's notes."""
+    keeper = host.keeper
+    if keeper is None:
+        return
+    if not host.ran:
+        keeper.close()  # no rank ran: nothing new to keep
+        return
+    keeper.end(host.plan.settings.thread_join_s)
+    host.role.add_report_notes(keeper.lines)
+
+
+def end_with(host: Host, outcome: Outcome, then: HostState = HostState.DONE) -> HostState:
+    host.outcome = outcome
+    return then
+
+
+def stopped(host: Host) -> HostState | None:
+    """A stop the loop took (it is looked at before every step up to the role's start): the
+    outcome in the current state's words, and the walk ends."""
+    host.loop.handle_pending()
+    if not host.loop.stopped():
+        return None
+    return end_with(host, build_stop_outcome(host.state, host.loop.stop_signum, host.earlier))
+
+
+def build_stop_outcome(state: HostState, stopped_by: int | str, earlier: list[str]) -> Outcome:
+    """The outcome of a stop that came before the processes of the current attempt started:
+    none ran, so it is the stop's, never a failure of a script that never started. Between two
+    attempts it names the failures before it (the one function of the state and the stop)."""
+    import signal
+
+    name = stopped_by if isinstance(stopped_by, str) else signal.Signals(stopped_by).name
+    code = decide_stop_exit_code(stopped_by)
+    if earlier or state is HostState.RESTARTING:
+        return Outcome(code, describe_stop_before_restart(name, code, earlier))
+    return Outcome(code, describe_startup_stop(name, code))
+
+
+def step_starting(host: Host) -> HostState:
+    done = stopped(host)
+    if done is not None:
+        return done
+    capacity_over = build_capacity_over(host.plan)
+    return end_with(host, capacity_over) if capacity_over is not None else HostState.INSTALLING
+
+
+def step_installing(host: Host) -> HostState:
+    if not host.plan.install:
+        return HostState.CHECKING  # nothing ran: no stop to look for that STARTING did not see
+    failed = run_install_steps(host.plan, host.env, host.role)
+    if failed is not None:
+        return end_with(host, failed)
+    return stopped(host) or HostState.CHECKING
+
+
+def step_checking(host: Host) -> HostState:
+    if host.plan.health_check is None:
+        return HostState.RESTORING
+    failed = check_health(host.plan, host.env, host.role.stop)
+    if failed is not None:
+        return end_with(host, failed)
+    return stopped(host) or HostState.RESTORING
+
+
+def step_restoring(host: Host) -> HostState:
+    if host.plan.compile_cache is None:
+        return HostState.WAITING
+    host.keeper = start_compile_cache(host.plan, host.role, host.env)
+    host.plan = host.role.plan  # the cache's folder may have changed in it (start_compile_cache)
+    return HostState.WAITING  # a stop while it restored: WAITING looks first
+
+
+def step_waiting(host: Host) -> HostState:
+    """The role's start. From here to the outcome a stop is an event on the host's loop: every
+    wait of the role's ends on it, a run forwards it to its processes (entrypoint/loop/)."""
+    done = stopped(host)  # one that came before: said as start-up's, and nothing starts
+    if done is not None:
+        return done
+    host.loop.on({StopRequested: host.say_stop})
+    failed = host.role.start()
+    if failed is not None:
+        return end_with(host, failed)
+    done = stopped(host)
+    if done is not None:
+        return done
+    host.role.begin_running()
+    host.ran = True
+    return HostState.RUNNING
+
+
+def step_running(host: Host) -> HostState:
+    """One attempt, to its end; then whether the job starts again (the role's decide_restart)."""
+    run = host.run = run_attempt(host)
+    if isinstance(run, Outcome):  # a part that is not this host's processes (an MPI worker's)
+        return end_with(host, run, HostState.SETTLING)
+    role = host.role
+    why_not = role.decide_restart(run, len(host.earlier))
+    if why_not is None:
+        return HostState.RESTARTING
+    role.end_attempts()
+    return end_with(host, build_run_outcome(role, run, host.earlier), HostState.SETTLING)
+
+
+def run_attempt(host: Host) -> RunResult | Outcome:
+    keeper = host.keeper
+    return host.role.run_attempt(host.env, build_stop_at(host.plan), keeper.note_stop if keeper is not None else None)
+
+
+def step_restarting(host: Host) -> HostState:
+    """The role's part of a restart (a job-port host waits for the leader's word:
+    roles/attempts.py); then the next attempt, or why not."""
+    plan, role, run = host.plan, host.role, host.run
+    cause = first_root_cause(role.collector.root_causes)
+    summary = describe_root_cause(cause) if cause else describe_exit_code(run.exit_code, run.oom_kills,
+                                                                           signaled=run.signaled)
+    why_not = role.restart(build_restart_line(len(host.earlier), plan.settings.max_restarts, role.what, run.exit_code,
+                                              summary), run.exit_code, summary, cause.time if cause else time.time())
+    if why_not is not None and host.loop.stopped():
+        role.end_attempts()
+        return end_with(host, build_stop_outcome(host.state, host.loop.stop_signum, host.earlier + [summary]),
+                        HostState.SETTLING)
+    if why_not is not None:
+        log(f"{plan.current_host}: not started again: {why_not}")
+        role.end_attempts()
+        return end_with(host, build_run_outcome(role, run, host.earlier), HostState.SETTLING)
+    host.earlier.append(summary)
+    # The next attempt's failure, if any, is reported on its own: what this one printed
+    # stays in the log, and a failure file the script wrote is not the job's outcome.
+    role.collector.reset()
+    clear_previous_outcome(host.paths)
+    return HostState.RUNNING
+
+
+def step_settling(host: Host) -> HostState:
+    return end_with(host, host.role.settle(host.outcome))
+
+
+STEPS = {HostState.STARTING: step_starting, HostState.INSTALLING: step_installing,
+         HostState.CHECKING: step_checking, HostState.RESTORING: step_restoring, HostState.WAITING: step_waiting,
+         HostState.RUNNING: step_running, HostState.RESTARTING: step_restarting,
+         HostState.SETTLING: step_settling}
 
 
 def start_compile_cache(plan: LaunchPlan, role: HostRole, env: dict[str, str]):
@@ -127,15 +320,6 @@ def start_compile_cache(plan: LaunchPlan, role: HostRole, env: dict[str, str]):
     return keeper
 
 
-def build_stopped_at_start(stop: Stop) -> Outcome | None:
-    """A stop the role's start took while it waited for the other hosts, and did not report."""
-    stop.loop.handle_pending()
-    if not stop.loop.stopped():
-        return None
-    code = decide_stop_exit_code(stop.loop.stop_signum)
-    return Outcome(code, describe_startup_stop(stop.loop.stop_name, code))
-
-
 def check_health(plan: LaunchPlan, env: dict[str, str], stop: Stop) -> Outcome | None:
     """BYOC_HEALTH_CHECK=deep: the all-reduce check on every host before its role starts (before
     the SSH and job-port waits, which a host stopped by the check would leave to time out); the
@@ -156,54 +340,12 @@ def run_install_steps(plan: LaunchPlan, env: dict[str, str], role: HostRole) -> 
         run = run_processes((ProcessSpec("pip", step),), env, plan.cwd, role.collector, role.stop,
                             RunHooks(plan.settings, plan.current_host))
         if run.stopped_by:  # before pip started, or forwarded to it: nothing was trained, a start-up stop
-            code = decide_stop_exit_code(run.stopped_by)
-            return Outcome(code, describe_startup_stop(run.stopped_by, code))
+            return build_stop_outcome(HostState.INSTALLING, run.stopped_by, [])
         if run.launch_error:
             return Outcome(run.exit_code, f"{what}: {run.launch_error}")
         if run.exit_code != 0:
             return Outcome(run.exit_code, role.describe_failure(what, run))
     return None
-
-
-def run_with_restarts(plan: LaunchPlan, env: dict[str, str], role: HostRole, paths: MlPaths, keeper=None) -> Outcome:
-    """Run the plan's processes; after a crash, again, as long as decide_restart allows
-    (restarts.py) and the role's part of the restart succeeds (a job-port host waits for the
-    leader's word: roles/attempts.py). The last run's outcome, its report naming the failures
-    restarted before it."""
-    earlier: list[str] = []
-    collector = role.collector
-    while True:
-        hooks = role.build_run_hooks(plan.settings.hang_timeout_s, build_stop_at(plan),
-                                     keeper.note_stop if keeper is not None else None)
-        run = run_processes(role.attempt_processes(), env, plan.cwd, collector, role.stop, hooks)
-        why_not = decide_restart(role.relaunchable, plan.settings.max_restarts, len(earlier), role.build_ending(run))
-        if why_not is None:
-            cause = first_root_cause(collector.root_causes)
-            summary = describe_root_cause(cause) if cause else describe_exit_code(run.exit_code, run.oom_kills,
-                                                                                   signaled=run.signaled)
-            why_not = role.restart(build_restart_line(len(earlier), plan.settings.max_restarts, role.what,
-                                                      run.exit_code, summary), run.exit_code, summary,
-                                   cause.time if cause else time.time())
-            if why_not is not None and role.stop.loop.stopped():
-                return build_stopped_while_restarting(role, earlier + [summary])
-            if why_not is not None:
-                log(f"{plan.current_host}: not started again: {why_not}")
-        if why_not is not None:
-            role.end_attempts()
-            return build_run_outcome(role, run, earlier)
-        earlier.append(summary)
-        # The next attempt's failure, if any, is reported on its own: what this one printed
-        # stays in the log, and a failure file the script wrote is not the job's outcome.
-        collector.reset()
-        clear_previous_outcome(paths)
-
-
-def build_stopped_while_restarting(role: HostRole, earlier: list[str]) -> Outcome:
-    """A stop that came while the hosts were starting the job again: it is not restarted, and
-    the outcome is the stop's, naming the failures before it."""
-    role.end_attempts()
-    code = decide_stop_exit_code(role.stop.loop.stop_signum)
-    return Outcome(code, describe_stop_before_restart(role.stop.loop.stop_name, code, earlier))
 
 
 def build_capacity_over(plan: LaunchPlan) -> Outcome | None:
@@ -223,17 +365,9 @@ def build_stop_at(plan: LaunchPlan) -> tuple[float, str] | None:
                                                          settings.grace_period_s)
 
 
-def build_stopped_before_start(run: RunResult, earlier: list[str]) -> Outcome:
-    """A stop that came before the run's first process started: none ran, so the outcome is the
-    stop's, never a failure of a script that never started."""
-    if not earlier:
-        return Outcome(run.exit_code, describe_startup_stop(run.stopped_by, run.exit_code))
-    return Outcome(run.exit_code, describe_stop_before_restart(run.stopped_by, run.exit_code, earlier))
-
-
 def build_run_outcome(role: HostRole, run: RunResult, earlier: list[str]) -> Outcome:
-    if run.stopped_by and not run.started:
-        return build_stopped_before_start(run, earlier)
+    if run.stopped_by and not run.started:  # none of this attempt's processes ran: the stop's outcome
+        return build_stop_outcome(HostState.RUNNING, run.stopped_by, earlier)
     if run.stop_reason and not run.launch_error:
         # A stop this host made itself (the capacity is ending) is reported as the platform's
         # stop is (SIGTERM to the entrypoint): by what the script did. One that saved and exited

@@ -2,7 +2,11 @@
 
     start()          before the processes: what the launch needs beside them (the other hosts'
                      names, sshd, the job port); an Outcome when the launch cannot start
-    run(launch)      the job's processes: launch() runs the plan's, with restarts
+    begin_running()  the role started: the job's processes are next
+    run_attempt(env, stop_at, on_stopping)  one attempt's processes, to their end (a
+                     RunResult); an Outcome where this host's part is not its own processes (an
+                     MPI worker)
+    decide_restart(run, restarted)  why the attempt is not started again (None: it is)
     attempt_processes()  the processes of the attempt this host is in (the plan's, stamped)
     restart(line, exit_code, cause, failed_at)  the job restarts after a failed attempt: this
                      host's part before the next one (None when it may start; why not, else)
@@ -30,7 +34,7 @@ from entrypoint.outcome.records import Outcome
 from entrypoint.hosts.job_port import PeerLost
 from entrypoint.hosts.net import wait_for_hosts
 from entrypoint.decide.restarts import RunEnding
-from entrypoint.run.supervise import RunHooks, RunResult
+from entrypoint.run.supervise import RunHooks, RunResult, run_processes
 
 
 class HostRole:
@@ -83,10 +87,25 @@ class HostRole:
     def start(self) -> Outcome | None:
         return None
 
-    def run(self, launch) -> Outcome:
+    def begin_running(self) -> None:
+        """The role started: the job's processes are next (orchestrate.py's RUNNING)."""
         log(f"{self.plan.current_host}: running {self.what} ({self.plan.role})")
         self.started_at = time.monotonic()
-        return launch()
+
+    def run_attempt(self, env: dict[str, str], stop_at, on_stopping) -> RunResult | Outcome:
+        """One attempt: this host's processes of it, run to their end (a RunResult, which the
+        orchestrator decides a restart on); an Outcome where this host's part is not its own
+        processes (an MPI worker serves mpirun until the leader's word). stop_at: when and why
+        this host stops them itself (a training plan's capacity); on_stopping: called as it does."""
+        hooks = self.build_run_hooks(self.plan.settings.hang_timeout_s, stop_at, on_stopping)
+        return run_processes(self.attempt_processes(), env, self.plan.cwd, self.collector, self.stop, hooks)
+
+    def decide_restart(self, run: RunResult, restarted: int) -> str | None:
+        """Why the failed attempt is not started again (a success is not); None when it is
+        (decide/restarts.py: this role relaunches, BYOC_MAX_RESTARTS allows another)."""
+        from entrypoint.decide.restarts import decide_restart
+
+        return decide_restart(self.relaunchable, self.plan.settings.max_restarts, restarted, self.build_ending(run))
 
     def attempt_processes(self):
         from entrypoint.decide.restarts import build_attempt_processes

@@ -365,7 +365,10 @@ class MpiWorker(MpiRole):
         if self.told is None and self.from_leader(told.sender, "the job's outcome"):
             self.told = WorkerOutcome(told.exit_code, None, (told.report or None) if told.exit_code else None)
 
-    def run(self, launch) -> Outcome:
+    def begin_running(self) -> None:
+        """Nothing to say: this host's ranks are mpirun's, started from the leader."""
+
+    def run_attempt(self, env: dict[str, str], stop_at, on_stopping) -> Outcome:
         """Not the plan's processes: serve SSH until the leader's outcome; a stop goes to this
         host's ranks; a SIGUSR1 here, or the leader's ask (on_leader_asked), asks them for their stacks."""
         handlers = self.loop.on({StacksRequested: lambda event: self.ask_ranks_for_stacks(event.at)})

@@ -191,3 +191,49 @@ def test_a_sender_started_off_the_loop_pauses_on_the_loop():
 
     assert "loop" in inspect.signature(job_port.send_until).parameters
     assert "loop" in inspect.signature(job_port.send_to_each).parameters
+
+
+# --- the host's state machine (orchestrate.py) ----------------------------------------------
+
+
+def test_every_state_but_done_has_one_step_and_a_stop_outcome_is_one_function_of_the_state():
+    import signal
+
+    from entrypoint import orchestrate
+    from entrypoint.orchestrate import HostState, build_stop_outcome
+
+    assert set(orchestrate.STEPS) == set(HostState) - {HostState.DONE}
+    startup = build_stop_outcome(HostState.WAITING, signal.SIGTERM, [])
+    assert startup.exit_code == 143 and startup.reason.startswith("Stopped by SIGTERM during start-up")
+    for state in orchestrate.BEFORE_THE_ROLE:
+        assert build_stop_outcome(state, "SIGINT", []).reason == build_stop_outcome(HostState.WAITING, 2, []).reason
+    between = build_stop_outcome(HostState.RESTARTING, "SIGHUP", ["exit code 5"])
+    assert between.exit_code == 129 and between.reason.startswith("Stopped by SIGHUP before attempt 2 started")
+    assert "attempt 1: exit code 5" in between.reason
+
+
+def role_members_read(tree: ast.Module) -> set[str]:
+    """What the orchestrator reads or calls of a role: `role.x`, `host.role.x`, `launch.role.x`."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and (
+                (isinstance(node.value, ast.Name) and node.value.id == "role") or
+                (isinstance(node.value, ast.Attribute) and node.value.attr == "role")):
+            found.add(node.attr)
+    return found
+
+
+# What orchestrate.py may use of a role: the lifecycle's calls (roles/base.py) and what it
+# reads for the failure's words and the log. A member more is a back-and-forth the state
+# machine was built to end: it goes in the role protocol, or the role does it itself.
+ROLE_PROTOCOL = {"start_report", "start", "begin_running", "run_attempt", "decide_restart", "restart", "end_attempts",
+                 "settle", "job_report", "close", "describe_failure", "collector", "stop", "plan", "use_plan", "mark",
+                 "add_report_notes", "what", "started_at"}
+
+
+def test_the_orchestrator_uses_only_the_role_protocol():
+    assert role_members_read(ast.parse("role.start()\nhost.role.settle(o)\nlaunch.role.close(o)\nx.other\n")) == \
+        {"start", "settle", "close"}
+    used = role_members_read(ast.parse((PACKAGE / "orchestrate.py").read_text()))
+    assert used <= ROLE_PROTOCOL, used - ROLE_PROTOCOL
+    assert "relaunchable" not in used and "run" not in used  # the attempt loop is the state machine's, not a callback

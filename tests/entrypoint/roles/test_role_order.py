@@ -133,7 +133,7 @@ def test_an_mpi_leader_tells_its_workers_after_its_outcome_is_written_then_close
 
     monkeypatch.setattr(job_port_role, "JobPort", StandInPort)
     monkeypatch.setattr(mpi_role.MpiLeader, "start_ssh", start_ssh)
-    monkeypatch.setattr(orchestrate, "run_with_restarts", lambda *args: events.append("mpirun") or SUCCESS)
+    monkeypatch.setattr(orchestrate, "run_attempt", lambda *args: events.append("mpirun") or SUCCESS)
     monkeypatch.setattr(mpi_role.MpiLeader, "tell_workers",
                         lambda self, code, report: events.append(("tell the workers", code, written())))
     assert main("algo-1", MPI) == 0
@@ -154,7 +154,7 @@ def job_port_worker(host, monkeypatch):
             events.append("close the job port")
 
     monkeypatch.setattr(job_port_role, "JobPort", StandInPort)
-    monkeypatch.setattr(orchestrate, "run_with_restarts", lambda *args: events.append("torchrun") or SUCCESS)
+    monkeypatch.setattr(orchestrate, "run_attempt", lambda *args: events.append("torchrun") or SUCCESS)
     return main, events, written
 
 

@@ -44,11 +44,14 @@ class StandIn(HostRole):
         self.events.append("start")
         return self.start_outcome
 
-    def run(self, launch):
+    def begin_running(self):
+        super().begin_running()
         self.events.append("run")
-        outcome = launch()
-        self.events.append(("ran", outcome.exit_code))
-        return outcome
+
+    def run_attempt(self, env, stop_at, on_stopping):
+        ran = super().run_attempt(env, stop_at, on_stopping)
+        self.events.append(("ran", ran.exit_code))
+        return ran
 
     def on_processes_started(self, supervisor):
         super().on_processes_started(supervisor)
@@ -132,7 +135,7 @@ def test_a_relaunchable_role_runs_its_processes_again_within_one_run_step(job):
               "open('attempt', 'a').write('x')\n"
               "sys.exit(5 if first else 0)\n")
     assert start(script, relaunch=True, env={"BYOC_MAX_RESTARTS": "1"}) == 0
-    assert events == ["start", "run", "processes started", "processes started", ("ran", 0), ("settle", 0),
+    assert events == ["start", "run", "processes started", ("ran", 5), "processes started", ("ran", 0), ("settle", 0),
                       ("close", 0, ["success"])]
 
 
@@ -151,7 +154,7 @@ def test_an_error_of_ours_still_closes_the_role_as_a_failure(job, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("a bug of ours")
 
-    monkeypatch.setattr(orchestrate, "run_with_restarts", broken)
+    monkeypatch.setattr(orchestrate, "run_attempt", broken)
     with pytest.raises(RuntimeError, match="a bug of ours"):
         start("print('never')\n")
     assert events == ["start", "run", ("close", 1, [])]
@@ -248,13 +251,10 @@ class StoppedAt(StandIn):
             self.wait_for_a_peer("start")
         return None
 
-    def run(self, launch):
-        self.events.append("run")
+    def begin_running(self):
+        super().begin_running()  # StandIn's: "run"
         if self.stop_at_step == "run":
             self.wait_for_a_peer("run")  # before the processes: none may start
-        outcome = launch()
-        self.events.append(("ran", outcome.exit_code))
-        return outcome
 
     def settle(self, outcome):
         self.events.append(("settle", outcome.exit_code))
