@@ -107,15 +107,25 @@ class EventsFile:
         Event, Summary = event_pb2.Event, summary_pb2.Summary
         # The scalars of one (step, wall time) share an event, as a merged summary does: a tick
         # at 1,024 hosts has ~5,300 scalars at a few hundred points in time, and a record each
-        # (two CRCs in pure Python, a proto) was a sixth of the tick.
-        at: dict[tuple, list] = {}
+        # (two CRCs in pure Python, a proto) was a sixth of the tick. A scalar joins a moment's
+        # event only if that event comes after its tag's last one: each tag's scalars stay in
+        # the order given (joined by moment alone, a host's point at a rank's step 2 put that
+        # rank's step 2 before its step 1).
+        groups: list[tuple[int, float, list]] = []
+        newest: dict[tuple, int] = {}  # (step, wall) -> the index of its newest event
+        after: dict[str, int] = {}  # tag -> the index of the event its last scalar joined
         for tag, value, step, wall in scalars:
             why = decide_unholdable(value, step, wall)
             if why is not None:
                 self.leave_out(tag, why)
                 continue
-            at.setdefault((step, wall), []).append(Summary.Value(tag=tag, simple_value=value))
-        for (step, wall), values in at.items():
+            index = newest.get((step, wall))
+            if index is None or index <= after.get(tag, -1):
+                index = newest[(step, wall)] = len(groups)
+                groups.append((step, wall, []))
+            groups[index][2].append(Summary.Value(tag=tag, simple_value=value))
+            after[tag] = index
+        for step, wall, values in groups:
             self._writer.write_event(Event(wall_time=wall, step=step, summary=Summary(value=values)))
             self.written += 1
         # Text as tensorboardX.summary.text makes it (the text plugin's string tensor).

@@ -131,6 +131,17 @@ def test_a_ranks_name_at_any_length_has_each_step_written_once(tmp_path, length)
     assert [r.rank for r in loop.view.ranks_now()] == sorted(kept)
 
 
+def test_tags_that_share_a_moment_share_its_event_and_each_tag_keeps_its_order(tmp_path):
+    """A host's point at step 2 and a rank's step 2 at the same time share one event, but never
+    ahead of that rank's step 1 (written by moment alone, TensorBoard saw the rank go 2, 1)."""
+    events = tb_events.EventsFile(str(tmp_path / "byoc-job"), lambda note: None)
+    assert events.write([("host", 1.0, 2, 100.0), ("rank", 1.0, 1, 99.0), ("rank", 2.0, 2, 100.0),
+                         ("other", 3.0, 2, 100.0), ("rank", 4.0, 2, 100.0)], [])
+    events.close()
+    assert read_events(tmp_path / "byoc-job") == {"host": [2], "rank": [1, 2, 2], "other": [2]}
+    assert events.written == 4  # the host's moment, the rank's step 1, its step 2 (with other's), its step 2 again
+
+
 def test_the_writer_leaves_out_what_it_cannot_hold_and_writes_the_rest(tmp_path):
     noted = []
     events = tb_events.EventsFile(str(tmp_path / "byoc-job"), noted.append)
