@@ -242,7 +242,7 @@ class LaunchSettings(NamedTuple):
     # script's loop of `kill -USR1` must not flood the log, nor ask the ranks 3,000 times).
     signal_burst_s: float = 1.0
     # Open MPI's gap between SIGTERM and SIGKILL when it tears a failed job down
-    # (odls_base_sigkill_timeout, whole seconds; see plan.build_mpirun_argv).
+    # (odls_base_sigkill_timeout, whole seconds; see decide/launchers/mpirun.build_mpirun_argv).
     mpi_teardown_signal_gap_s: int = 1
     # One run of a machine tool at start (nvidia-smi, neuron-ls, fi_info).
     tool_probe_timeout_s: float = 20.0

@@ -1,5 +1,5 @@
 """Start a whole parameter-server job on this machine, with exactly the processes and
-environment the entrypoint gives each host (entrypoint.decide.plan.build_parameter_server_processes
+environment the entrypoint gives each host (entrypoint.decide.launchers.parameter_server.build_parameter_server_processes
 writes the contract; train/ps.py reads it): H shard processes (`python -m train.ps_server`, "one per host") and
 H x P worker processes running the given command.
 
@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from entrypoint.decide.plan import build_parameter_server_processes
+from entrypoint.decide.launchers.parameter_server import build_parameter_server_processes
 from entrypoint.decide.specs import ProcessSpec
 from entrypoint.decide.topology import Topology
 
@@ -27,7 +27,7 @@ from entrypoint.decide.topology import Topology
 def build_ps_processes(num_hosts: int, workers_per_host: int, worker_argv: Sequence[str],
                        master_addr: str, master_port: int, python: str = sys.executable) -> tuple[ProcessSpec, ...]:
     """Every host's processes as the entrypoint's parameter-server launch decides them
-    (entrypoint.decide.plan.build_parameter_server_processes: the contract is written there only),
+    (entrypoint.decide.launchers.parameter_server.build_parameter_server_processes: the contract is written there only),
     with the rendezvous the plan's environment adds; the shards first, then the workers."""
     if num_hosts < 1 or workers_per_host < 1:
         raise ValueError("need at least one host and one worker per host")

@@ -2,7 +2,8 @@
 and the launch contract they share with the entrypoint.
 
 Topology (what the entrypoint's parameter-server launch sets, built in one place,
-entrypoint.decide.plan.build_parameter_server_processes, which jobs/ps_local.py reuses on one machine;
+entrypoint.decide.launchers.parameter_server.build_parameter_server_processes, which jobs/ps_local.py
+reuses on one machine;
 parse_ps_topology reads it back): ranks 0..H-1 are PS shards (`ps{i}`, one per host, each running
 `python -m train.ps_server`), ranks H.. are workers (`worker{k}`) running the training script.
 Every process has MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK, LOCAL_RANK, BYOC_PS_ROLE,

@@ -14,6 +14,7 @@ from entrypoint.decide.numbers import MAX_PROCESSES_PER_HOST, parse_count
 from entrypoint.errors import JobDefinitionError
 
 if TYPE_CHECKING:
+    from entrypoint.job.probe import MachineFacts
     from entrypoint.job.v3_definition import V3Job
 
 # launcher name -> the key that enables it
@@ -413,3 +414,13 @@ def parse_instance_groups(job: JobConfig, value: Any, notes: list[str]) -> tuple
     if not known:
         notes.append(f"{GROUPS} is set but resourceconfig.json has no instance groups; every host takes part")
     return tuple(value)
+
+
+def decide_launcher_kind(dist: Distribution, facts: MachineFacts) -> tuple[str, list[str]]:
+    """The launcher that runs the job here: smdataparallel without AWS's SMDDP library runs
+    with torchrun."""
+    if dist.launcher == "smdataparallel" and not facts.smddprun:
+        return "torch_distributed", [
+            "smdistributed dataparallel requested but AWS's SMDDP library is not in this image; "
+            "launching with torchrun instead (use backend \"nccl\", not \"smddp\", in the script)"]
+    return dist.launcher, []

@@ -37,7 +37,7 @@ class RunEnding(NamedTuple):
 def decide_restart(relaunched: bool, max_restarts: int, restarts_done: int, ending: RunEnding) -> str | None:
     """Why the job is not restarted, or None when it is. relaunched: this host's entrypoint
     starts every process of the job, so a relaunch here is a relaunch of the whole job
-    (roles/choose.py RELAUNCHED_ROLES)."""
+    (each family's decide_relaunched: decide/launchers/)."""
     if ending.exit_code == 0:
         return "it succeeded"
     if not relaunched:

@@ -3,7 +3,7 @@
 Trust scheme (threat model in docs/multi-host.md):
 - Every host generates a fresh ed25519 host key at start; nothing secret is in the image.
 - A host's key is also its client identity: mpirun's tree spawn has each host's Open MPI
-  daemon start the next hosts' (decide/plan.decide_launch_radix).
+  daemon start the next hosts' (decide/launchers/mpirun.decide_launch_radix).
 - The keys travel on the job port (hosts/job_port.py: MPI-READY, PEER-KEYS), signed with the
   job's key and checked against the sender's address: each worker sends the leader its public
   key, the leader sends every worker every host's. Each host then authorizes exactly those

@@ -1,5 +1,5 @@
 """The MPI launch family: mpirun on the leader starts every rank over SSH, as a tree (each
-host's Open MPI daemon starts the next ones': decide/plan.decide_launch_radix). Everything
+host's Open MPI daemon starts the next ones': decide/launchers/mpirun.decide_launch_radix). Everything
 else between the hosts travels on their job ports (hosts/job_port.py), signed with the job's
 key and checked against the sender's address: no SSH session per host per step.
 

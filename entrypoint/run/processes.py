@@ -4,7 +4,7 @@ Why the entrypoint needs it:
 - A stop request (SIGTERM from the platform) must reach the ranks themselves, at once. Under
   mpirun the ranks are children of `mpirun` (on the leader) or of `orted` (on a worker), each
   in its own process group; signalling mpirun instead starts Open MPI's teardown, which gives
-  ranks only its kill timeout (see plan.build_mpirun_argv).
+  ranks only its kill timeout (see decide/launchers/mpirun.build_mpirun_argv).
 - As PID 1 of a container (or a child subreaper) we inherit every orphan: they must be
   reaped, or they stay zombies until the container ends.
 - Nothing of the job outlives a host's entrypoint: sshd and what its sessions started (orted

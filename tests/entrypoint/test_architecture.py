@@ -237,3 +237,67 @@ def test_the_orchestrator_uses_only_the_role_protocol():
     used = role_members_read(ast.parse((PACKAGE / "orchestrate.py").read_text()))
     assert used <= ROLE_PROTOCOL, used - ROLE_PROTOCOL
     assert "relaunchable" not in used and "run" not in used  # the attempt loop is the state machine's, not a callback
+
+
+# --- launcher families: one module each, one registry ----------------------------------------
+
+
+def code_strings(tree: ast.Module) -> set[str]:
+    docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                  if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef)) and n.body
+                  and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    return {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+            and id(n) not in docstrings}
+
+
+def files_naming(family) -> set[str]:
+    """The modules that name a family's identity: one of its roles (Role.X), one of its
+    launcher kinds as a string, or the role classes its decide_role names."""
+    roles = {role.name for role in family.ROLES}
+    kinds = set(family.KINDS)
+    found = set()
+    for name, tree in modules().items():
+        attributes = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)
+                      and isinstance(n.value, ast.Name) and n.value.id == "Role"}
+        if attributes & roles or code_strings(tree) & kinds:
+            found.add(name)
+    return found
+
+
+# Where a family's identity is named besides its own module: the SDKs' words for it
+# (decide/distribution.py parses v2's `distribution=`, job/v3_definition.py reads v3's driver
+# names), the Role enum (decide/launch_plan.py), and
+# what the launcher kind changes in shared decisions (threads: a PS shard is a process; topology:
+# the DDP launchers' processes per host). Its role class lives in roles/, named by its module.
+SHARED_NAMERS = {"decide/distribution.py", "job/v3_definition.py", "decide/launch_plan.py", "decide/threads.py", "decide/topology.py",
+                 "decide/launchers/__init__.py"}
+
+
+def test_each_launcher_family_is_named_in_its_module_and_the_shared_places_only():
+    from entrypoint.decide.launchers import FAMILIES
+
+    assert [f.NAME for f in FAMILIES] == ["single", "torchrun", "mpirun", "parameter-server"]
+    counts = {}
+    for family in FAMILIES:
+        own = f"decide/launchers/{family.__name__.rsplit('.', 1)[1]}.py"
+        naming = files_naming(family)
+        assert own in naming
+        assert naming - {own} <= SHARED_NAMERS, (family.NAME, naming - {own} - SHARED_NAMERS)
+        counts[family.NAME] = len(naming)
+    assert max(counts.values()) <= 5, counts  # its module, and at most four of the shared places
+
+
+def test_every_family_speaks_the_same_protocol_and_the_registry_covers_every_role_and_kind():
+    from entrypoint.decide.distribution import ENABLE_KEYS
+    from entrypoint.decide.launch_plan import Role
+    from entrypoint.decide.launchers import FAMILIES, find_family_of_kind, find_family_of_role
+
+    for family in FAMILIES:
+        for name in ("NAME", "KINDS", "ROLES", "decide_plan", "describe", "decide_relaunched",
+                     "describe_restart_limits", "decide_role"):
+            assert hasattr(family, name), (family.NAME, name)
+    assert {role for f in FAMILIES for role in f.ROLES} == set(Role)
+    for role in Role:
+        assert find_family_of_role(role).NAME
+    for kind in ("process", *ENABLE_KEYS):
+        assert find_family_of_kind(kind).NAME  # every launcher distribution.py parses has its family

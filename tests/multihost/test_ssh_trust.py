@@ -55,7 +55,7 @@ def test_only_the_leaders_per_job_key_from_the_leaders_address_gets_in(tmp_path)
 
 
 def test_mpirun_reaches_the_third_host_through_the_second_each_trusting_only_the_jobs_hosts_keys():
-    """With 3 hosts the launch radix is 1 (decide/plan.decide_launch_radix): mpirun starts
+    """With 3 hosts the launch radix is 1 (decide/launchers/mpirun.decide_launch_radix): mpirun starts
     algo-2's orted, and algo-2's orted starts algo-3's, logging in with algo-2's own key, which
     algo-3 accepts only from algo-2's address. Every host's key is pinned on every host."""
     with EmulatedCluster(["algo-1", "algo-2", "algo-3"], job("mpi_job.py", "mpi", hold=60)) as cluster:

@@ -168,7 +168,7 @@ def test_eleven_hosts_mpirun_starts_them_as_a_tree_of_radix_three():
 @pytest.mark.parametrize("hosts, radix", [(1, 1), (2, 1), (3, 1), (4, 2), (7, 2), (8, 3), (11, 3), (13, 3), (14, 4),
                                           (32, 6), (64, 8), (256, 16), (257, 16), (258, 16), (274, 17), (1024, 32)])
 def test_the_launch_radix_is_the_fewest_that_reach_every_worker_in_two_levels(hosts, radix):
-    from entrypoint.decide.plan import decide_launch_radix
+    from entrypoint.decide.launchers.mpirun import decide_launch_radix
 
     assert decide_launch_radix(hosts) == radix
     workers = hosts - 1

@@ -36,12 +36,12 @@ from entrypoint.rank.record_errors import build_restart_note  # noqa: E402
     ("mpi-worker", RunEnding(1), 0, False),  # the leader relaunches, not the workers
 ])
 def test_which_endings_are_restarted(role, ending, done, restarted):
+    from entrypoint.decide.launchers import find_family_of_role
     from entrypoint.decide.plan import Role
-    from entrypoint.roles.choose import decide_relaunched
 
-    # the two fields decide_relaunched reads
+    # the two fields a family's decide_relaunched reads
     plan = SimpleNamespace(role=Role(role.removesuffix("-hosts")), multi_host=role != "torchrun")
-    why_not = decide_restart(decide_relaunched(plan), 2, done, ending)
+    why_not = decide_restart(find_family_of_role(plan.role).decide_relaunched(plan), 2, done, ending)
     assert (why_not is None) == restarted, why_not
 
 
