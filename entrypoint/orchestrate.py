@@ -73,22 +73,25 @@ BEFORE_THE_ROLE = (HostState.STARTING, HostState.INSTALLING, HostState.CHECKING,
 class Host:
     """The state machine's one value: its state, and what the steps made on the way."""
 
-    def __init__(self, plan: LaunchPlan, env: dict[str, str], role: HostRole, paths: MlPaths) -> None:
+    def __init__(self, plan: LaunchPlan, env: dict[str, str], role: HostRole, paths: MlPaths, stop: Stop,
+                 collector: OutputCollector) -> None:
         self.state = HostState.STARTING
         self.plan = plan
         self.env = env  # the processes' environment (the container's and the plan's)
         self.role = role
         self.paths = paths
+        self.stop = stop  # the job's one stop token (run/stop.py)
+        self.collector = collector  # the processes' output: the tail and root causes, for the failure's words
         self.keeper = None  # run/compile_cache.CacheKeeper, once RESTORING made one
         self.ran = False  # RUNNING was reached: the ranks ran (the keeper writes the caches back)
         self.run: RunResult | None = None  # the last attempt's
         self.earlier: list[str] = []  # the failures of the attempts restarted so far, in order
         self.outcome: Outcome | None = None
-        self.say_stop = SayStop(role.stop.loop)  # WAITING on: a stop said without "during start-up"
+        self.say_stop = SayStop(stop.loop)  # WAITING on: a stop said without "during start-up"
 
     @property
     def loop(self):
-        return self.role.stop.loop
+        return self.stop.loop
 
 
 class Launch:
@@ -134,7 +137,7 @@ def run_plan(plan: LaunchPlan, paths: MlPaths, environ: dict[str, str], launch: 
     collector = OutputCollector(secret_values(env))
     role = launch.role = choose_role(plan, collector, env, paths, launch.stop)
     role.start_report()
-    return run_host(Host(plan, env, role, paths))
+    return run_host(Host(plan, env, role, paths, launch.stop, collector))
 
 
 def run_host(host: Host) -> Outcome:
@@ -201,7 +204,7 @@ def step_starting(host: Host) -> HostState:
 def step_installing(host: Host) -> HostState:
     if not host.plan.install:
         return HostState.CHECKING  # nothing ran: no stop to look for that STARTING did not see
-    failed = run_install_steps(host.plan, host.env, host.role)
+    failed = run_install_steps(host)
     if failed is not None:
         return end_with(host, failed)
     return stopped(host) or HostState.CHECKING
@@ -210,7 +213,7 @@ def step_installing(host: Host) -> HostState:
 def step_checking(host: Host) -> HostState:
     if host.plan.health_check is None:
         return HostState.RESTORING
-    failed = check_health(host.plan, host.env, host.role.stop)
+    failed = check_health(host.plan, host.env, host.stop)
     if failed is not None:
         return end_with(host, failed)
     return stopped(host) or HostState.RESTORING
@@ -219,8 +222,7 @@ def step_checking(host: Host) -> HostState:
 def step_restoring(host: Host) -> HostState:
     if host.plan.compile_cache is None:
         return HostState.WAITING
-    host.keeper = start_compile_cache(host.plan, host.role, host.env)
-    host.plan = host.role.plan  # the cache's folder may have changed in it (start_compile_cache)
+    host.keeper = start_compile_cache(host)
     return HostState.WAITING  # a stop while it restored: WAITING looks first
 
 
@@ -264,7 +266,7 @@ def step_restarting(host: Host) -> HostState:
     """The role's part of a restart (a job-port host waits for the leader's word:
     roles/attempts.py); then the next attempt, or why not."""
     plan, role, run = host.plan, host.role, host.run
-    cause = first_root_cause(role.collector.root_causes)
+    cause = first_root_cause(host.collector.root_causes)
     summary = describe_root_cause(cause) if cause else describe_exit_code(run.exit_code, run.oom_kills,
                                                                            signaled=run.signaled)
     why_not = role.restart(build_restart_line(len(host.earlier), plan.settings.max_restarts, role.what, run.exit_code,
@@ -280,7 +282,7 @@ def step_restarting(host: Host) -> HostState:
     host.earlier.append(summary)
     # The next attempt's failure, if any, is reported on its own: what this one printed
     # stays in the log, and a failure file the script wrote is not the job's outcome.
-    role.collector.reset()
+    host.collector.reset()
     clear_previous_outcome(host.paths)
     return HostState.RUNNING
 
@@ -295,28 +297,28 @@ STEPS = {HostState.STARTING: step_starting, HostState.INSTALLING: step_installin
          HostState.SETTLING: step_settling}
 
 
-def start_compile_cache(plan: LaunchPlan, role: HostRole, env: dict[str, str]):
+def start_compile_cache(host: Host):
     """torch.compile's caches (run/compile_cache.py), restored before the role starts the ranks
     (an MPI worker before it lets the leader in); the keeper writes them back meanwhile and at
     the end. A folder it could not use is replaced (or left out) in the processes' environment
     and the role's plan (whose environment an MPI host's ranks get: roles/mpi.write_host_env),
     so no rank is handed a folder torch cannot write."""
-    if plan.compile_cache is None:
-        return None
+    plan, env = host.plan, host.env
     from entrypoint.decide.compile_cache import decide_folder_env
     from entrypoint.run.compile_cache import CacheKeeper
 
     keeper = CacheKeeper(plan.compile_cache, plan.settings.stop_check_s)
-    keeper.stop_asked = role.stop.loop.stopped  # a stop posted while restoring ends the restore
+    keeper.stop_asked = host.loop.stopped  # a stop posted while restoring ends the restore
     keeper.start()
     if keeper.folder != plan.compile_cache.folder:
         plan_env = decide_folder_env(plan.env_dict, plan.compile_cache.folder, keeper.folder)
         for name in set(plan.env_dict) - set(plan_env):
             env.pop(name, None)
         env.update(plan_env)
-        role.use_plan(plan._replace(env=tuple(plan_env.items()), compile_cache=keeper.cache))
+        host.plan = plan._replace(env=tuple(plan_env.items()), compile_cache=keeper.cache)
+        host.role.use_plan(host.plan)
     if plan.compile_cache.archive is not None:  # a phase of its own only where archives are unpacked
-        role.mark("compile cache restored")
+        host.role.mark("compile cache restored")
     return keeper
 
 
@@ -331,20 +333,21 @@ def check_health(plan: LaunchPlan, env: dict[str, str], stop: Stop) -> Outcome |
     return run_health_check(plan, env, stop)
 
 
-def run_install_steps(plan: LaunchPlan, env: dict[str, str], role: HostRole) -> Outcome | None:
+def run_install_steps(host: Host) -> Outcome | None:
     """requirements.txt and a source directory that is a package, before the role starts;
     an Outcome when one fails."""
+    plan = host.plan
     for step in plan.install:
         what = "installing requirements.txt" if "-r" in step else "installing the source directory as a package"
         log(what)
-        run = run_processes((ProcessSpec("pip", step),), env, plan.cwd, role.collector, role.stop,
+        run = run_processes((ProcessSpec("pip", step),), host.env, plan.cwd, host.collector, host.stop,
                             RunHooks(plan.settings, plan.current_host))
         if run.stopped_by:  # before pip started, or forwarded to it: nothing was trained, a start-up stop
             return build_stop_outcome(HostState.INSTALLING, run.stopped_by, [])
         if run.launch_error:
             return Outcome(run.exit_code, f"{what}: {run.launch_error}")
         if run.exit_code != 0:
-            return Outcome(run.exit_code, role.describe_failure(what, run))
+            return Outcome(run.exit_code, host.role.describe_failure(what, run))
     return None
 
 
