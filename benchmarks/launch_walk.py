@@ -12,7 +12,8 @@ probe peers run beside it).
 
 The walk: the module of each call made within --depth calls of the launch's own line (cli.py
 and orchestrate.py, where run_plan is), in order, a run of calls into one module counted once.
-The plan's record (its properties) and log.py are data and a leaf, not rooms. A return is a
+The plan's record (its properties) and log.py are data and a leaf, not rooms, and what a
+leaf calls is its own (log.py's text rule lives in rank/record_errors.py). A return is a
 move into a module the walk had left before. Printed, for depths 1 to 3: the walk, the
 returns, the calls per module.
 """
@@ -29,7 +30,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 LINE = ("cli.py", "orchestrate.py", "run/execute.py")  # the last: run_plan's module in a tree before issue 44
-NOT_ROOMS = ("log.py", "plan.py", "decide/plan.py")
+NOT_ROOMS = ("log.py", "plan.py", "decide/plan.py", "decide/launch_plan.py")  # the last: the record, from issue 51 on
 
 
 def run_traced(repo: str, out: str) -> int:
@@ -54,6 +55,8 @@ def run_traced(repo: str, out: str) -> int:
             return
         caller, depth = frame.f_back, 1
         while caller is not None and room_of(caller) not in LINE and depth <= 3:
+            if room_of(caller) in NOT_ROOMS:
+                return  # called by a leaf (log.py's text rule): the leaf's own business, not a room
             caller, depth = caller.f_back, depth + 1
         for limit, walk in rooms.items():
             if caller is not None and depth <= limit and (not walk or walk[-1] != room):

@@ -10,8 +10,7 @@ from typing import NamedTuple
 from entrypoint import orchestrate
 from entrypoint.loop import StacksRequested, StopRequested, Waited
 from entrypoint.run import finishing, runtime_dirs
-from entrypoint.run.stop import SayStop, Stop
-from entrypoint.run.supervise import NoRanksToAsk
+from entrypoint.run.stop import NoRanksToAsk, SayStop, Stop
 from entrypoint.job.config import JobConfig, find_missing_channel_dirs, load_job
 from entrypoint.job.json_text import build_json
 from entrypoint.decide.distribution import parse_distribution
@@ -176,7 +175,6 @@ def main(argv: list[str] | None = None) -> int:
         # output/data/report (the leader's; a worker sends its figures), then closing (an MPI
         # leader tells its workers what it wrote), each bounded: run/finishing.py.
         finishing.run_finish(finish, launch, outcome)
-    finishing.end_finish(finish)
     return outcome.exit_code
 
 

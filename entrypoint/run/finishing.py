@@ -29,7 +29,7 @@ import time
 
 from entrypoint.log import log
 from entrypoint.loop import StacksRequested, StopRequested, Waited
-from entrypoint.run.stop import Stop
+from entrypoint.run.stop import NoRanksToAsk, Stop
 from entrypoint.settings import DEFAULTS
 
 
@@ -79,8 +79,6 @@ class Finish:
 
 def start_finish(stop: Stop) -> Finish:
     """Stops count from now on (cli.main calls this before it writes the outcome)."""
-    from entrypoint.run.supervise import NoRanksToAsk
-
     finish = Finish(stop)
     stop.begin_finishing()  # first: a stop from here on counts, and cuts the step under way
     stop.loop.on({StopRequested: finish.on_stop, StacksRequested: NoRanksToAsk()})
@@ -94,7 +92,8 @@ def end_finish(finish: Finish) -> None:
 
 
 def run_finish(finish: Finish, launch, outcome) -> None:
-    """The role's report and close (orchestrate.Launch), each bounded; the folders removed last."""
+    """The role's report and close (orchestrate.Launch), each bounded; the folders removed last;
+    then a stop that came as they ended is said (end_finish)."""
     role = launch.role
     settings = role.plan.settings if role is not None else DEFAULTS
     finish.grace_s = settings.finish_after_stop_s
@@ -105,3 +104,4 @@ def run_finish(finish: Finish, launch, outcome) -> None:
     finally:
         launch.remove_folders()
         finish.stop.loop.handle_pending()  # a stop that came as the last steps ended is said
+    end_finish(finish)

@@ -29,7 +29,8 @@ import signal
 import time
 
 from entrypoint.log import log
-from entrypoint.loop import HostLoop, StacksRequested, StopRequested
+from entrypoint.loop import Burst, HostLoop, StacksRequested, StopRequested
+from entrypoint.settings import DEFAULTS
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 # What a stop is forwarded to the processes as: SIGHUP's default would end a rank without the
@@ -55,6 +56,20 @@ class SayStop:
         if not self.loop.stop_said:
             self.loop.stop_said = True
             log(f"received {signal.Signals(event.signum).name}{self.words}")
+
+
+class NoRanksToAsk:
+    """The handler of SIGUSR1 outside a run (start-up, waits, finishing): no rank to ask; it
+    must not end the process. Said once per burst."""
+
+    def __init__(self, within_s: float = DEFAULTS.signal_burst_s) -> None:
+        self.burst = Burst()
+        self.within_s = within_s
+
+    def __call__(self, event: StacksRequested) -> None:
+        said = self.burst.take(self.within_s, event.at)
+        if said is not None:
+            log(f"SIGUSR1{said}: no training process is running on this host yet (or any more)")
 
 
 class Stop:

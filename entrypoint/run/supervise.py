@@ -490,20 +490,6 @@ class RunResult(NamedTuple):
     started: bool = True  # False: a stop came before any process started, and none was
 
 
-class NoRanksToAsk:
-    """The handler of SIGUSR1 outside a run (start-up, waits, finishing): no rank to ask; it
-    must not end the process. Said once per burst."""
-
-    def __init__(self, within_s: float = DEFAULTS.signal_burst_s) -> None:
-        self.burst = Burst()
-        self.within_s = within_s
-
-    def __call__(self, event: StacksRequested) -> None:
-        said = self.burst.take(self.within_s, event.at)
-        if said is not None:
-            log(f"SIGUSR1{said}: no training process is running on this host yet (or any more)")
-
-
 class LaunchError(Exception):
     """A process could not be started (the message is one line naming the cause)."""
 
