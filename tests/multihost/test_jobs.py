@@ -27,7 +27,16 @@ def test_mpirun_over_ssh_two_hosts_ranks_see_their_own_host():
         ]
         for host in cluster.host_names:
             assert os.path.exists(os.path.join(cluster.opt_ml(host), "output", "success"))
+        assert_no_internal_line(result)
         assert_nothing_left(cluster)
+
+
+def assert_no_internal_line(result) -> None:
+    """No event went unhandled and no handler raised (entrypoint/loop/: each is logged as
+    `internal`), on any host of a job that went as it should."""
+    said = {h: [line for line in r.output.splitlines() if "[entrypoint] internal" in line]
+            for h, r in result.results.items()}
+    assert not any(said.values()), said
 
 
 def test_a_shell_script_rank_sees_its_own_hosts_values_as_a_python_rank_does():
@@ -216,6 +225,7 @@ def test_torchrun_two_hosts_one_report_on_the_leader_covers_both():
         assert os.path.exists(os.path.join(folder, "index.html"))
         assert not os.path.exists(os.path.join(cluster.opt_ml("algo-2"), "output", "data", "report"))
         assert "job report: straggler: rank 1 on algo-2" in result.results["algo-1"].output
+        assert_no_internal_line(result)
         assert_nothing_left(cluster)
 
 
