@@ -84,6 +84,7 @@ class Host:
         self.collector = collector  # the processes' output: the tail and root causes, for the failure's words
         self.keeper = None  # run/compile_cache.CacheKeeper, once RESTORING made one
         self.ran = False  # RUNNING was reached: the ranks ran (the keeper writes the caches back)
+        self.started_at: float | None = None  # when this host's processes began (None: they are not its own)
         self.run: RunResult | None = None  # the last attempt's
         self.earlier: list[str] = []  # the failures of the attempts restarted so far, in order
         self.outcome: Outcome | None = None
@@ -147,9 +148,8 @@ def run_host(host: Host) -> Outcome:
             host.state = STEPS[host.state](host)
     finally:
         end_host(host)
-    role = host.role
-    if host.outcome.exit_code == 0 and role.started_at is not None:
-        log(f"{host.plan.current_host}: {role.what} succeeded in {time.monotonic() - role.started_at:.1f} s")
+    if host.outcome.exit_code == 0 and host.started_at is not None:
+        log(f"{host.plan.current_host}: {host.role.what} succeeded in {time.monotonic() - host.started_at:.1f} s")
     return host.outcome
 
 
@@ -239,7 +239,7 @@ def step_waiting(host: Host) -> HostState:
     done = stopped(host)
     if done is not None:
         return done
-    host.role.begin_running()
+    host.started_at = host.role.begin_running()
     host.ran = True
     return HostState.RUNNING
 

@@ -87,10 +87,12 @@ class HostRole:
     def start(self) -> Outcome | None:
         return None
 
-    def begin_running(self) -> None:
-        """The role started: the job's processes are next (orchestrate.py's RUNNING)."""
+    def begin_running(self) -> float | None:
+        """The role started: the job's processes are next (orchestrate.py's RUNNING). When they
+        started (time.monotonic()), for the success's line; None where they are not this host's."""
         log(f"{self.plan.current_host}: running {self.what} ({self.plan.role})")
         self.started_at = time.monotonic()
+        return self.started_at
 
     def run_attempt(self, env: dict[str, str], stop_at, on_stopping) -> RunResult | Outcome:
         """One attempt: this host's processes of it, run to their end (a RunResult, which the

@@ -366,7 +366,9 @@ class MpiWorker(MpiRole):
             self.told = WorkerOutcome(told.exit_code, None, (told.report or None) if told.exit_code else None)
 
     def begin_running(self) -> None:
-        """Nothing to say: this host's ranks are mpirun's, started from the leader."""
+        """Nothing to say: this host's ranks are mpirun's, started from the leader (no success
+        line of its own either: the leader reports the job's)."""
+        return None
 
     def run_attempt(self, env: dict[str, str], stop_at, on_stopping) -> Outcome:
         """Not the plan's processes: serve SSH until the leader's outcome; a stop goes to this

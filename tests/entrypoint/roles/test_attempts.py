@@ -15,7 +15,6 @@ from entrypoint.hosts.job_port import (ATTEMPT, AttemptWord, Word, JobPort, Refu
                                        build_signed_line, parse_attempt_record, send_message)
 from entrypoint.loop import HostLoop
 from entrypoint.roles.attempts import AttemptBoard, Taken
-from entrypoint.settings import DEFAULTS
 
 KEY = "cd" * 32
 

@@ -23,7 +23,7 @@ from entrypoint.outcome.records import SUCCESS  # noqa: E402
 from entrypoint.roles import base, job_port as job_port_role, mpi as mpi_role  # noqa: E402
 from entrypoint import orchestrate  # noqa: E402
 from entrypoint.hosts import job_port  # noqa: E402
-from entrypoint.hosts.job_port import HostDone, HostFigures  # noqa: E402
+from entrypoint.hosts.job_port import HostFigures  # noqa: E402
 from entrypoint.loop import Waited  # noqa: E402
 
 MPI = {"sagemaker_mpi_enabled": True}

@@ -45,8 +45,9 @@ class StandIn(HostRole):
         return self.start_outcome
 
     def begin_running(self):
-        super().begin_running()
+        started = super().begin_running()
         self.events.append("run")
+        return started
 
     def run_attempt(self, env, stop_at, on_stopping):
         ran = super().run_attempt(env, stop_at, on_stopping)
@@ -252,9 +253,10 @@ class StoppedAt(StandIn):
         return None
 
     def begin_running(self):
-        super().begin_running()  # StandIn's: "run"
+        started = super().begin_running()  # StandIn's: "run"
         if self.stop_at_step == "run":
             self.wait_for_a_peer("run")  # before the processes: none may start
+        return started
 
     def settle(self, outcome):
         self.events.append(("settle", outcome.exit_code))
