@@ -65,10 +65,13 @@ def test_the_build_versions_file_names_cuda_nccl_torch_and_no_efa(gpu_image):
 
 def test_horovod_and_mpi4py_load_without_a_driver_and_two_ranks_talk(gpu_image):
     """Horovod's NCCL build links the CUDA runtime, not the driver: it imports on a machine
-    without one. mpi4py's two ranks run under the image's mpirun."""
+    without one. mpi4py's two ranks run under the image's mpirun. Each rank's line is one
+    write: print's pieces from two ranks reached mpirun's output interleaved ("rankrank 1 sum 3"
+    and " 0 sum 3", once, on a loaded machine)."""
     done = _in_image(gpu_image, "mpirun", "--oversubscribe", "-np", "2", "-mca", "btl", "self,vader",
-                     "python3", "-c", "import horovod.torch as hvd; from mpi4py import MPI; "
-                     "c = MPI.COMM_WORLD; print('rank', c.Get_rank(), 'sum', c.allreduce(c.Get_rank() + 1))")
+                     "python3", "-c", "import os; import horovod.torch as hvd; from mpi4py import MPI; "
+                     "c = MPI.COMM_WORLD; s = c.allreduce(c.Get_rank() + 1); "
+                     "os.write(1, f'rank {c.Get_rank()} sum {s}\\n'.encode())")
     assert done.returncode == 0, done.stderr
     assert sorted(done.stdout.split("\n")[:2]) == ["rank 0 sum 3", "rank 1 sum 3"]
 
