@@ -228,6 +228,16 @@ def build_plan(shared: PlanBasis, role: Role, processes: tuple[ProcessSpec, ...]
     )
 
 
+def describe_job_port_restarts(settings: LaunchSettings, host_count: int, what: str) -> list[str]:
+    """A job-port family's note on BYOC_MAX_RESTARTS across hosts (what: what the leader starts
+    again on every host); none on one host or without restarts."""
+    if not settings.max_restarts or host_count < 2:
+        return []
+    return [f"BYOC_MAX_RESTARTS={settings.max_restarts} on {host_count} hosts: after a failure the leader restarts "
+            f"{what} on every host, once every host's processes of the failed attempt are gone, each attempt with "
+            f"a rendezvous of its own; a lost host is not replaced (the job fails)"]
+
+
 # The role objects (roles/) a family's decide_role names: (module, class, keyword arguments).
 ONE_HOST_ROLE = ("entrypoint.roles.single", "SingleHost", {})
 

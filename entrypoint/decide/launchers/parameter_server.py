@@ -8,7 +8,7 @@ from __future__ import annotations
 from entrypoint.decide import topology
 from entrypoint.decide.distribution import Distribution
 from entrypoint.decide.launch_plan import (LaunchPlan, PlanBasis, Role, build_job_port_env, build_plan,
-                                           decide_job_port_role)
+                                           decide_job_port_role, describe_job_port_restarts)
 from entrypoint.decide.specs import ProcessSpec
 from entrypoint.job.probe import MachineFacts
 from entrypoint.settings import LaunchSettings
@@ -27,11 +27,7 @@ def decide_relaunched(plan: LaunchPlan) -> bool:
 
 
 def describe_restart_limits(settings: LaunchSettings, host_count: int) -> list[str]:
-    if not settings.max_restarts or host_count < 2:
-        return []
-    return [f"BYOC_MAX_RESTARTS={settings.max_restarts} on {host_count} hosts: after a failure the leader restarts "
-            f"the parameter server's processes on every host, once every host's processes of the failed attempt are "
-            f"gone, each attempt with a rendezvous of its own; a lost host is not replaced (the job fails)"]
+    return describe_job_port_restarts(settings, host_count, "the parameter server's processes")
 
 
 def decide_role(plan: LaunchPlan) -> tuple[str, str, dict]:
