@@ -92,6 +92,8 @@ def load_crash_file(folder: str, pid: int) -> tuple[float, str] | None:
     try:
         with open(path, errors="replace") as f:
             text = f.read(CRASH_TEXT_CHARS + 1)
+        # The kernel stamps files from its coarse clock: this can be up to one tick (1-10 ms)
+        # before the rank's own time.time() at the crash. Hosts' clocks differ by more than that.
         when = os.stat(path).st_mtime_ns / 1e9
     except OSError:
         return None
