@@ -62,6 +62,8 @@ DISTRIBUTION_PREFIXES = (
     "sagemaker_dataparallel",
 )
 MPI_BASED = ("mpi", "pytorchddp", "smdataparallel")
+# The SDK's launchers made to run one process per GPU: with no GPU (nor Neuron core), 1 per host, said so.
+ONE_PER_GPU = ("pytorchddp", "smdataparallel")
 
 
 class Distribution(NamedTuple):

@@ -228,6 +228,13 @@ def build_plan(shared: PlanBasis, role: Role, processes: tuple[ProcessSpec, ...]
     )
 
 
+def decide_distribution_processes(topo: topology.Topology, beside: int = 0) -> dict[str, int]:
+    """What each host of a distributed launch starts (for its threads' share: decide/threads.py):
+    the launcher's processes per host, and `beside` more, on a host of the distribution; the
+    script once on a host outside it."""
+    return {h: (topo.processes_per_host + beside if h in topo.distribution_hosts else 1) for h in topo.hosts}
+
+
 def describe_job_port_restarts(settings: LaunchSettings, host_count: int, what: str) -> list[str]:
     """A job-port family's note on BYOC_MAX_RESTARTS across hosts (what: what the leader starts
     again on every host); none on one host or without restarts."""

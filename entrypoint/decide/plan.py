@@ -79,15 +79,16 @@ def decide(
         settings.compile_cache_max_mb, settings.compile_cache_save_every_s, settings.compile_cache_dir)
     notes.extend(compile_notes)
     launcher_kind, kind_notes = decide_launcher_kind(dist, facts)
+    family = find_family_of_kind(launcher_kind)
     notes.extend(kind_notes)
     notes.extend(n for n in (topo.gpu_share_note, topo.processes_per_host_note) if n)
-    notes.extend(find_family_of_kind(launcher_kind).describe_restart_limits(settings, len(topo.distribution_hosts)))
+    notes.extend(family.describe_restart_limits(settings, len(topo.distribution_hosts)))
     capacity_stop_at = decide_capacity_stop_at(settings)
     notes.extend(describe_capacity_end(settings, capacity_stop_at))
     tensorboard_dir = decide_tensorboard_dir(settings.tensorboard, job.tensorboard_path,
                                              os.path.join(job.paths.output_dir, "tensorboard"))
     thread_env, thread_note = threads.build_thread_env(job.environ, facts, topo, job.resource.current_instance_type,
-                                                       launcher_kind)
+                                                       family.decide_host_processes(topo))
     notes.append(thread_note)
     report = decide_report_spec(settings.report, settings.report_interval_s, runtime.files.folder, facts.gpu_count,
                                 facts.neuron_core_count, tensorboard_dir, settings.live_interval_s,

@@ -96,20 +96,11 @@ def decide_thread_budget(environ: Mapping[str, str], cpu: CpuFacts, processes: i
                         f"shared by {where}")
 
 
-def decide_processes_per_host(launcher_kind: str, topo: Topology) -> dict[str, int]:
-    """What each host of the job starts: its launcher's processes on a distribution host, the
-    script once elsewhere (no launcher, or a host outside the distribution's groups)."""
-    if launcher_kind == "process":
-        return {h: 1 for h in topo.hosts}
-    extra = 1 if launcher_kind == "parameter_server" else 0  # each host's PS shard is a process too
-    return {h: (topo.processes_per_host + extra if h in topo.distribution_hosts else 1) for h in topo.hosts}
-
-
 def build_thread_env(environ: Mapping[str, str], facts: MachineFacts, topo: Topology, instance_type: str,
-                     launcher_kind: str) -> tuple[dict[str, str], str]:
-    """(the variables for every process of the plan, the plan's note)."""
+                     host_processes: dict[str, int]) -> tuple[dict[str, str], str]:
+    """(the variables for every process of the plan, the plan's note). host_processes: what
+    each host of the job starts (its launcher family's decide_host_processes)."""
     cpu = CpuFacts(facts.cpu_count, facts.cpu_affinity, facts.cpu_quota, facts.mkl)
-    processes, sharing = decide_machine_processes(topo.hosts, topo.current_host, instance_type,
-                                                  decide_processes_per_host(launcher_kind, topo))
+    processes, sharing = decide_machine_processes(topo.hosts, topo.current_host, instance_type, host_processes)
     budget = decide_thread_budget(environ, cpu, processes, sharing)
     return dict(budget.env), budget.note

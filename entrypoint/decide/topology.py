@@ -140,7 +140,9 @@ def decide_processes_per_host(dist: Distribution, facts: MachineFacts,
         return gpus, None
     if facts.neuron_core_count:
         return facts.neuron_core_count, None
-    if dist.launcher in ("pytorchddp", "smdataparallel"):
+    from entrypoint.decide.distribution import ONE_PER_GPU  # the SDK's words are distribution.py's
+
+    if dist.launcher in ONE_PER_GPU:
         return 1, f"{dist.launcher} normally runs one process per GPU; no GPU here, so 1 process per host"
     return 1, None
 

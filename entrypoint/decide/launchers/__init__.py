@@ -9,6 +9,8 @@ wording, under the same names:
     decide_relaunched(plan)         whether this host's entrypoint starts a crashed attempt again
     describe_restart_limits(settings, host_count)   the plan's note on restarts, or none
     decide_role(plan)               (roles module, class, keyword arguments) for this host
+    decide_host_processes(topo)     what each host of the job starts (host -> processes), for
+                                    the threads' share of its cores (decide/threads.py)
 
 Adding a family is its module here, its line in FAMILIES, its role in roles/ (or one that
 exists), its tests and its docs (ARCHITECTURE.md says where each goes).

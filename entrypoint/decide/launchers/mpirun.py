@@ -8,7 +8,7 @@ from __future__ import annotations
 from entrypoint.decide import topology
 from entrypoint.decide.distribution import MPI_BASED, Distribution
 from entrypoint.decide.launch_plan import (ONE_HOST_ROLE, RECORD_ERRORS, LaunchPlan, PlanBasis, Role, Runtime,
-                                           build_job_key, build_plan)
+                                           build_job_key, build_plan, decide_distribution_processes)
 from entrypoint.decide.restarts import ATTEMPT_ENV
 from entrypoint.decide.specs import ProcessSpec
 from entrypoint.errors import JobDefinitionError
@@ -45,6 +45,10 @@ def decide_role(plan: LaunchPlan) -> tuple[str, str, dict]:
     if plan.role == Role.MPI_WORKER:
         return "entrypoint.roles.mpi", "MpiWorker", {}
     return ("entrypoint.roles.mpi", "MpiLeader", {}) if plan.multi_host else ONE_HOST_ROLE
+
+
+def decide_host_processes(topo: topology.Topology) -> dict[str, int]:
+    return decide_distribution_processes(topo)
 
 
 def forwarded_names(plan_env: dict[str, str], environ: dict[str, str]) -> tuple[str, ...]:

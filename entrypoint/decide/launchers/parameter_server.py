@@ -8,7 +8,8 @@ from __future__ import annotations
 from entrypoint.decide import topology
 from entrypoint.decide.distribution import Distribution
 from entrypoint.decide.launch_plan import (LaunchPlan, PlanBasis, Role, build_job_port_env, build_plan,
-                                           decide_job_port_role, describe_job_port_restarts)
+                                           decide_distribution_processes, decide_job_port_role,
+                                           describe_job_port_restarts)
 from entrypoint.decide.specs import ProcessSpec
 from entrypoint.job.probe import MachineFacts
 from entrypoint.settings import LaunchSettings
@@ -32,6 +33,10 @@ def describe_restart_limits(settings: LaunchSettings, host_count: int) -> list[s
 
 def decide_role(plan: LaunchPlan) -> tuple[str, str, dict]:
     return decide_job_port_role(plan, watch_rendezvous=False)
+
+
+def decide_host_processes(topo: topology.Topology) -> dict[str, int]:
+    return decide_distribution_processes(topo, beside=1)  # each host's PS shard is a process too
 
 
 def decide_plan(shared: PlanBasis, dist: Distribution, facts: MachineFacts, launcher_kind: str,

@@ -9,6 +9,7 @@ from entrypoint.decide.distribution import Distribution
 from entrypoint.decide.launch_plan import (ONE_HOST_ROLE, LaunchPlan, PlanBasis, Role, build_plan,
                                            build_rendezvous_env)
 from entrypoint.decide.specs import ProcessSpec
+from entrypoint.decide.topology import Topology
 from entrypoint.job.probe import MachineFacts
 from entrypoint.settings import LaunchSettings
 
@@ -33,6 +34,11 @@ def describe_restart_limits(settings: LaunchSettings, host_count: int) -> list[s
 
 def decide_role(plan: LaunchPlan) -> tuple[str, str, dict]:
     return ONE_HOST_ROLE
+
+
+def decide_host_processes(topo: Topology) -> dict[str, int]:
+    """The script once on every host of a one-process job."""
+    return {h: 1 for h in topo.hosts}
 
 
 def decide_takes_host(dist: Distribution, topo) -> bool:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from entrypoint.decide import topology
 from entrypoint.decide.distribution import Distribution
 from entrypoint.decide.launch_plan import (LAUNCH_TORCHRUN, LaunchPlan, PlanBasis, Role, build_job_port_env,
-                                           build_plan, decide_job_port_role,
+                                           build_plan, decide_distribution_processes, decide_job_port_role,
                                            describe_job_port_restarts)
 from entrypoint.decide.restarts import build_attempt_rendezvous_id
 from entrypoint.decide.specs import ProcessSpec
@@ -37,6 +37,10 @@ def describe_restart_limits(settings: LaunchSettings, host_count: int) -> list[s
 
 def decide_role(plan: LaunchPlan) -> tuple[str, str, dict]:
     return decide_job_port_role(plan, watch_rendezvous=True)
+
+
+def decide_host_processes(topo: topology.Topology) -> dict[str, int]:
+    return decide_distribution_processes(topo)
 
 
 def decide_plan(shared: PlanBasis, dist: Distribution, facts: MachineFacts, launcher_kind: str,
