@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.images.dockerfiles import REPO_ROOT, SCRIPTS_DIR, load_versions
+from tests.images.dockerfiles import SCRIPTS_DIR, load_versions
 
 pytestmark = [pytest.mark.needs_package_index, pytest.mark.slow]
 

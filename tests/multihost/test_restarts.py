@@ -64,8 +64,8 @@ def assert_restarted_once_and_finished(hosts, result, results, report, last_atte
         assert got["resumed_at"] > 0 and got["resumed_at"] % EVERY == 0, got
         assert got["total"] == expected_total(world), got
     leader_log = result.results[hosts[0]].output
-    assert f"restart 1 of " in leader_log and f"torchrun on {world} host(s) exited with code" in leader_log, leader_log
-    assert f"every host's processes of attempt 1 are gone: starting attempt 2" in leader_log, leader_log
+    assert "restart 1 of " in leader_log and f"torchrun on {world} host(s) exited with code" in leader_log, leader_log
+    assert "every host's processes of attempt 1 are gone: starting attempt 2" in leader_log, leader_log
     for host in hosts[1:]:
         assert f"{host}: the leader starts attempt 2" in result.results[host].output, logs(result)
     assert report is not None and report["job"]["attempts"] == last_attempt, report and report["job"]

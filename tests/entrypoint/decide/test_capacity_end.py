@@ -4,7 +4,6 @@ the way StopTrainingJob stops one, with output/failure saying why."""
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from pathlib import Path

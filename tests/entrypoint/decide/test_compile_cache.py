@@ -382,7 +382,6 @@ def test_a_kernel_torch_is_still_building_is_left_out_of_the_archive(tmp_path):
 def test_a_stop_writes_the_archive_while_the_ranks_still_run(tmp_path):
     cache = make_cache(tmp_path)
     fill(tmp_path / "local-0", {"fxgraph/ab/entry": 10})
-    stopped = []
     k = keep.CacheKeeper(cache, 0.01)
     k.start()
     k.note_stop()

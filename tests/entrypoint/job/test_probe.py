@@ -66,7 +66,7 @@ def test_gethostname_shim_answers_current_host(tmp_path):
     config.write_text(json.dumps({"current_host": "algo-7", "hosts": ["algo-7"]}))
     script = (
         "mount -t tmpfs none /opt && mkdir -p /opt/ml/input/config && "
-        f'cp "$1" /opt/ml/input/config/ && LD_PRELOAD="$2" "$3" -c "import socket; print(socket.gethostname())"'
+        'cp "$1" /opt/ml/input/config/ && LD_PRELOAD="$2" "$3" -c "import socket; print(socket.gethostname())"'
     )
     done = subprocess.run(
         ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", str(config), shim, sys.executable],

@@ -312,7 +312,6 @@ def test_a_read_only_folder_is_a_note_and_no_error(small_tmpfs):
 
 def test_a_workers_live_figures_reach_the_leaders_port_signed_and_a_replay_does_not(tmp_path):
     import socket as sockets
-    import threading
 
     from entrypoint.hosts import job_port
 

@@ -5,7 +5,6 @@ never a traceback or an empty file: tested just under, at and over each limit, a
 `str` (lone surrogates, control characters, very long lines) through the real writers.
 """
 
-import errno
 import io
 import json
 import os
