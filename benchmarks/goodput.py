@@ -1,0 +1,197 @@
+"""Goodput under a failure a minute (issue 52): the main job on 2 emulated hosts (localcluster:
+Linux namespaces, needs root) through the real entrypoint, restarting in place, with one rank
+SIGKILLed every --every-s seconds, a different rank and host each time, for at least --minutes
+of training; once per launcher.
+
+    .venv/bin/python benchmarks/goodput.py [--launchers torchrun,mpirun] [--minutes 5] [--runs 3]
+
+The job: jobs/main_job.py (train/'s DDP trainer under torchrun, its mpi4py trainer under
+mpirun), one rank a host, a model big enough that a step is a measurable time on CPU
+(--hidden), a checkpoint every --checkpoint-every steps (written in the background), a step
+line every step. BYOC_MAX_RESTARTS covers every failure.
+
+Each launcher runs once without a failure first (--clean-steps steps): the clean step time is
+its training time over its steps, from its first step line to its last, as the benchmark sees
+them on the leader's output. The failing run is given enough steps for --minutes at that step
+time; the first kill comes --every-s after its first step line, each next one --every-s after
+the one before, at the first step line from then on (a kill never lands in a restart).
+
+    crash cost     = the first step line after the resume - the kill
+    steps redone   = the last step line before the kill - the step the resume started from
+                     (a floor: a step whose line had not reached the leader's output when the
+                     rank was killed is not counted; under mpirun the resume was seen to start
+                     one step past the last line seen)
+    efficiency     = clean step time x the steps the job made / the training's wall time
+                     (first step line to last: the job's start-up, the same with or without
+                     failures, is not the failures' cost)
+
+Prints each run's failures, then one JSON line per launcher (medians over --runs):
+{"launcher", "minutes", "failures", "efficiency", "crash_cost_median_s", "steps_redone_median"}.
+Not part of the test suite (nothing under tests/ imports it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from crash_cost import find_rank  # noqa: E402
+from localcluster import EmulatedCluster  # noqa: E402
+from support.multihost import start  # noqa: E402
+
+HOSTS = ["algo-1", "algo-2"]
+LAUNCHERS = {"torchrun": ("ddp", "torch_distributed"), "mpirun": ("mpi4py", "mpi")}
+STEP_LINE = re.compile(r"\[metrics\] epoch=\d+ step=(\d+)")
+RESUMED = re.compile(r"\[checkpoint\] resumed from \S+ at step (\d+)")
+
+
+def build_spec(work: str, launcher: str, steps: int, args) -> object:
+    from jobs.main_job import DEFAULT_HYPERPARAMETERS, ENTRY_SCRIPT
+    from jobs.run_main_job import write_inputs
+    from localcluster.optml import Channel, JobSpec
+
+    backend, distribution = LAUNCHERS[launcher]
+    code, channels = write_inputs(work, backend)
+    hps = {**DEFAULT_HYPERPARAMETERS, "epochs": 100000, "max_steps": steps, "log_every": 1,
+           "checkpoint_every": args.checkpoint_every, "hidden_sizes": [args.hidden, args.hidden],
+           "batch_size": args.batch_size, "warmup_epochs": 0.0}
+    return JobSpec(job_name=f"goodput-{launcher}", program=ENTRY_SCRIPT, code_dir=code,
+                   channels=tuple(Channel(n, path, "application/x-npz") for n, path in channels.items()),
+                   distribution=distribution, hyperparameters=hps)
+
+
+class Watch:
+    """The leader's output as it grows: each new step line's step and when it was seen."""
+
+    def __init__(self, proc) -> None:
+        self.proc, self.seen, self.steps = proc, 0, []  # steps: [(step, time seen)]
+        self.resumes: list[tuple[int, float, int]] = []  # (step resumed from, time seen, index in steps)
+
+    def read(self) -> None:
+        text = self.proc.output
+        end = text.rfind("\n") + 1  # whole lines only
+        if end <= self.seen:
+            return
+        now, new, self.seen = time.time(), text[self.seen:end], end
+        for line in new.splitlines():
+            if (found := STEP_LINE.search(line)) is not None:
+                self.steps.append((int(found.group(1)), now))
+            elif (found := RESUMED.search(line)) is not None:
+                self.resumes.append((int(found.group(1)), now, len(self.steps)))
+
+
+def run_job(launcher: str, steps: int, every_s: float | None, args) -> dict:
+    """One job to its end; with every_s, a rank killed every every_s seconds of training."""
+    with tempfile.TemporaryDirectory() as work, \
+            EmulatedCluster(HOSTS, build_spec(work, launcher, steps, args)) as cluster:
+        run = start(cluster, env={"BYOC_MAX_RESTARTS": str(args.max_restarts)})
+        watch, kills = Watch(run.procs[HOSTS[0]]), []
+        next_kill = None
+        while run.exit_codes()[HOSTS[0]] is None:
+            watch.read()
+            if every_s is not None and watch.steps:
+                next_kill = next_kill or watch.steps[0][1] + every_s
+                resumed = not kills or any(r[2] < len(watch.steps) and r[1] > kills[-1]["at"]
+                                           for r in watch.resumes)
+                if time.time() >= next_kill and resumed:
+                    rank = len(kills) % len(HOSTS)  # one rank a host: rank r runs on HOSTS[r]
+                    pid = find_rank(cluster, HOSTS[rank], rank)
+                    if pid is not None:
+                        os.kill(pid, signal.SIGKILL)
+                        kills.append({"at": time.time(), "rank": rank, "host": HOSTS[rank],
+                                      "step": watch.steps[-1][0]})
+                        next_kill = kills[-1]["at"] + every_s
+            time.sleep(0.01)
+        result = run.wait(timeout=600, fail_fast=False)
+        watch.read()
+        bad = {h: r.output[-3000:] for h, r in result.results.items() if r.returncode != 0}
+        if bad:
+            raise SystemExit(f"{launcher}: the job failed: {bad}")
+        with open(os.path.join(cluster.opt_ml(HOSTS[0]), "output", "data", "report", "report.json")) as f:
+            restarts = json.load(f).get("restarts", [])
+        return {"steps": watch.steps, "resumes": watch.resumes, "kills": kills, "restarts": restarts}
+
+
+def measure_failures(job: dict) -> list[dict]:
+    """Each kill's crash cost and steps redone, from the resume that followed it."""
+    failures = []
+    for kill in job["kills"]:
+        resume = next((r for r in job["resumes"] if r[1] >= kill["at"]), None)
+        if resume is None:
+            raise SystemExit(f"no resume seen after the kill at step {kill['step']}")
+        first = next((t for s, t in job["steps"][resume[2]:]), None)
+        failures.append({**kill, "resumed_from": resume[0], "crash_cost_s": first - kill["at"],
+                         "steps_redone": max(0, kill["step"] - resume[0])})
+    return failures
+
+
+def training_span(job: dict) -> tuple[int, float]:
+    """(the steps the job made, its training's wall time): first step line to last."""
+    (first_step, first_at), (last_step, last_at) = job["steps"][0], job["steps"][-1]
+    return last_step - first_step, last_at - first_at
+
+
+def run_launcher(launcher: str, args) -> dict:
+    made, span = training_span(run_job(launcher, args.clean_steps, None, args))
+    step_s = span / made
+    steps = math.ceil(args.minutes * 60 / step_s)
+    print(f"{launcher}: clean step {step_s * 1000:.1f} ms ({made} steps in {span:.1f} s); "
+          f"the failing runs make {steps} steps", flush=True)
+    runs = []
+    for i in range(args.runs):
+        job = run_job(launcher, steps, args.every_s, args)
+        failures = measure_failures(job)
+        made, span = training_span(job)
+        efficiency = step_s * made / span
+        for f in failures:
+            print(f"  run {i + 1}: rank {f['rank']} on {f['host']} killed at step {f['step']}, resumed from "
+                  f"{f['resumed_from']}: crash cost {f['crash_cost_s']:.2f} s, {f['steps_redone']} steps redone",
+                  flush=True)
+        launcher_s = [r.get("restart_s") for r in job["restarts"] if r.get("restart_s") is not None]
+        print(f"  run {i + 1}: {span / 60:.2f} min, {len(failures)} failures, efficiency {efficiency:.4f}"
+              + (f", the launcher's part {statistics.median(launcher_s):.2f} s (median)" if launcher_s else ""),
+              flush=True)
+        runs.append({"minutes": span / 60, "failures": len(failures), "efficiency": efficiency,
+                     "crash": statistics.median(f["crash_cost_s"] for f in failures),
+                     "redone": statistics.median(f["steps_redone"] for f in failures)})
+    return {"launcher": launcher,
+            "minutes": round(statistics.median(r["minutes"] for r in runs), 2),
+            "failures": statistics.median(r["failures"] for r in runs),
+            "efficiency": round(statistics.median(r["efficiency"] for r in runs), 4),
+            "crash_cost_median_s": round(statistics.median(r["crash"] for r in runs), 2),
+            "steps_redone_median": statistics.median(r["redone"] for r in runs)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--launchers", default=",".join(LAUNCHERS))
+    parser.add_argument("--minutes", type=float, default=5.0)
+    parser.add_argument("--every-s", type=float, default=60.0)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--clean-steps", type=int, default=1000)
+    parser.add_argument("--checkpoint-every", type=int, default=20)
+    parser.add_argument("--hidden", type=int, default=1024)
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--max-restarts", type=int, default=50)
+    args = parser.parse_args()
+    lines = [run_launcher(name, args) for name in args.launchers.split(",")]
+    for line in lines:
+        print(json.dumps(line))
+
+
+if __name__ == "__main__":
+    main()
