@@ -37,7 +37,7 @@ import time
 
 from entrypoint.decide.plan import LaunchPlan
 from entrypoint.decide.specs import ProcessSpec
-from entrypoint.decide.restarts import build_restart_line
+from entrypoint.decide.restarts import build_attempt_processes, build_restart_line
 from entrypoint.job.paths import MlPaths
 from entrypoint.log import log
 from entrypoint.loop import StopRequested
@@ -48,6 +48,7 @@ from entrypoint.outcome.stops import (decide_stop_exit_code, describe_capacity_o
                                       describe_startup_stop, describe_stop_before_restart)
 from entrypoint.outcome.writer import clear_previous_outcome
 from entrypoint.run import runtime_dirs
+from entrypoint.run.held import HeldProcesses, Next
 from entrypoint.roles.base import HostRole
 from entrypoint.roles.choose import choose_role
 from entrypoint.run.stop import SayStop, Stop
@@ -89,6 +90,7 @@ class Host:
         self.earlier: list[str] = []  # the failures of the attempts restarted so far, in order
         self.outcome: Outcome | None = None
         self.say_stop = SayStop(stop.loop)  # WAITING on: a stop said without "during start-up"
+        self.held = HeldProcesses()  # the next attempt's launchers, started ahead (run/held.py)
 
     @property
     def loop(self):
@@ -154,8 +156,10 @@ def run_host(host: Host) -> Outcome:
 
 
 def end_host(host: Host) -> None:
-    """What run_host started, ended: the compile cache's keeper writes back what the ranks
-    made (or, when none ran, lets go), and its lines go in the report's notes."""
+    """What run_host started, ended: the next attempt's held processes (none follows), then the
+    compile cache's keeper writes back what the ranks made (or, when none ran, lets go), and
+    its lines go in the report's notes."""
+    host.held.stop()
     keeper = host.keeper
     if keeper is None:
         return
@@ -258,8 +262,13 @@ def step_running(host: Host) -> HostState:
 
 
 def run_attempt(host: Host) -> RunResult | Outcome:
-    keeper = host.keeper
-    return host.role.run_attempt(host.env, build_stop_at(host.plan), keeper.note_stop if keeper is not None else None)
+    keeper, plan, restarted = host.keeper, host.plan, len(host.earlier)
+    # What the next attempt would start, while a restart is left: its launchers may be started
+    # ahead during this one (run/held.py).
+    host.held.expect(Next(build_attempt_processes(plan.processes, restarted + 2), host.env, plan.cwd)
+                     if restarted < plan.settings.max_restarts else None)
+    return host.role.run_attempt(host.env, build_stop_at(plan), keeper.note_stop if keeper is not None else None,
+                                 host.held)
 
 
 def step_restarting(host: Host) -> HostState:

@@ -187,6 +187,10 @@ class LaunchSettings(NamedTuple):
     # (SIGCHLD posts ChildExited on the loop), so this only paces the hang check, the
     # capacity's stop time and an exit whose SIGCHLD the kernel handed another thread.
     process_poll_s: float = 0.1
+    # How long after an attempt's processes started the next attempt's launcher is started
+    # ahead, held (run/held.py): past this attempt's own start-up, so its import of torch does
+    # not take the cores from this attempt's ranks as they import theirs.
+    held_start_after_s: float = 10.0
     # How often a wait on something outside the process tree is polled (an MPI worker's
     # orphans, a process group that is ending).
     wait_poll_s: float = 0.05

@@ -21,6 +21,9 @@ class ProcessSpec(NamedTuple):
     # Where mpirun's daemon writes each rank's output on this host (--output-filename), which
     # the entrypoint follows and prints (run/rank_output.py); "": the process's pipes carry it.
     rank_output: str = ""
+    # Where the hold flag goes in argv to start the next attempt's copy ahead, held until that
+    # attempt starts (run/held.py; rank/launch_torchrun.py --held); 0: never started ahead.
+    hold_at: int = 0
 
 
 # --- the job's runtime files -----------------------------------------------------------------

@@ -1,7 +1,12 @@
 """torchrun, as `python -m torch.distributed.run ARGS` runs it, which also reports a rank that a
 signal killed as the job's root cause.
 
-Usage: python launch_torchrun.py [TORCHRUN ARGS...]
+Usage: python launch_torchrun.py [--held] [TORCHRUN ARGS...]
+
+--held: the next attempt's torchrun, started ahead during this one (entrypoint/run/held.py):
+it imports torch, then waits for one line on its stdin, and runs only then (at its end of
+input, without one, it exits 0, having started nothing). So a restart does not wait for
+torchrun's import of torch.
 
 A rank that dies of a signal (SIGABRT from a C++ abort, SIGSEGV, SIGKILL from the OOM killer)
 runs no Python at its end, so the rank wrapper (record_errors.py) writes no record of it; torch's
@@ -113,9 +118,17 @@ def build_crash_text(dump: str) -> str:
     return "\n\n".join([head, *current, *others]) + "\n"
 
 
+HOLD_FLAG = "--held"  # entrypoint/run/held.py's
+
+
 def main(argv: list) -> None:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as run_torchrun
+
+    if argv[:1] == [HOLD_FLAG]:
+        argv = argv[1:]
+        if not sys.stdin.readline():  # the entrypoint let it go unused
+            return
 
     sys.argv = ["torchrun", *argv]
     _thread.start_new_thread(_watch_children, ())

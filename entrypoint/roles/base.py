@@ -3,9 +3,9 @@
     start()          before the processes: what the launch needs beside them (the other hosts'
                      names, sshd, the job port); an Outcome when the launch cannot start
     begin_running()  the role started: the job's processes are next
-    run_attempt(env, stop_at, on_stopping)  one attempt's processes, to their end (a
+    run_attempt(env, stop_at, on_stopping, held)  one attempt's processes, to their end (a
                      RunResult); an Outcome where this host's part is not its own processes (an
-                     MPI worker)
+                     MPI worker); held: the next attempt's launchers started ahead (run/held.py)
     decide_restart(run, restarted)  why the attempt is not started again (None: it is)
     attempt_processes()  the processes of the attempt this host is in (the plan's, stamped)
     restart(line, exit_code, cause, failed_at)  the job restarts after a failed attempt: this
@@ -94,12 +94,13 @@ class HostRole:
         self.started_at = time.monotonic()
         return self.started_at
 
-    def run_attempt(self, env: dict[str, str], stop_at, on_stopping) -> RunResult | Outcome:
+    def run_attempt(self, env: dict[str, str], stop_at, on_stopping, held=None) -> RunResult | Outcome:
         """One attempt: this host's processes of it, run to their end (a RunResult, which the
         orchestrator decides a restart on); an Outcome where this host's part is not its own
         processes (an MPI worker serves mpirun until the leader's word). stop_at: when and why
-        this host stops them itself (a training plan's capacity); on_stopping: called as it does."""
-        hooks = self.build_run_hooks(self.plan.settings.hang_timeout_s, stop_at, on_stopping)
+        this host stops them itself (a training plan's capacity); on_stopping: called as it does;
+        held: the host's held processes (run/held.py), which the run takes and starts ahead."""
+        hooks = self.build_run_hooks(self.plan.settings.hang_timeout_s, stop_at, on_stopping)._replace(held=held)
         return run_processes(self.attempt_processes(), env, self.plan.cwd, self.collector, self.stop, hooks)
 
     def decide_restart(self, run: RunResult, restarted: int) -> str | None:

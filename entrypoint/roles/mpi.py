@@ -370,7 +370,7 @@ class MpiWorker(MpiRole):
         line of its own either: the leader reports the job's)."""
         return None
 
-    def run_attempt(self, env: dict[str, str], stop_at, on_stopping) -> Outcome:
+    def run_attempt(self, env: dict[str, str], stop_at, on_stopping, held=None) -> Outcome:
         """Not the plan's processes: serve SSH until the leader's outcome; a stop goes to this
         host's ranks; a SIGUSR1 here, or the leader's ask (on_leader_asked), asks them for their stacks."""
         handlers = self.loop.on({StacksRequested: lambda event: self.ask_ranks_for_stacks(event.at)})

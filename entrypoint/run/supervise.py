@@ -208,6 +208,9 @@ class RunHooks(NamedTuple):
     # Called once, with no argument, when the run begins to stop (a stop signal, the capacity's
     # stop time): the compile cache's keeper writes its archive then (run/compile_cache.py).
     on_stopping: object = None
+    # The host's held processes (run/held.HeldProcesses): a start takes the one that is exactly
+    # it; once this attempt is under way, the next attempt's are started ahead. None: none.
+    held: object = None
 
 
 class Supervisor:
@@ -241,6 +244,8 @@ class Supervisor:
         self.killed_at_deadline = False  # we sent SIGKILL when the grace period ran out
         self.first_failure_signaled: bool | None = None  # RunResult.signaled
         self.stack_requests = Burst()  # SIGUSR1s: a burst asks the ranks once
+        self.held = hooks.held
+        self.held_start_at: float | None = None  # time.monotonic() when the next attempt's start ahead
 
     def start(self, spec: ProcessSpec, env: dict[str, str], cwd: str) -> None:
         if spec.rank_output:
@@ -248,7 +253,8 @@ class Supervisor:
 
             rank_output.clear(spec.rank_output)
         try:
-            proc = subprocess.Popen(
+            proc = self.held.take(spec, env, spec.cwd or cwd) if self.held is not None else None
+            proc = proc or subprocess.Popen(
                 list(spec.argv),
                 env=env,
                 cwd=spec.cwd or cwd,
@@ -428,6 +434,7 @@ class Supervisor:
                         self.stop_after_failure(f"{spec.name} exited with code {code}")
             if running:
                 self.check_stop_time()
+                self.start_held_when_due()
             if self.hang_timeout_s and running and self.stopped_by is None and self.hang_reason is None \
                     and (self.kill_at is None or self.hang_asked_at is not None):
                 self.check_for_hang()
@@ -454,9 +461,19 @@ class Supervisor:
     def next_look_s(self) -> float:
         """How long the run's wait may last before something here must be looked at."""
         look = self.settings.process_poll_s
-        if self.kill_at is not None and self.kill_at != float("inf"):
-            look = min(look, max(0.0, self.kill_at - time.monotonic()))
+        for at in (self.kill_at, self.held_start_at):
+            if at is not None and at != float("inf"):
+                look = min(look, max(0.0, at - time.monotonic()))
         return look
+
+    def start_held_when_due(self) -> None:
+        """The next attempt's processes, started ahead and held (run/held.py), once this
+        attempt's own start-up is past and while it runs on: not while it stops."""
+        if self.held_start_at is None or time.monotonic() < self.held_start_at:
+            return
+        self.held_start_at = None
+        if self.stopped_by is None and self.kill_at is None:
+            self.held.start_next()
 
     def join_pumps(self) -> None:
         """The output pumps, within one deadline for all of them: a process the script left
@@ -580,4 +597,6 @@ def start_and_wait(supervisor: Supervisor, processes_: tuple[ProcessSpec, ...], 
         return RunResult(decide_stop_exit_code(name), name, supervisor.stopped_at, started=False)
     if on_started is not None:
         on_started(supervisor)
+    if supervisor.held is not None and supervisor.held.next is not None:
+        supervisor.held_start_at = time.monotonic() + supervisor.settings.held_start_after_s
     return supervisor.wait()

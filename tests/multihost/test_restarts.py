@@ -84,6 +84,35 @@ def test_a_rank_killed_once_is_restarted_on_every_host_and_the_job_succeeds(host
         assert_restarted_once_and_finished(hosts, result, results, report)
 
 
+HELD = "torchrun of attempt 2 started ahead, held until that attempt starts"
+HELD_LINE = "torchrun of attempt 2: the one started ahead runs now (its imports done)"
+
+
+def test_a_restart_past_the_attempts_start_up_runs_the_torchrun_each_host_started_ahead():
+    """A crash after the attempt's start-up (settings.held_start_after_s, 10 s): each host had
+    started attempt 2's torchrun during attempt 1, which imported torch and waited (run/held.py);
+    the restart runs it, and the job ends as one restarted with fresh processes does."""
+    hosts = ["algo-1", "algo-2"]
+    result, results, report, _ = run_restart_job(hosts, {"kill": "worker", "step-s": 0.5})
+    assert_restarted_once_and_finished(hosts, result, results, report)
+    for host in hosts:
+        out = result.results[host].output
+        assert out.count(HELD) == 1 and out.count(HELD_LINE) == 1, logs(result)
+        assert out.index(HELD) < out.index(HELD_LINE), logs(result)
+
+
+def test_a_torchrun_started_ahead_that_no_attempt_needs_is_ended_with_the_job():
+    """No failure: attempt 2's torchrun, started ahead and held, is never run; the job succeeds
+    and nothing of it is left on any host (run_restart_job checks)."""
+    hosts = ["algo-1", "algo-2"]
+    result, results, report, _ = run_restart_job(hosts, {"kill": "none", "step-s": 0.3})
+    assert all(r.returncode == 0 for r in result.results.values()), logs(result)
+    assert sorted(results) == ["result-0.json", "result-1.json"] and report["job"]["attempts"] == 1
+    for r in result.results.values():  # started ahead on each host, never run
+        assert r.output.count(HELD) == 1 and HELD_LINE not in r.output, logs(result)
+        assert "starting attempt 2" not in r.output and "the leader starts attempt 2" not in r.output, logs(result)
+
+
 def test_a_crash_during_the_restart_is_restarted_again():
     """The killed rank's host crashes again as attempt 2 starts, before its first step: a
     third attempt (BYOC_MAX_RESTARTS=2) runs through."""

@@ -47,7 +47,11 @@ def decide_plan(shared: PlanBasis, dist: Distribution, facts: MachineFacts, laun
                 program_argv: tuple[str, ...], launcher_env: dict[str, str]) -> LaunchPlan:
     launcher_env = {**launcher_env, **build_job_port_env(shared.job, shared.topo, shared.settings)}
     argv = build_torchrun_argv(shared.runtime.python, shared.topo, settings=shared.settings, program_argv=program_argv)
-    return build_plan(shared, Role.TORCHRUN, (ProcessSpec("torchrun", argv),), launcher_env)
+    # On several hosts the entrypoint restarts the job: the next attempt's torchrun may import
+    # torch ahead, during this one (run/held.py), off the restart's path. Not under
+    # neuron_parallel_compile, whose own run of the command would hold.
+    hold_at = 2 if len(shared.topo.distribution_hosts) > 1 and argv[1] == LAUNCH_TORCHRUN else 0
+    return build_plan(shared, Role.TORCHRUN, (ProcessSpec("torchrun", argv, hold_at=hold_at),), launcher_env)
 
 
 def build_torchrun_argv(

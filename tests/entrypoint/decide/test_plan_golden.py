@@ -6,6 +6,7 @@ from entrypoint.decide.compile_cache import LOCAL_FOLDER
 
 from entrypoint.decide.plan import LAUNCH_TORCHRUN
 from entrypoint.decide.plan import RECORD_ERRORS as RE
+from entrypoint.run.held import build_held_argv
 from support.jobs import CPU, GPU4, GPU8_EFA, PY, TRN1_EFA, make_job, plan_for
 
 SCRIPT = "/opt/ml/code/train.py"
@@ -120,8 +121,12 @@ def test_two_hosts_torchrun_with_restarts_keeps_the_static_rendezvous_and_restar
     )
     assert any(n.startswith("BYOC_MAX_RESTARTS=3 on 2 hosts: after a failure the leader restarts torchrun on every "
                             "host, once every host's processes of the failed attempt are gone") for n in plan.notes)
+    # The next attempt's torchrun may be started ahead, held (run/held.py): its flag after the launcher.
+    assert plan.processes[0].hold_at == 2
+    assert build_held_argv(plan.processes[0])[:4] == [PY, LAUNCH_TORCHRUN, "--held", "--nnodes"]
     one_host = plan_for(make_job(hps=TORCH, environ={"BYOC_MAX_RESTARTS": "3"}), GPU8_EFA)
     assert one_host.processes[0].argv[2:5] == ("--standalone", "--nnodes", "1")
+    assert one_host.processes[0].hold_at == 0  # torchrun restarts its own ranks: never held
     assert one_host.processes[0].argv[one_host.processes[0].argv.index("--max_restarts") + 1] == "3"
     assert not any(n.startswith("BYOC_MAX_RESTARTS") for n in one_host.notes)
 
@@ -260,6 +265,7 @@ def test_trainium_torchrun_xla_settings_and_parallel_compile():
         "--master_addr", "algo-1", "--master_port", "7777", "--rdzv_id", "byoc-attempt-1", "--nproc_per_node", "32",
         "--max_restarts", "0", RE, SCRIPT,
     )
+    assert plan.processes[0].hold_at == 0  # neuron_parallel_compile runs the command: never held
     assert non_sm_env(plan) == {
         "FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "FI_EFA_FORK_SAFE": "1", "RDMAV_FORK_SAFE": "1",
         "PJRT_DEVICE": "NEURON", "CCOM_SOCKET_IFNAME": "eth0", "NEURON_RT_ROOT_COMM_ID": "algo-1:46820",

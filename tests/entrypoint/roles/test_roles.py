@@ -49,8 +49,8 @@ class StandIn(HostRole):
         self.events.append("run")
         return started
 
-    def run_attempt(self, env, stop_at, on_stopping):
-        ran = super().run_attempt(env, stop_at, on_stopping)
+    def run_attempt(self, env, stop_at, on_stopping, held=None):
+        ran = super().run_attempt(env, stop_at, on_stopping, held)
         self.events.append(("ran", ran.exit_code))
         return ran
 
