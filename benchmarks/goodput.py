@@ -10,11 +10,13 @@ mpirun), one rank a host, a model big enough that a step is a measurable time on
 (--hidden), a checkpoint every --checkpoint-every steps (written in the background), a step
 line every step. BYOC_MAX_RESTARTS covers every failure.
 
-Each launcher runs once without a failure first (--clean-steps steps): the clean step time is
-its training time over its steps, from its first step line to its last, as the benchmark sees
-them on the leader's output. The failing run is given enough steps for --minutes at that step
-time; the first kill comes --every-s after its first step line, each next one --every-s after
-the one before, at the first step line from then on (a kill never lands in a restart).
+Each failing run comes right after a run of the same job without a failure (--clean-steps
+steps), paired as in training_scaling.py: this shared machine's speed drifts between minutes.
+The clean step time is that run's training time over its steps, from its first step line to
+its last, as the benchmark sees them on the leader's output. The failing runs are given enough
+steps for --minutes at the first clean run's step time, and a tenth more; the first kill comes
+--every-s after its first step line, each next one --every-s after the one before, at the first
+step line from then on (a kill never lands in a restart).
 
     crash cost     = the first step line after the resume - the kill
     steps redone   = the last step line before the kill - the step the resume started from
@@ -24,9 +26,13 @@ the one before, at the first step line from then on (a kill never lands in a res
     efficiency     = clean step time x the steps the job made / the training's wall time
                      (first step line to last: the job's start-up, the same with or without
                      failures, is not the failures' cost)
+    efficiency, own steps = the same with the failing run's own steady step time (its steps
+                     and time from 5 s after each resume to the next kill): what the failures
+                     cost, whatever the machine's speed did between the two runs
 
 Prints each run's failures, then one JSON line per launcher (medians over --runs):
-{"launcher", "minutes", "failures", "efficiency", "crash_cost_median_s", "steps_redone_median"}.
+{"launcher", "minutes", "failures", "efficiency", "crash_cost_median_s", "steps_redone_median"},
+and "efficiency_own_steps".
 Not part of the test suite (nothing under tests/ imports it).
 """
 
@@ -145,27 +151,45 @@ def training_span(job: dict) -> tuple[int, float]:
     return last_step - first_step, last_at - first_at
 
 
+STEADY_AFTER_S = 5.0  # after a resume's first step line, the steps are steady again
+
+
+def steady_step_s(job: dict) -> float:
+    """The failing run's own step time: its steps over its time, counted from 5 s after the
+    start and after each resume, up to the next kill (or the end)."""
+    ends = [k["at"] for k in job["kills"]] + [float("inf")]
+    starts = [job["steps"][0][1]] + [r[1] for r in job["resumes"]]
+    steps = time_s = 0.0
+    for begin, end in zip(starts, ends):
+        window = [(s, t) for s, t in job["steps"] if begin + STEADY_AFTER_S <= t < end]
+        if len(window) > 1:
+            steps += window[-1][0] - window[0][0]
+            time_s += window[-1][1] - window[0][1]
+    return time_s / steps
+
+
 def run_launcher(launcher: str, args) -> dict:
-    made, span = training_span(run_job(launcher, args.clean_steps, None, args))
-    step_s = span / made
-    steps = math.ceil(args.minutes * 60 / step_s)
-    print(f"{launcher}: clean step {step_s * 1000:.1f} ms ({made} steps in {span:.1f} s); "
-          f"the failing runs make {steps} steps", flush=True)
-    runs = []
+    runs, steps = [], None
     for i in range(args.runs):
+        made, span = training_span(run_job(launcher, args.clean_steps, None, args))
+        step_s = span / made
+        steps = steps or math.ceil(args.minutes * 60 / step_s * 1.1)
+        print(f"{launcher}: run {i + 1}'s clean step {step_s * 1000:.1f} ms ({made} steps in {span:.1f} s); "
+              f"the failing runs make {steps} steps", flush=True)
         job = run_job(launcher, steps, args.every_s, args)
         failures = measure_failures(job)
         made, span = training_span(job)
-        efficiency = step_s * made / span
+        efficiency, own = step_s * made / span, steady_step_s(job) * made / span
         for f in failures:
             print(f"  run {i + 1}: rank {f['rank']} on {f['host']} killed at step {f['step']}, resumed from "
                   f"{f['resumed_from']}: crash cost {f['crash_cost_s']:.2f} s, {f['steps_redone']} steps redone",
                   flush=True)
         launcher_s = [r.get("restart_s") for r in job["restarts"] if r.get("restart_s") is not None]
-        print(f"  run {i + 1}: {span / 60:.2f} min, {len(failures)} failures, efficiency {efficiency:.4f}"
+        print(f"  run {i + 1}: {span / 60:.2f} min, {len(failures)} failures, efficiency {efficiency:.4f} "
+              f"(own steps {own:.4f})"
               + (f", the launcher's part {statistics.median(launcher_s):.2f} s (median)" if launcher_s else ""),
               flush=True)
-        runs.append({"minutes": span / 60, "failures": len(failures), "efficiency": efficiency,
+        runs.append({"minutes": span / 60, "failures": len(failures), "efficiency": efficiency, "own": own,
                      "crash": statistics.median(f["crash_cost_s"] for f in failures),
                      "redone": statistics.median(f["steps_redone"] for f in failures)})
     return {"launcher": launcher,
@@ -173,7 +197,8 @@ def run_launcher(launcher: str, args) -> dict:
             "failures": statistics.median(r["failures"] for r in runs),
             "efficiency": round(statistics.median(r["efficiency"] for r in runs), 4),
             "crash_cost_median_s": round(statistics.median(r["crash"] for r in runs), 2),
-            "steps_redone_median": statistics.median(r["redone"] for r in runs)}
+            "steps_redone_median": statistics.median(r["redone"] for r in runs),
+            "efficiency_own_steps": round(statistics.median(r["own"] for r in runs), 4)}
 
 
 def main() -> None:

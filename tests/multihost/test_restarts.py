@@ -113,6 +113,28 @@ def test_a_torchrun_started_ahead_that_no_attempt_needs_is_ended_with_the_job():
         assert "starting attempt 2" not in r.output and "the leader starts attempt 2" not in r.output, logs(result)
 
 
+def test_a_stop_while_a_torchrun_is_held_ends_it_with_the_job():
+    """SIGTERM to every host once each holds attempt 2's torchrun: the job stops on every host,
+    no attempt 2 runs, and no held process is left (run_restart_job checks)."""
+    hosts = ["algo-1", "algo-2"]
+
+    def stop_once_held(cluster, run):
+        while not all(HELD in run.procs[h].output for h in hosts):
+            assert all(code is None for code in run.exit_codes().values()), logs_of(run)
+            time.sleep(0.05)
+        run.signal(signal.SIGTERM)
+
+    result, results, _, failures = run_restart_job(hosts, {"kill": "none", "step-s": 0.3}, inject=stop_once_held)
+    assert all(r.returncode != 0 for r in result.results.values()), logs(result)  # torchrun's own code
+    assert results == {} and all(HELD_LINE not in r.output for r in result.results.values()), logs(result)
+    for host in hosts:
+        assert failures[host].startswith("Training was stopped by SIGTERM"), failures[host][:600]
+
+
+def logs_of(run) -> str:
+    return "\n\n".join(f"{h}:\n{p.output[-3000:]}" for h, p in run.procs.items())
+
+
 def test_a_crash_during_the_restart_is_restarted_again():
     """The killed rank's host crashes again as attempt 2 starts, before its first step: a
     third attempt (BYOC_MAX_RESTARTS=2) runs through."""
