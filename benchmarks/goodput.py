@@ -12,8 +12,11 @@ line every step. BYOC_MAX_RESTARTS covers every failure.
 
 Each failing run comes right after a run of the same job without a failure (--clean-steps
 steps), paired as in training_scaling.py: this shared machine's speed drifts between minutes.
-The clean step time is that run's training time over its steps, from its first step line to
-its last, as the benchmark sees them on the leader's output. The failing runs are given enough
+The clean step time is that run's steps over their time from 15 s after its first step line
+to its last, as the benchmark sees them on the leader's output: past its warm-up and past the
+next attempt's torchrun started ahead at 10 s (run/held.py), whose import of torch takes this
+2-core machine's cores from the training for a few seconds, once a job (over 44 s, the whole
+clean run read 9% slower than its steady steps). The failing runs are given enough
 steps for --minutes at the first clean run's step time, and a tenth more; the first kill comes
 --every-s after its first step line, each next one --every-s after the one before, at the first
 step line from then on (a kill never lands in a restart).
@@ -168,11 +171,20 @@ def steady_step_s(job: dict) -> float:
     return time_s / steps
 
 
+CLEAN_AFTER_S = 15.0  # a clean run's steps counted from this long after its first step line
+
+
+def clean_step_s(job: dict) -> tuple[float, int, float]:
+    """(the clean run's step time, the steps and seconds it is taken over)."""
+    after = [(s, t) for s, t in job["steps"] if t >= job["steps"][0][1] + CLEAN_AFTER_S]
+    made, span = after[-1][0] - after[0][0], after[-1][1] - after[0][1]
+    return span / made, made, span
+
+
 def run_launcher(launcher: str, args) -> dict:
     runs, steps = [], None
     for i in range(args.runs):
-        made, span = training_span(run_job(launcher, args.clean_steps, None, args))
-        step_s = span / made
+        step_s, made, span = clean_step_s(run_job(launcher, args.clean_steps, None, args))
         steps = steps or math.ceil(args.minutes * 60 / step_s * 1.1)
         print(f"{launcher}: run {i + 1}'s clean step {step_s * 1000:.1f} ms ({made} steps in {span:.1f} s); "
               f"the failing runs make {steps} steps", flush=True)
@@ -207,7 +219,7 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=5.0)
     parser.add_argument("--every-s", type=float, default=60.0)
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--clean-steps", type=int, default=1000)
+    parser.add_argument("--clean-steps", type=int, default=1500)
     parser.add_argument("--checkpoint-every", type=int, default=20)
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--batch-size", type=int, default=256)
