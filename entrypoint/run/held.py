@@ -16,7 +16,6 @@ Main thread only.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 from typing import NamedTuple
@@ -24,6 +23,7 @@ from typing import NamedTuple
 from entrypoint.decide.restarts import ATTEMPT_ENV
 from entrypoint.decide.specs import ProcessSpec
 from entrypoint.log import log
+from entrypoint.run import processes
 from entrypoint.rank.launch_torchrun import HOLD_FLAG  # import torch, then wait for the line to run
 
 
@@ -107,10 +107,7 @@ class HeldProcesses:
     def end(proc: subprocess.Popen) -> None:
         """A held process has started nothing (it waits for its line): SIGKILL its session's
         group, then collect it and close its pipes."""
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        processes.signal_groups([proc.pid], signal.SIGKILL)
         proc.wait()
         for pipe in (proc.stdin, proc.stdout, proc.stderr):
             try:
