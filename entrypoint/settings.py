@@ -55,6 +55,10 @@ SETTINGS: tuple[Setting, ...] = (
     # launcher.
     Setting("max_restarts", "BYOC_MAX_RESTARTS", int, 0, "restarts in place after a rank fails (decide/restarts.py)",
             0, 100, old_env="BYOC_TORCHRUN_MAX_RESTARTS"),
+    # A torchrun that has imported torch forks its ranks (decide/launchers/torchrun.py): a rank
+    # starts, and a restart comes back, without its own import of torch (1-2 s a start).
+    Setting("fork_ranks", "BYOC_FORK_RANKS", bool, True,
+            "torchrun forks its Python ranks, torch imported, instead of starting each one's interpreter"),
     Setting("grace_period_s", "BYOC_GRACE_PERIOD_S", float, 90.0,
             "SIGTERM to SIGKILL when the job is stopped (StopTrainingJob allows 120 s)", 0.0, MAX_DURATION),
     Setting("host_resolution_timeout_s", "BYOC_HOST_RESOLUTION_TIMEOUT_S", float, 300.0,
@@ -149,6 +153,7 @@ class LaunchSettings(NamedTuple):
     # --- from the job's environment: SETTINGS, in its order (parse_launch_settings) ------------
     master_port: int = _default("master_port")
     max_restarts: int = _default("max_restarts")
+    fork_ranks: bool = _default("fork_ranks")
     grace_period_s: float = _default("grace_period_s")
     host_resolution_timeout_s: float = _default("host_resolution_timeout_s")
     neuron_parallel_compile: bool = _default("neuron_parallel_compile")

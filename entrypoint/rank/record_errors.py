@@ -520,6 +520,11 @@ def _end_without_teardown(code: int) -> None:
     except Exception:  # noqa: BLE001 - ending anyway; mpirun reports a rank that did not finalize
         pass
     _flush_open_files()
+    if code == 0 and is_forked_rank():
+        # torch's worker wrapper hands its torchrun the function's return at its end: an exit
+        # here would leave torchrun waiting for a return that never comes. The worker then
+        # ends without the module teardown too (multiprocessing's os._exit).
+        return
     os._exit(code)
 
 
@@ -554,12 +559,51 @@ def _start_step_figures() -> None:
         pass
 
 
+# A rank torchrun forked names itself so (its /proc/<pid>/comm, 15 bytes at most): its command
+# line is its torchrun's, and its environment in /proc is torchrun's too (run/processes.py finds
+# and labels the ranks by this name).
+RANK_COMM_PREFIX = "byoc-rank-"
+
+
+def is_forked_rank() -> bool:
+    """Whether this rank is a worker torchrun forked from its own interpreter, torch imported
+    (`--run-path --start-method fork`: decide/launchers/torchrun.py), not a program of its own:
+    torch's multiprocessing child."""
+    mp = sys.modules.get("multiprocessing")
+    return mp is not None and mp.parent_process() is not None
+
+
+def _become_forked_rank() -> None:
+    """Undo what a forked rank inherits from its torchrun and a program of its own would not
+    have: torch's agent's signal handlers (SIGTERM would raise torch's SignalException inside
+    the user's code, and be recorded as the rank's own failure, where a started rank just ends),
+    its exit handlers, and the faulthandler torch's error record turned on to stderr (the crash
+    file takes it: _record_fatal_signals). Then the rank's name (RANK_COMM_PREFIX)."""
+    import _signal
+    import atexit
+    import faulthandler
+
+    atexit._clear()
+    for name in ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR2"):
+        _signal.signal(getattr(_signal, name), _signal.SIG_DFL)
+    _signal.signal(_signal.SIGINT, _signal.default_int_handler)
+    if not (os.environ.get("PYTHONFAULTHANDLER") or "faulthandler" in sys._xoptions):
+        faulthandler.disable()
+    try:
+        with open("/proc/self/comm", "w") as f:
+            f.write((RANK_COMM_PREFIX + _rank())[:15])
+    except OSError:
+        pass
+
+
 def main(argv: list) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         sys.stderr.write(__doc__)
         return 2
     if argv[0] == "--exec":
         return exec_with_host_env(argv[1:])
+    if is_forked_rank():
+        _become_forked_rank()
     _print_stacks_on_request()  # first: until then a SIGUSR1 would end the rank (it is not asked)
     start_whole_lines()
     _apply_host_env()

@@ -21,6 +21,7 @@ import subprocess
 import time
 from typing import NamedTuple
 
+from entrypoint.rank import record_errors
 from entrypoint.settings import DEFAULTS
 
 # The rsh agent mpirun uses to start its daemons: not a rank, and signalling it would look to
@@ -90,6 +91,7 @@ def decide_launcher_pids(table: dict[int, ProcInfo], root_pid: int, names: tuple
 
 
 RANK_WRAPPER = "record_errors.py"  # entrypoint/rank/record_errors.py runs every Python rank
+RANK_COMM_PREFIX = record_errors.RANK_COMM_PREFIX
 
 
 def load_cmdlines(pids: list[int]) -> dict[int, list[str]]:
@@ -103,20 +105,38 @@ def load_cmdlines(pids: list[int]) -> dict[int, list[str]]:
     return found
 
 
-def decide_rank_pids(cmdlines: dict[int, list[str]]) -> list[int]:
-    """The Python ranks among these processes: those running our rank wrapper."""
-    return sorted(pid for pid, argv in cmdlines.items() if any(a.endswith(RANK_WRAPPER) for a in argv[1:3]))
+def decide_rank_pids(cmdlines: dict[int, list[str]], table: dict[int, ProcInfo] | None = None) -> list[int]:
+    """The Python ranks among these processes: those running our rank wrapper, and those a
+    torchrun forked (their command line is torchrun's: they name themselves, RANK_COMM_PREFIX)."""
+    table = table or {}
+    return sorted(pid for pid, argv in cmdlines.items()
+                  if any(a.endswith(RANK_WRAPPER) for a in argv[1:3])
+                  or (pid in table and table[pid].comm.startswith(RANK_COMM_PREFIX)))
 
 
 def load_rank_pids_below(roots: list[int]) -> list[int]:
     """The Python ranks (running our wrapper) among these processes and their descendants."""
     table = load_process_table()
     below = [pid for root in roots for pid in [root, *build_descendants(table, root)]]
-    return decide_rank_pids(load_cmdlines(below))
+    return decide_rank_pids(load_cmdlines(below), table)
+
+
+def parse_rank_comm(comm: str) -> str | None:
+    """The rank number of a forked rank's name (`byoc-rank-3` -> `3`), else None."""
+    number = comm[len(RANK_COMM_PREFIX):] if comm.startswith(RANK_COMM_PREFIX) else ""
+    return number if number.isdigit() else None
 
 
 def load_rank_label(pid: int) -> str:
-    """A rank's number as its launcher gave it (mpirun, torchrun), or `pid N`."""
+    """A rank's number as its launcher gave it (mpirun, torchrun), or `pid N`. A forked rank's
+    environment in /proc is its torchrun's (the one it was started with): its name says it."""
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            number = parse_rank_comm(f.read().strip())
+    except OSError:
+        number = None
+    if number is not None:
+        return number
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
             env = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)

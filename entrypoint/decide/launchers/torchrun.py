@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from entrypoint.decide import topology
 from entrypoint.decide.distribution import Distribution
-from entrypoint.decide.launch_plan import (LAUNCH_TORCHRUN, LaunchPlan, PlanBasis, Role, build_job_port_env,
+from entrypoint.decide.launch_plan import (LAUNCH_TORCHRUN, RECORD_ERRORS, LaunchPlan, PlanBasis, Role, build_job_port_env,
                                            build_plan, decide_distribution_processes, decide_job_port_role,
                                            describe_job_port_restarts)
 from entrypoint.decide.restarts import build_attempt_rendezvous_id
@@ -54,6 +54,15 @@ def decide_plan(shared: PlanBasis, dist: Distribution, facts: MachineFacts, laun
     return build_plan(shared, Role.TORCHRUN, (ProcessSpec("torchrun", argv, hold_at=hold_at),), launcher_env)
 
 
+def decide_forked_ranks(settings: LaunchSettings, program_argv: tuple[str, ...]) -> bool:
+    """Whether torchrun forks its ranks (BYOC_FORK_RANKS): a Python program under the rank
+    wrapper, and not under neuron_parallel_compile, whose own runs of the command are its
+    business. Python options before the wrapper (`python -X ...`) would be lost in a fork: then
+    each rank starts its own interpreter, as without the setting."""
+    return (settings.fork_ranks and not settings.neuron_parallel_compile and len(program_argv) > 1
+            and program_argv[1] == RECORD_ERRORS)
+
+
 def build_torchrun_argv(
     python: str,
     topo: topology.Topology,
@@ -84,7 +93,12 @@ def build_torchrun_argv(
     # One host: torchrun restarts its ranks itself; several: the entrypoint does (0 here).
     restarts = settings.max_restarts if len(hosts) == 1 else 0
     argv += ["--nproc_per_node", str(topo.processes_per_host), "--max_restarts", str(restarts)]
-    if program_argv[:1] == (python,):
+    if program_argv[:1] == (python,) and decide_forked_ranks(settings, program_argv):
+        # torchrun's own way to run a script as a function: each rank a fork of torchrun's
+        # interpreter, torch already imported; the rank wrapper runs the program as it would in
+        # a process of its own (rank/record_errors.is_forked_rank undoes what a fork inherits).
+        argv += ["--run-path", "--start-method", "fork", *program_argv[1:]]
+    elif program_argv[:1] == (python,):
         argv += list(program_argv[1:])  # torchrun starts the python itself
     else:
         argv += ["--no-python", *program_argv]
