@@ -119,20 +119,17 @@ def build_main_spec(work: str, name: str):
 
 
 def find_rank(cluster, host: str, rank: int) -> int | None:
+    """The pid of this rank on this host, found the way the entrypoint finds its ranks
+    (entrypoint/run/processes.py): the rank wrapper in the command line, or the name a rank
+    torchrun forked gives itself, whose /proc environment and command line are torchrun's."""
+    from entrypoint.run import processes
     from localcluster.processes import probe_namespace_members
 
-    for pid in probe_namespace_members(cluster.init_pid(host)):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                env = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
-        except OSError:
-            continue
-        found = env.get(b"OMPI_COMM_WORLD_RANK", env.get(b"RANK", b"0"))  # one process: no RANK
-        # the rank wrapper runs the script (python -u record_errors.py script); torchrun names it too
-        program = next((a for a in argv[1:] if not a.startswith(b"-")), b"")
-        if found == str(rank).encode() and program.endswith(b"record_errors.py"):
+    members = list(probe_namespace_members(cluster.init_pid(host)))
+    table = processes.load_process_table()
+    for pid in processes.decide_rank_pids(processes.load_cmdlines(members), table):
+        label = processes.load_rank_label(pid)
+        if label == str(rank) or (rank == 0 and label == f"pid {pid}"):  # one process: no RANK
             return pid
     return None
 
