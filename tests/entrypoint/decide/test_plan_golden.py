@@ -91,16 +91,15 @@ def test_one_host_torchrun_is_standalone():
     plan = plan_for(make_job(hps=TORCH), GPU4)
     assert plan.processes[0].argv == (
         PY, LAUNCH_TORCHRUN, "--standalone", "--nnodes", "1",
-        "--nproc_per_node", "4", "--max_restarts", "0",
-        *FORK, RE, SCRIPT,
+        "--nproc_per_node", "4", "--max_restarts", "0", RE, SCRIPT,
     )
 
 
-def test_torchrun_without_forked_ranks_starts_each_rank_interpreter():
-    plan = plan_for(make_job(hps=TORCH, environ={"BYOC_FORK_RANKS": "0"}), GPU4)
+def test_torchrun_with_forked_ranks_runs_the_wrapper_as_a_path():
+    plan = plan_for(make_job(hps=TORCH, environ={"BYOC_FORK_RANKS": "1"}), GPU4)
     assert plan.processes[0].argv == (
         PY, LAUNCH_TORCHRUN, "--standalone", "--nnodes", "1",
-        "--nproc_per_node", "4", "--max_restarts", "0", RE, SCRIPT,
+        "--nproc_per_node", "4", "--max_restarts", "0", *FORK, RE, SCRIPT,
     )
 
 
@@ -111,8 +110,7 @@ def test_two_hosts_torchrun_same_command_node_rank_from_order(current, node_rank
     assert plan.processes[0].argv == (
         PY, LAUNCH_TORCHRUN, "--nnodes", "2", "--node_rank", node_rank,
         "--master_addr", "algo-1", "--master_port", "7777", "--rdzv_id", "byoc-attempt-1",
-        "--nproc_per_node", "8", "--max_restarts", "0",
-        *FORK, RE, SCRIPT, "--lr", "1",
+        "--nproc_per_node", "8", "--max_restarts", "0", RE, SCRIPT, "--lr", "1",
     )
     assert non_sm_env(plan) == {
         "FI_PROVIDER": "efa", "RDMAV_FORK_SAFE": "1", "FI_EFA_FORK_SAFE": "1",
@@ -128,8 +126,7 @@ def test_two_hosts_torchrun_with_restarts_keeps_the_static_rendezvous_and_restar
     plan = plan_for(job, GPU8_EFA)
     assert plan.processes[0].argv == (
         PY, LAUNCH_TORCHRUN, "--nnodes", "2", "--node_rank", "1", "--master_addr", "algo-1", "--master_port", "7777",
-        "--rdzv_id", "byoc-attempt-1", "--nproc_per_node", "8", "--max_restarts", "0",
-        *FORK, RE, SCRIPT,
+        "--rdzv_id", "byoc-attempt-1", "--nproc_per_node", "8", "--max_restarts", "0", RE, SCRIPT,
     )
     assert any(n.startswith("BYOC_MAX_RESTARTS=3 on 2 hosts: after a failure the leader restarts torchrun on every "
                             "host, once every host's processes of the failed attempt are gone") for n in plan.notes)

@@ -1,4 +1,4 @@
-"""A rank torchrun forks from its own interpreter (BYOC_FORK_RANKS, on by default:
+"""A rank torchrun forks from its own interpreter (BYOC_FORK_RANKS=1, off by default:
 decide/launchers/torchrun.py) sees what a rank started as a program of its own sees, and ends
 the same way: its exit code, its exception, its signals. Real torchrun, one host, one rank (a CPU
 host runs one; several ranks and hosts: tests/multihost/test_restarts.py)."""
