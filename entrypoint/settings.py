@@ -56,10 +56,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("max_restarts", "BYOC_MAX_RESTARTS", int, 0, "restarts in place after a rank fails (decide/restarts.py)",
             0, 100, old_env="BYOC_TORCHRUN_MAX_RESTARTS"),
     # A torchrun that has imported torch forks its ranks (decide/launchers/torchrun.py): a rank
-    # starts, and a restart comes back, without its own import of torch (1-2 s a start). Off by
-    # default until a training plan's stop (SIGTERM, the ranks' grace) ends forked ranks as it
-    # ends started ones (tests/multihost/test_jobs.py: 137 where 1 is due).
-    Setting("fork_ranks", "BYOC_FORK_RANKS", bool, False,
+    # starts, and a restart comes back, without its own import of torch (1-2 s a start); the
+    # rank wrapper makes a forked rank what a started one is (rank/record_errors.py).
+    Setting("fork_ranks", "BYOC_FORK_RANKS", bool, True,
             "torchrun forks its Python ranks, torch imported, instead of starting each one's interpreter"),
     Setting("grace_period_s", "BYOC_GRACE_PERIOD_S", float, 90.0,
             "SIGTERM to SIGKILL when the job is stopped (StopTrainingJob allows 120 s)", 0.0, MAX_DURATION),

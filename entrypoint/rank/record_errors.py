@@ -520,12 +520,38 @@ def _end_without_teardown(code: int) -> None:
     except Exception:  # noqa: BLE001 - ending anyway; mpirun reports a rank that did not finalize
         pass
     _flush_open_files()
-    if code == 0 and is_forked_rank():
-        # torch's worker wrapper hands its torchrun the function's return at its end: an exit
-        # here would leave torchrun waiting for a return that never comes. The worker then
-        # ends without the module teardown too (multiprocessing's os._exit).
+    if code == 0 and is_forked_rank() and not _hand_torchrun_the_return():
+        # torch's worker wrapper hands its torchrun the function's return at its end, then
+        # waits for torchrun to read it: an exit here would leave torchrun waiting for a
+        # return that never comes. Not found (another torch): the wrapper's own way, where a
+        # stop's close (torchrun's SIGTERM) ends the waiting rank at once at least.
+        import _signal
+
+        for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"):
+            _signal.signal(getattr(_signal, name), _signal.SIG_DFL)
         return
     os._exit(code)
+
+
+def _hand_torchrun_the_return() -> bool:
+    """A forked rank whose program ended well: put its return (None) where torch's worker
+    wrapper (torch.distributed.elastic.multiprocessing.api._wrap, below us on the stack) would,
+    so the rank can exit now, as a started rank does. The wrapper itself would then wait for
+    torchrun to read every rank's return, and a torchrun closing its workers on a stop never
+    does: it waits 30 s on a rank whose SIGTERM the program's handler already took, past the
+    grace period (tests/multihost/test_jobs.py: 137 where torchrun's 1 is due). The queue is
+    a pipe written at once (SimpleQueue); torchrun reads it after the exit as before it."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if (frame.f_code.co_name == "_wrap" and "ret_val_" in frame.f_locals
+                and frame.f_globals.get("__name__") == "torch.distributed.elastic.multiprocessing.api"):
+            try:
+                frame.f_locals["ret_val_"].put(None)
+            except Exception:  # noqa: BLE001 - then the wrapper's own way
+                return False
+            return True
+        frame = frame.f_back
+    return False
 
 
 def decide_exit_code(exit_arg) -> int:
@@ -578,12 +604,19 @@ def _become_forked_rank() -> None:
     have: torch's agent's signal handlers (SIGTERM would raise torch's SignalException inside
     the user's code, and be recorded as the rank's own failure, where a started rank just ends),
     its exit handlers, and the faulthandler torch's error record turned on to stderr (the crash
-    file takes it: _record_fatal_signals). Then the rank's name (RANK_COMM_PREFIX)."""
+    file takes it: _record_fatal_signals). Then a session of its own, as torchrun gives each
+    rank it starts: a stop to torchrun's group (the entrypoint's SIGTERM) reaches the rank once,
+    through torchrun, never twice (a user's checkpoint-on-SIGTERM handler run twice). Then the
+    rank's name (RANK_COMM_PREFIX)."""
     import _signal
     import atexit
     import faulthandler
 
     atexit._clear()
+    try:
+        os.setsid()
+    except OSError:
+        pass  # already a group leader: nothing to leave
     for name in ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR2"):
         _signal.signal(getattr(_signal, name), _signal.SIG_DFL)
     _signal.signal(_signal.SIGINT, _signal.default_int_handler)

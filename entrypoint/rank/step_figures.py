@@ -2,7 +2,8 @@
 rank wrapper (record_errors.py) when BYOC_REPORT_DIR is set, standard library only.
 
 What it measures, once torch's modules are imported by the script (an import hook: nothing is
-imported here that the script does not import itself):
+imported here that the script does not import itself; those imported already, as in a rank
+torchrun forked, are patched at start):
   - a step: from one optimizer step's end to the next (torch's global optimizer-step hooks,
     torch.optim.optimizer.register_optimizer_step_{pre,post}_hook), so any optimizer counts;
   - wait: the time inside torch.distributed's collectives the script calls (all_reduce,
@@ -264,11 +265,16 @@ def _gpu_call(method, *args):
 
 def patch_collectives(module) -> None:
     """Wrap torch.distributed's collectives where they are defined (distributed_c10d), before
-    torch.distributed re-exports them."""
+    torch.distributed re-exports them; where it already has (a rank torchrun forked, torch
+    imported: start), its re-exports too."""
+    package = sys.modules.get("torch.distributed")
     for name in COLLECTIVES:
         fn = getattr(module, name, None)
         if callable(fn) and not getattr(fn, "__byoc_timed__", False):
-            setattr(module, name, timed(fn, "wait"))
+            wrapped = timed(fn, "wait")
+            setattr(module, name, wrapped)
+            if package is not None and getattr(package, name, None) is fn:
+                setattr(package, name, wrapped)
 
 
 def on_step_start(optimizer, args, kwargs) -> None:
@@ -364,6 +370,13 @@ def start(environ, module) -> None:
     _figures = Figures(os.path.join(folder, f"rank-{rank}.json"), rank, local, host)
     sys.modules[MODULE_NAME] = module
     sys.meta_path.insert(0, _AfterImport())
+    for name, patch in PATCHES.items():
+        imported = sys.modules.get(name)  # before the script: a rank torchrun forked has torch
+        if imported is not None:
+            try:
+                patch(imported)
+            except Exception:  # noqa: BLE001 - another torch: no figures, never the rank's failure
+                pass
     import atexit
 
     atexit.register(write_now)

@@ -105,10 +105,9 @@ def load_cmdlines(pids: list[int]) -> dict[int, list[str]]:
     return found
 
 
-def decide_rank_pids(cmdlines: dict[int, list[str]], table: dict[int, ProcInfo] | None = None) -> list[int]:
+def decide_rank_pids(cmdlines: dict[int, list[str]], table: dict[int, ProcInfo]) -> list[int]:
     """The Python ranks among these processes: those running our rank wrapper, and those a
     torchrun forked (their command line is torchrun's: they name themselves, RANK_COMM_PREFIX)."""
-    table = table or {}
     return sorted(pid for pid, argv in cmdlines.items()
                   if any(a.endswith(RANK_WRAPPER) for a in argv[1:3])
                   or (pid in table and table[pid].comm.startswith(RANK_COMM_PREFIX)))

@@ -10,7 +10,7 @@ from entrypoint.run.held import build_held_argv
 from support.jobs import CPU, GPU4, GPU8_EFA, PY, TRN1_EFA, make_job, plan_for
 
 SCRIPT = "/opt/ml/code/train.py"
-FORK = ("--run-path", "--start-method", "fork")  # torchrun forks its ranks (BYOC_FORK_RANKS)
+FORK = ("--run-path", "--start-method", "fork")  # torchrun forks its ranks (BYOC_FORK_RANKS, on by default)
 MPI_FLAGS = (
     "--allow-run-as-root", "--tag-output",
     "-mca", "plm_rsh_agent", "ssh -F /tmp/byoc/ssh/config",
@@ -87,19 +87,19 @@ def test_no_launcher_master_port_setting_and_user_values_win():
     assert non_sm_env(mine) == {"NCCL_SOCKET_IFNAME": "eth0", **threads(4)}  # the job's own values reach the script as they are
 
 
-def test_one_host_torchrun_is_standalone():
+def test_one_host_torchrun_is_standalone_and_forks_its_ranks():
     plan = plan_for(make_job(hps=TORCH), GPU4)
     assert plan.processes[0].argv == (
         PY, LAUNCH_TORCHRUN, "--standalone", "--nnodes", "1",
-        "--nproc_per_node", "4", "--max_restarts", "0", RE, SCRIPT,
+        "--nproc_per_node", "4", "--max_restarts", "0", *FORK, RE, SCRIPT,
     )
 
 
-def test_torchrun_with_forked_ranks_runs_the_wrapper_as_a_path():
-    plan = plan_for(make_job(hps=TORCH, environ={"BYOC_FORK_RANKS": "1"}), GPU4)
+def test_torchrun_without_forked_ranks_starts_each_ranks_interpreter():
+    plan = plan_for(make_job(hps=TORCH, environ={"BYOC_FORK_RANKS": "0"}), GPU4)
     assert plan.processes[0].argv == (
         PY, LAUNCH_TORCHRUN, "--standalone", "--nnodes", "1",
-        "--nproc_per_node", "4", "--max_restarts", "0", *FORK, RE, SCRIPT,
+        "--nproc_per_node", "4", "--max_restarts", "0", RE, SCRIPT,
     )
 
 
@@ -110,7 +110,7 @@ def test_two_hosts_torchrun_same_command_node_rank_from_order(current, node_rank
     assert plan.processes[0].argv == (
         PY, LAUNCH_TORCHRUN, "--nnodes", "2", "--node_rank", node_rank,
         "--master_addr", "algo-1", "--master_port", "7777", "--rdzv_id", "byoc-attempt-1",
-        "--nproc_per_node", "8", "--max_restarts", "0", RE, SCRIPT, "--lr", "1",
+        "--nproc_per_node", "8", "--max_restarts", "0", *FORK, RE, SCRIPT, "--lr", "1",
     )
     assert non_sm_env(plan) == {
         "FI_PROVIDER": "efa", "RDMAV_FORK_SAFE": "1", "FI_EFA_FORK_SAFE": "1",
@@ -126,7 +126,7 @@ def test_two_hosts_torchrun_with_restarts_keeps_the_static_rendezvous_and_restar
     plan = plan_for(job, GPU8_EFA)
     assert plan.processes[0].argv == (
         PY, LAUNCH_TORCHRUN, "--nnodes", "2", "--node_rank", "1", "--master_addr", "algo-1", "--master_port", "7777",
-        "--rdzv_id", "byoc-attempt-1", "--nproc_per_node", "8", "--max_restarts", "0", RE, SCRIPT,
+        "--rdzv_id", "byoc-attempt-1", "--nproc_per_node", "8", "--max_restarts", "0", *FORK, RE, SCRIPT,
     )
     assert any(n.startswith("BYOC_MAX_RESTARTS=3 on 2 hosts: after a failure the leader restarts torchrun on every "
                             "host, once every host's processes of the failed attempt are gone") for n in plan.notes)

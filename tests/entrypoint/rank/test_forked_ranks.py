@@ -1,15 +1,18 @@
-"""A rank torchrun forks from its own interpreter (BYOC_FORK_RANKS=1, off by default:
+"""A rank torchrun forks from its own interpreter (BYOC_FORK_RANKS, on by default:
 decide/launchers/torchrun.py) sees what a rank started as a program of its own sees, and ends
 the same way: its exit code, its exception, its signals. Real torchrun, one host, one rank (a CPU
 host runs one; several ranks and hosts: tests/multihost/test_restarts.py)."""
 
 import json
+import os
 import signal
 import socket
+import subprocess
+import time
 
 import pytest
 
-from support.jobtree import failure_text, run_entrypoint, write_tree
+from support.jobtree import PYTHON, REPO, entrypoint_env, failure_text, run_entrypoint, write_tree
 
 TORCH = {"sagemaker_torch_distributed_enabled": True, "sagemaker_instance_type": "ml.c5.xlarge"}
 
@@ -20,7 +23,7 @@ facts = {
     "sigterm": str(signal.getsignal(signal.SIGTERM)), "sighup": str(signal.getsignal(signal.SIGHUP)),
     "sigint": getattr(signal.getsignal(signal.SIGINT), "__name__", "?"),
     "faulthandler": faulthandler.is_enabled(), "threads": threading.active_count(),
-    "comm": open("/proc/self/comm").read().strip(),
+    "comm": open("/proc/self/comm").read().strip(), "session_leader": os.getsid(0) == os.getpid(),
 }
 with open(os.path.join(os.environ["SM_MODEL_DIR"], "facts-" + os.environ["RANK"] + ".json"), "w") as f:
     json.dump(facts, f)
@@ -53,6 +56,8 @@ def test_a_forked_rank_sees_what_a_started_rank_sees_but_its_name(tmp_path):
     assert all(not f.pop("comm").startswith("byoc-rank-") for f in started)
     # Torch's agent's SIGTERM handler would raise inside the user's code: a rank has the default.
     assert forked[0]["sigterm"] == str(int(signal.SIG_DFL)) and forked[0]["sigint"] == "default_int_handler"
+    # A session of its own, as torchrun starts a rank: a stop to torchrun's group is not its own.
+    assert forked[0]["session_leader"] is True
     assert forked == started
     assert forked[0]["argv"] == ["--epochs", "2"] and forked[0]["name"] == "__main__"
 
@@ -80,3 +85,77 @@ def test_a_forked_rank_killed_by_sigsegv_leaves_its_own_python_stack(tmp_path):
     assert done.returncode == 1, done.stderr[-3000:]
     text = failure_text(root)
     assert "SIGSEGV" in text and "in crash_in_this_function" in text, text[:2000]
+
+
+# A rank that checkpoints on SIGTERM, as a training plan's scripts are told to.
+CHECKPOINTS_ON_TERM = """import os, signal, sys, time
+model = os.environ["SM_MODEL_DIR"]
+def on_term(signum, frame):
+    with open(os.path.join(model, "terms"), "a") as f:
+        f.write("term\\n")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, on_term)
+open(os.path.join(model, "ready"), "w").close()
+while True:
+    time.sleep(0.1)
+"""
+
+
+def run_stopped_job(tmp_path, fork: str) -> tuple[subprocess.CompletedProcess, str]:
+    host = socket.gethostname()
+    root = write_tree(tmp_path / f"stop-{fork}", script=CHECKPOINTS_ON_TERM, hosts=(host,), current_host=host,
+                      hyperparameters=TORCH)
+    env = entrypoint_env(root, SM_NUM_CPUS="2", BYOC_FORK_RANKS=fork, BYOC_GRACE_PERIOD_S="60")
+    proc = subprocess.Popen([PYTHON, "-m", "entrypoint", "train"], env=env, cwd=str(REPO),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (root / "model" / "ready").exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, "", err), (root / "model" / "terms").read_text()
+
+
+def test_a_stop_ends_a_forked_rank_as_it_ends_a_started_one(tmp_path):
+    """The stop reaches the rank once, through torchrun (before, also through torchrun's group:
+    the checkpoint handler ran twice), and the rank exits when its handler ends, as a started
+    rank does (before, torch's worker waited for a torchrun closing its ranks to read its
+    return: torchrun gave up on it 30 s later with SIGKILL, past a shorter grace period: 137)."""
+    ended = {}
+    for fork in ("1", "0"):
+        done, terms = run_stopped_job(tmp_path, fork)
+        assert terms == "term\n", (fork, terms, done.stderr[-3000:])
+        assert "Unable to shutdown process" not in done.stderr, done.stderr[-3000:]
+        ended[fork] = done.returncode
+    assert ended["1"] == ended["0"] == 1  # torchrun's own code after a signal (its SignalException)
+
+
+def test_a_hang_finds_a_forked_rank_by_its_name_and_names_where_it_waits(tmp_path):
+    """A forked rank's command line and /proc environment are its torchrun's: the entrypoint
+    finds it (for SIGUSR1, the hang check) and labels it by the name it gave itself
+    (run/processes.py); the stack it prints is its own, not torchrun's."""
+    script = ("import time\ndef stuck_in_a_known_place():\n    time.sleep(600)\n"
+              "print('started', flush=True)\nstuck_in_a_known_place()\n")
+    host = socket.gethostname()
+    root = write_tree(tmp_path / "hang", script=script, hosts=(host,), current_host=host, hyperparameters=TORCH)
+    done = run_entrypoint(root, SM_NUM_CPUS="2", BYOC_HANG_TIMEOUT_S="3", timeout=120)
+    assert done.returncode == 124, done.stderr[-3000:]
+    head = failure_text(root).split("\n")[0]
+    assert "rank 0 in stuck_in_a_known_place (" in head, head
+
+
+def test_forked_ranks_are_found_by_name_and_started_ones_by_the_wrapper():
+    from entrypoint.run import processes
+
+    table = {pid: processes.ProcInfo(pid, 1, pid, comm, "S") for pid, comm in
+             [(10, "python"), (11, "byoc-rank-0"), (12, "byoc-rank-13"), (13, "pt_data_worker"), (14, "python")]}
+    cmdlines = {10: ["python", "-m", "torch.distributed.run", "--run-path", "record_errors.py"],
+                11: ["python", "-m", "torch.distributed.run"], 12: ["python", "-m", "torch.distributed.run"],
+                13: ["python", "-m", "torch.distributed.run"], 14: ["/usr/bin/python3", "-u", "/x/record_errors.py", "t.py"]}
+    # torchrun's own argv names the wrapper past its first two words: torchrun is not a rank.
+    assert processes.decide_rank_pids(cmdlines, table) == [11, 12, 14]
+    assert [processes.parse_rank_comm(c) for c in ("byoc-rank-0", "byoc-rank-13", "byoc-rank-", "byoc-rank-x", "python")] \
+        == ["0", "13", None, None, None]
