@@ -35,7 +35,8 @@ step line from then on (a kill never lands in a restart).
 
 Prints each run's failures, then one JSON line per launcher (medians over --runs):
 {"launcher", "minutes", "failures", "efficiency", "crash_cost_median_s", "steps_redone_median"},
-and "efficiency_own_steps".
+"efficiency_own_steps", and "efficiency_job_report" (report.json's job.efficiency, each run's:
+the job's own figure of the same share, from its ranks' step figures).
 Not part of the test suite (nothing under tests/ imports it).
 """
 
@@ -130,9 +131,15 @@ def run_job(launcher: str, steps: int, every_s: float | None, args) -> dict:
         bad = {h: r.output[-3000:] for h, r in result.results.items() if r.returncode != 0}
         if bad:
             raise SystemExit(f"{launcher}: the job failed: {bad}")
-        with open(os.path.join(cluster.opt_ml(HOSTS[0]), "output", "data", "report", "report.json")) as f:
-            restarts = json.load(f).get("restarts", [])
-        return {"steps": watch.steps, "resumes": watch.resumes, "kills": kills, "restarts": restarts}
+        folder = os.path.join(cluster.opt_ml(HOSTS[0]), "output", "data", "report")
+        with open(os.path.join(folder, "report.json")) as f:
+            report = json.load(f)
+        if every_s is not None and args.keep_report:  # the last failing run's report, to look at
+            import shutil
+
+            shutil.copytree(folder, os.path.join(args.keep_report, launcher), dirs_exist_ok=True)
+        return {"steps": watch.steps, "resumes": watch.resumes, "kills": kills, "restarts": report.get("restarts", []),
+                "report_efficiency": (report.get("job") or {}).get("efficiency")}
 
 
 def measure_failures(job: dict) -> list[dict]:
@@ -198,10 +205,11 @@ def run_launcher(launcher: str, args) -> dict:
                   flush=True)
         launcher_s = [r.get("restart_s") for r in job["restarts"] if r.get("restart_s") is not None]
         print(f"  run {i + 1}: {span / 60:.2f} min, {len(failures)} failures, efficiency {efficiency:.4f} "
-              f"(own steps {own:.4f})"
+              f"(own steps {own:.4f}; the job report's {job['report_efficiency']})"
               + (f", the launcher's part {statistics.median(launcher_s):.2f} s (median)" if launcher_s else ""),
               flush=True)
         runs.append({"minutes": span / 60, "failures": len(failures), "efficiency": efficiency, "own": own,
+                     "report": job["report_efficiency"],
                      "crash": statistics.median(f["crash_cost_s"] for f in failures),
                      "redone": statistics.median(f["steps_redone"] for f in failures)})
     return {"launcher": launcher,
@@ -210,7 +218,8 @@ def run_launcher(launcher: str, args) -> dict:
             "efficiency": round(statistics.median(r["efficiency"] for r in runs), 4),
             "crash_cost_median_s": round(statistics.median(r["crash"] for r in runs), 2),
             "steps_redone_median": statistics.median(r["redone"] for r in runs),
-            "efficiency_own_steps": round(statistics.median(r["own"] for r in runs), 4)}
+            "efficiency_own_steps": round(statistics.median(r["own"] for r in runs), 4),
+            "efficiency_job_report": [r["report"] for r in runs]}
 
 
 def main() -> None:
@@ -224,6 +233,7 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--max-restarts", type=int, default=50)
+    parser.add_argument("--keep-report", default="", help="a folder: the last failing run's job report, a launcher a folder")
     args = parser.parse_args()
     lines = [run_launcher(name, args) for name in args.launchers.split(",")]
     for line in lines:

@@ -28,7 +28,7 @@ from train.devices import decide_precision, probe_bf16_supported
 from train.metrics import Reporter, format_progress
 from train.models import build_mlp, save_model, unwrap
 from train.paths import load_job_paths
-from train.report_hooks import add_samples, timed_as
+from train.report_hooks import add_samples, set_resumed_step, timed_as
 from train.schedule import build_lr, build_peak_lr, build_warmup_steps
 from train.watchdog import StepWatchdog
 
@@ -207,6 +207,7 @@ def _train(config, backend, environ, paths, reporter, stop, watchdog, writer) ->
             optimizer.load_state_dict(checkpoint["optimizer"])
         start_step = int(checkpoint["step"])
     train_model, optimizer, start_step = backend.prepare(model, optimizer, start_step, checkpoint)
+    set_resumed_step(start_step)
     if start_step:
         reporter.line(f"[checkpoint] resumed from {paths.checkpoint_dir} at step {start_step}")
     reporter.line(f"[setup] backend={backend.name} world_size={ranks.world_size} device={device}"

@@ -1,6 +1,7 @@
 """What train/'s scripts tell the job report beyond what the rank wrapper sees by itself: the
 time a step waits for its data, mpi4py's all-reduce wait (not torch.distributed's: the wrapper
-times those), and the samples a step trains on (for samples a second).
+times those), the samples a step trains on (for samples a second), and the step a run resumed
+from (the steps a failure made it redo).
 
 The image's rank wrapper (entrypoint/rank/step_figures.py) registers itself as
 sys.modules["byoc_rank_figures"] when the report is on (BYOC_REPORT); without it these cost a
@@ -34,3 +35,9 @@ def add_samples(count: int) -> None:
     figures = sys.modules.get(FIGURES_MODULE)
     if figures is not None:
         figures.add_samples(count)
+
+
+def set_resumed_step(step: int) -> None:
+    figures = sys.modules.get(FIGURES_MODULE)
+    if figures is not None:
+        figures.set_resumed_step(step)

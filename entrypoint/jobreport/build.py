@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import statistics
 
-from entrypoint.jobreport.figures import adjust_ddp_ranks
+from entrypoint.jobreport.figures import adjust_ddp_ranks, merge_attempts
 from entrypoint.jobreport.stragglers import decide_stragglers
 
 VERSION = 1
@@ -26,6 +26,45 @@ def build_restarts(restarts: list[dict]) -> list[dict]:
         built.append({"attempt": r["attempt"], "exit_code": r["exit_code"], "cause": r["cause"], "failed": r["failed"],
                       "next_started": r.get("next_started"), "restart_s": round(cost, 3) if cost is not None else None})
     return built
+
+
+def build_failure_costs(restarts: list[dict], attempts: list[dict], step_s: float | None) -> list[dict]:
+    """Each restart (build_restarts) with what the failure cost the training, from the ranks'
+    figures of the attempt that failed and the next (merge_attempts): `to_first_step_s`, the
+    failure to the next attempt's first step; `steps_redone`, the furthest step the failed
+    attempt was seen at less the step the next resumed from (a floor: a rank's figures are
+    written every few seconds, rank/step_figures.WRITE_EVERY_S; None where the script did not
+    say where it resumed); `lost_s`, the two together at the job's step time. None where the
+    figures do not tell."""
+    by_attempt = {a["attempt"]: a for a in attempts}
+    costed = []
+    for r in restarts:
+        failed, after = by_attempt.get(r["attempt"], {}), by_attempt.get(r["attempt"] + 1, {})
+        first = after.get("first_step_at")
+        to_first = round(first - r["failed"], 3) if first is not None and first >= r["failed"] else None
+        redone = None
+        if failed.get("reached") is not None and after.get("resumed_step") is not None:
+            redone = max(0, int(failed["reached"] - after["resumed_step"]))
+        lost = None
+        if to_first is not None:
+            lost = round(to_first + (redone * step_s if redone and step_s else 0.0), 3)
+        costed.append({**r, "to_first_step_s": to_first, "steps_redone": redone, "lost_s": lost})
+    return costed
+
+
+def build_efficiency(restarts: list[dict], attempts: list[dict]) -> tuple[float | None, float | None]:
+    """The training's wall time (its first step to its last, over every attempt) and the share
+    of it that failures did not take (1 less their lost_s over it); None where the figures do
+    not tell: no step seen, or a failure whose cost is unknown."""
+    firsts = [a["first_step_at"] for a in attempts if a.get("first_step_at") is not None]
+    lasts = [a["last_step_at"] for a in attempts if a.get("last_step_at") is not None]
+    if not firsts or not lasts or max(lasts) <= min(firsts):
+        return None, None
+    wall = max(lasts) - min(firsts)
+    if any(r["lost_s"] is None for r in restarts):
+        return round(wall, 3), None
+    lost = sum(r["lost_s"] for r in restarts)
+    return round(wall, 3), round(max(0.0, 1.0 - lost / wall), 4)
 
 
 def build_report(what: str, leader: str, hosts: tuple[str, ...], exit_code: int, figures: dict[str, dict],
@@ -53,13 +92,23 @@ def build_report(what: str, leader: str, hosts: tuple[str, ...], exit_code: int,
         notes.append("no PyTorch optimizer step was seen (not a PyTorch program, or it ended before its first "
                      "step): the report has the hosts' figures only")
     times = [p["time"] for p in phases]
-    restarts = build_restarts(list(restarts))
+    attempts = merge_attempts([(figures.get(h) or {}).get("attempts") or [] for h in hosts])
+    step_ms = [r["step_ms"] for r in ranks if isinstance(r.get("step_ms"), (int, float))]
+    step_s = statistics.median(step_ms) / 1e3 if step_ms else None
+    restarts = build_failure_costs(build_restarts(list(restarts)), attempts, step_s)
+    training_s, efficiency = build_efficiency(restarts, attempts)
+    if any((figures.get(h) or {}).get("local_restarts") for h in hosts):
+        efficiency = None  # their failures' times are not in the report: no made-up share
+        notes.append("torchrun restarted ranks itself (--max_restarts, one host): those restarts are in the log "
+                     "only, and the job's efficiency is not given")
     return {"version": VERSION,
             "job": {"what": what, "leader": leader, "hosts": list(hosts), "exit_code": exit_code,
                     "started": min(times) if times else None, "ended": max(times) if times else None,
                     "framework": "pytorch" if ranks else "none", "attempts": len(restarts) + 1,
-                    "restarts_s": round(sum(r["restart_s"] or 0.0 for r in restarts), 3)},
-            "restarts": restarts,
+                    "restarts_s": round(sum(r["restart_s"] or 0.0 for r in restarts), 3),
+                    "training_s": training_s, "efficiency": efficiency,
+                    "lost_s": round(sum(r["lost_s"] or 0.0 for r in restarts), 3)},
+            "restarts": restarts, "attempts": attempts,
             "phases": sorted(phases, key=lambda p: p["time"]), "hosts": report_hosts, "ranks": ranks,
             "stragglers": decide_stragglers(ranks), "notes": notes}
 
@@ -108,6 +157,13 @@ def build_summary_lines(report: dict, max_ranks: int = 16) -> list[str]:
     for r in report.get("restarts") or ():
         after = f"attempt {r['attempt'] + 1} started {r['restart_s']:.1f} s later" if r["restart_s"] is not None \
             else f"no attempt {r['attempt'] + 1} started"
+        cost = "" if r.get("lost_s") is None else (
+            f"; {r['lost_s']:.1f} s lost ({r['to_first_step_s']:.1f} s to the next first step"
+            + (f", {r['steps_redone']} step(s) redone" if r.get("steps_redone") is not None else "") + ")")
         lines.append(f"job report: restart: attempt {r['attempt']} failed (exit code {r['exit_code']}: {r['cause']}); "
-                     f"{after}")
+                     f"{after}{cost}")
+    job = report.get("job") or {}
+    if report.get("restarts") and job.get("efficiency") is not None:
+        lines.append(f"job report: efficiency {job['efficiency']:.3f}: {job['lost_s']:.1f} s of "
+                     f"{job['training_s']:.1f} s of training lost to {len(report['restarts'])} failure(s)")
     return lines

@@ -66,10 +66,59 @@ def build_clean_rank_file(data) -> tuple[dict | None, str | None]:
     bad = {i for values in series.values() for i, v in enumerate(values) if _finite(v) is None}
     series = {n: [v for i, v in enumerate(values) if i not in bad] for n, values in series.items()}
     clean = {**data, "series": series, "steps": _finite(data.get("steps")),
-             "first_step_at": _finite(data.get("first_step_at")), "ddp": data.get("ddp") is True}
+             "first_step_at": _finite(data.get("first_step_at")), "ddp": data.get("ddp") is True,
+             "attempts": build_rank_attempts(data)}
     notes = ([f"{len(bad)} step(s): not finite numbers"] if bad else []) + (
         [f"not lists: {', '.join(dropped)}"] if dropped else [])
     return clean, "; ".join(notes) or None
+
+
+# reached: the furthest step seen (merge_attempts), in a host's attempts; a rank's has its steps.
+ATTEMPT_FIELDS = ("attempt", "first_step_at", "last_step_at", "steps", "resumed_step", "reached")
+MAX_ATTEMPTS = 101  # BYOC_MAX_RESTARTS is at most 100
+
+
+def build_clean_attempts(values) -> list[dict]:
+    """Attempts' summaries as the report takes them (from a rank's file or a worker's word):
+    dicts of ATTEMPT_FIELDS, every one a finite number or None, an attempt a whole number from
+    1; the last MAX_ATTEMPTS."""
+    if not isinstance(values, list):
+        return []
+    clean = []
+    for value in values[-MAX_ATTEMPTS:]:
+        if not isinstance(value, dict):
+            continue
+        entry = {k: _finite(value.get(k)) for k in ATTEMPT_FIELDS}
+        if isinstance(entry["attempt"], int) and entry["attempt"] >= 1:
+            clean.append(entry)
+    return clean
+
+
+def build_rank_attempts(data: dict) -> list[dict]:
+    """A rank file's attempts: the earlier ones it kept (rank/step_figures.load_earlier), then
+    its own; none when the rank was not told its attempt (no restarts in place)."""
+    return build_clean_attempts([*(data.get("attempts") if isinstance(data.get("attempts"), list) else []),
+                                 {k: data.get(k) for k in ATTEMPT_FIELDS}])
+
+
+def merge_attempts(lists: list[list[dict]]) -> list[dict]:
+    """Many ranks' (or hosts') attempts as the job's, by attempt: the first step is the first
+    anyone made, the last the last; `reached` is the furthest step any rank was seen at (its
+    resumed step plus its steps), `resumed_step` the earliest any resumed from."""
+    merged: dict[int, dict] = {}
+    for attempts in lists:
+        for a in attempts:
+            reached = a.get("reached")
+            if reached is None and a.get("resumed_step") is not None and a.get("steps") is not None:
+                reached = a["resumed_step"] + a["steps"]
+            m = merged.setdefault(a["attempt"], {"attempt": a["attempt"], "first_step_at": None, "last_step_at": None,
+                                                 "steps": None, "resumed_step": None, "reached": None})
+            for key, pick in (("first_step_at", min), ("last_step_at", max), ("steps", max),
+                              ("resumed_step", min), ("reached", max)):
+                value = reached if key == "reached" else a.get(key)
+                if value is not None:
+                    m[key] = value if m[key] is None else pick(m[key], value)
+    return [merged[k] for k in sorted(merged)][-MAX_ATTEMPTS:]
 
 
 def _median(values) -> float | None:
@@ -130,6 +179,9 @@ def build_host_figures(host: str, points: list[dict], phases: dict[str, float], 
     return {**({"note": note} if note else {}), "host": host, "status": "reported", "interval_s": interval_s, "cores": cores,
             "sampler_cpu_s": round(sampler_cpu_s, 3), "samples_per_s": samples_per_s, "series": build_columns(points),
             "phases": [{"host": host, "name": n, "time": round(t, 3)} for n, t in sorted(phases.items(), key=lambda p: p[1])],
+            "attempts": merge_attempts([r.get("attempts") or [] for r in ranks]),
+            "local_restarts": max([n for n in (_finite(r.get("local_restarts")) for r in ranks)
+                                   if isinstance(n, int)] or [0]),
             "ranks": [apply_gpu_timings(build_rank_figures(r, host), r) for r in ranks]}
 
 
@@ -232,7 +284,10 @@ def parse_host_figures(text: str, host: str) -> dict | None:
             "cores": _finite(data.get("cores")), "sampler_cpu_s": _finite(data.get("sampler_cpu_s")),
             "samples_per_s": _finite(data.get("samples_per_s")),
             "series": {n: _clean_list(data["series"].get(n)) for n in SERIES_ORDER if n in data.get("series", {})},
-            "phases": phases, "ranks": ranks, "note": _clean_text(data.get("note")) or None}
+            "phases": phases, "ranks": ranks, "note": _clean_text(data.get("note")) or None,
+            "attempts": build_clean_attempts(data.get("attempts")),
+            "local_restarts": max(0, _finite(data.get("local_restarts")) or 0)
+            if isinstance(_finite(data.get("local_restarts")), int) else 0}
 
 
 def adjust_ddp_ranks(ranks: list[dict]) -> list[dict]:

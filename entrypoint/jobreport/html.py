@@ -53,6 +53,7 @@ class Chart(NamedTuple):
     x_range: tuple  # (lo, hi) in the x unit
     x_label: str
     phases: list = []  # (x, number) for the vertical lines
+    bands: list = []  # (x from, x to) of training lost to a failure: shaded
     y_max: float = 0.0  # the least top of the y axis (100 for a percentage)
     zoom: bool = False  # the y axis may start above 0, where the values sit far above it
     width: int = 600
@@ -117,6 +118,8 @@ def _render_header(job: dict, notes: list) -> str:
         ("started", _format_epoch(started)),
         ("duration", _format_duration(ended - started) if started is not None and ended is not None else ""),
     ]
+    if isinstance(job.get("attempts"), int) and job["attempts"] > 1:  # a job that never failed lost nothing
+        facts.insert(4, ("efficiency", _render_efficiency(job)))
     rows = "".join(f"<dt>{k}</dt><dd>{v or '&ndash;'}</dd>" for k, v in facts)
     note_items = "".join(f"<li>{_text(n)}</li>" for n in notes)
     notes_html = f'<div class="notes"><h2>Notes</h2><ul>{note_items}</ul></div>' if notes else ""
@@ -124,9 +127,19 @@ def _render_header(job: dict, notes: list) -> str:
             f"{notes_html}</header>")
 
 
+def _render_efficiency(job: dict) -> str:
+    """The share of the training's wall time the failures did not take (report.json's
+    job.efficiency, jobreport/build.build_efficiency), with what it is made of."""
+    efficiency, lost, wall = _number(job.get("efficiency")), _number(job.get("lost_s")), _number(job.get("training_s"))
+    if efficiency is None:
+        return "unknown (a failure's cost is not in the ranks' figures)"
+    return f"{_format_number(efficiency, 3)}: {_format_number(lost)} s of {_format_number(wall)} s of training lost to failures"
+
+
 def _render_restarts(restarts: list) -> str:
-    """Each failed attempt the job was started again after (BYOC_MAX_RESTARTS), and what the
-    restart cost the launcher; nothing for a job that never restarted."""
+    """Each failed attempt the job was started again after (BYOC_MAX_RESTARTS), what the
+    restart cost the launcher and what the failure cost the training (shaded on the charts);
+    nothing for a job that never restarted."""
     if not restarts:
         return ""
     items = []
@@ -134,6 +147,11 @@ def _render_restarts(restarts: list) -> str:
         attempt, cost = r.get("attempt"), _number(r.get("restart_s"))
         after = (f"the next attempt started {_format_number(cost)} s later" if cost is not None
                  else "no attempt started after it")
+        lost, to_first, redone = _number(r.get("lost_s")), _number(r.get("to_first_step_s")), _number(r.get("steps_redone"))
+        if lost is not None:
+            after += (f"; <b>{_format_number(lost)} s lost</b>: its first step {_format_number(to_first)} s after the "
+                      f"failure" + (f", {_format_number(redone, 0)} step(s) redone" if redone is not None else
+                                    ", steps redone unknown (the script did not say where it resumed)"))
         items.append(f"<li>attempt {_text(attempt)} failed (exit code {_text(r.get('exit_code'))}: "
                      f"{_text(r.get('cause'))}); {after}</li>")
     return f'<section class="restarts"><h2>Restarts ({len(restarts)})</h2><ul>{"".join(items)}</ul></section>'
@@ -242,15 +260,23 @@ def _render_host_panels(report: dict, job: dict) -> str:
     start, span = _job_window(job, hosts, _list(report.get("phases")))
     axis = build_time_axis(span)
     numbers = build_phase_numbers(_list(report.get("phases")))
+    # A failure's cost as the time it took: the steps it made the job redo (before it), then
+    # the failure to the next attempt's first step.
+    bands = [((failed - (lost - to_first) - start) / axis[0], (failed + to_first - start) / axis[0])
+             for failed, lost, to_first in ((_number(r.get("failed")), _number(r.get("lost_s")),
+                                             _number(r.get("to_first_step_s")))
+                                            for r in _list(report.get("restarts")) if isinstance(r, dict))
+             if failed is not None and lost is not None and to_first is not None]
     panels = []
     for name in names:
         host = _mapping(hosts.get(name))
         phases = [p for p in _list(report.get("phases")) if isinstance(p, dict) and p.get("host") == name]
-        panels.append(_render_host_panel(name, host, phases, numbers, start, span, axis))
+        panels.append(_render_host_panel(name, host, phases, numbers, start, span, axis, bands))
     return "\n".join(panels)
 
 
-def _render_host_panel(name, host: dict, phases: list, numbers: dict, start: float, span: float, axis) -> str:
+def _render_host_panel(name, host: dict, phases: list, numbers: dict, start: float, span: float, axis,
+                       bands: list = ()) -> str:
     # <details open>: a reader folds the hosts he has seen, with no script.
     title = f"<details open><summary>{_text(name)}</summary>"
     if host.get("status") == "missing" or not host:
@@ -263,7 +289,7 @@ def _render_host_panel(name, host: dict, phases: list, numbers: dict, start: flo
     marks = [((t - start) / divisor, _phase_number(numbers, p)) for p, t in
              ((p, _number(p.get("time"))) for p in phases) if t is not None]
     charts = [render_chart(Chart(title_, unit_, lines, (0.0, span / divisor), f"time since job start ({unit})",
-                                 marks, y_max))
+                                 marks, list(bands), y_max))
               for title_, unit_, lines, y_max in build_host_charts(series, times, _number(host.get("cores")))
               if any(_has_values(line.ys) for line in lines)]
     about = _render_host_facts(host, len(times))
@@ -431,6 +457,11 @@ def render_svg(chart: Chart) -> str:
     parts.append(f'<text x="{m.left + plot_w / 2:.1f}" y="{h - 4}" class="xl">{_text(chart.x_label)}</text>'
                  f'<text transform="translate(13 {m.top + plot_h / 2:.1f}) rotate(-90)" class="yl">'
                  f"{_text(chart.unit)}</text>")
+    for lo, hi in chart.bands:  # a failure's cost: its failure to the next attempt's first step, and steps redone
+        lo, hi = max(lo, x_lo), min(hi, x_hi)
+        if hi > lo:
+            parts.append(f'<rect x="{sx(lo):.1f}" y="{m.top}" width="{max(1.0, sx(hi) - sx(lo)):.1f}" '
+                         f'height="{plot_h}" class="lost"><title>lost to a failure</title></rect>')
     parts += _render_phase_marks(chart.phases, sx, x_lo, x_hi, m.top, m.top + plot_h)
     for line in chart.lines:
         parts.append(render_line(line, sx, sy))
@@ -670,6 +701,7 @@ svg .pl{text-anchor:middle;font-weight:700;fill:#6b4fa0}
 svg .plot{fill:#fff;stroke:#c9ced8}
 svg .gl{stroke:#eef0f4}svg .axis{stroke:#9aa2b1}
 svg .phase{stroke:#6b4fa0;stroke-width:1;stroke-dasharray:4 3;opacity:.75}
+svg .lost{fill:#d62728;opacity:.15}
 .phases{list-style:none;padding:0;margin:0 0 6px;display:flex;flex-wrap:wrap;gap:2px 14px;font-size:12px;color:var(--muted)}
 .phases b{color:#6b4fa0}.phases .k{font-style:italic}
 footer{color:var(--muted);font-size:12px;text-align:right}

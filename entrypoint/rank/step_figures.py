@@ -33,6 +33,8 @@ import time
 REPORT_DIR_ENV = "BYOC_REPORT_DIR"
 WRITE_EVERY_S = 5.0
 MAX_POINTS = 512
+MAX_ATTEMPTS = 100  # earlier attempts' summaries a rank file keeps (BYOC_MAX_RESTARTS is at most 100)
+ATTEMPT_ENV = "BYOC_ATTEMPT"  # the attempt the rank belongs to (entrypoint/decide/restarts.py)
 MODULE_NAME = "byoc_rank_figures"  # where a script's library finds this module (train/report_hooks.py)
 GPU_PENDING = 512  # events' pairs not yet completed on the GPU, at most (the oldest dropped past it)
 COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_to_all",
@@ -113,6 +115,11 @@ class Figures:
         self.lock = _thread.allocate_lock()
         self.steps = 0
         self.first_step_at = None  # epoch s of the first optimizer step's end
+        self.last_step_at = None  # epoch s of the last one's
+        self.attempt = None  # BYOC_ATTEMPT, from 1, when the entrypoint restarts the job in place
+        self.resumed_step = None  # the step the script resumed from (set_resumed_step), 0 on a fresh start
+        self.earlier = []  # earlier attempts' summaries (this rank's file before it: load_earlier)
+        self.local_restarts = 0  # torchrun restarted this rank itself so many times (not the entrypoint)
         self.last_step_end = None  # time.perf_counter() of the last optimizer step's end
         self.wait = 0.0  # seconds inside collectives since the last step's end
         self.backward = 0.0  # seconds in backward() since the last step's end
@@ -134,8 +141,9 @@ class Figures:
         now = time.perf_counter()
         if self.last_step_end is not None:
             self.add_point(now - self.last_step_end)
-        else:
-            self.first_step_at = time.time()
+        self.last_step_at = time.time()
+        if self.last_step_end is None:
+            self.first_step_at = self.last_step_at
         self.steps += 1
         self.last_step_end = now
         if self.gpu is not None:
@@ -172,10 +180,35 @@ class Figures:
 
     def as_dict(self) -> dict:
         return {"rank": self.rank, "local_rank": self.local_rank, "host": self.host, "pid": os.getpid(),
-                "steps": self.steps, "first_step_at": self.first_step_at, "ddp": self.ddp, "stride": self.stride,
+                "steps": self.steps, "first_step_at": self.first_step_at, "last_step_at": self.last_step_at,
+                "attempt": self.attempt, "resumed_step": self.resumed_step, "attempts": list(self.earlier),
+                "local_restarts": self.local_restarts,
+                "ddp": self.ddp, "stride": self.stride,
                 "series": {k: list(v) for k, v in self.series.items()},
                 **({"gpu": {"dropped": self.gpu.dropped, **{k: list(v) for k, v in self.gpu.series.items()}}}
                    if self.gpu is not None else {})}
+
+    def load_earlier(self) -> None:
+        """The rank's file an earlier attempt wrote (same rank, same folder): its summary and
+        the ones it kept, so the report sees each failure's cost. A file of this attempt (a
+        rank of it started again: torchrun's own restart on one host) gives only the ones it
+        kept; it is overwritten at the first write."""
+        if self.attempt is None or not os.path.isfile(self.path):
+            return
+        try:
+            import json
+
+            with open(self.path) as f:
+                earlier = json.load(f)
+        except (OSError, ValueError, RecursionError):
+            return
+        if not isinstance(earlier, dict) or earlier.get("attempt") is None:
+            return
+        kept = [a for a in earlier.get("attempts") or () if isinstance(a, dict)] \
+            if isinstance(earlier.get("attempts"), list) else []
+        if earlier.get("attempt") != self.attempt:
+            kept.append({k: earlier.get(k) for k in ("attempt", "first_step_at", "last_step_at", "steps", "resumed_step")})
+        self.earlier = kept[-(MAX_ATTEMPTS - 1):]
 
     def gpu_timings(self):
         """This rank's GpuTimings, looked for at most once a second until CUDA is initialised."""
@@ -221,6 +254,13 @@ def add_samples(count: int) -> None:
     """A script's library: samples this step processed (for samples a second)."""
     if _figures is not None:
         _figures.samples += count
+
+
+def set_resumed_step(step: int) -> None:
+    """A script's library: the step this attempt starts from (its checkpoint's; 0 on a fresh
+    start), so the report counts the steps a failure made the job redo."""
+    if _figures is not None and isinstance(step, int) and step >= 0:
+        _figures.resumed_step = step
 
 
 _nesting = None  # a thread-local: timed calls under way in this thread (made by start)
@@ -368,6 +408,11 @@ def start(environ, module) -> None:
     host = environ.get("SM_CURRENT_HOST") or environ.get("HOSTNAME") or ""
     _nesting = _thread._local()  # threading.local without importing threading
     _figures = Figures(os.path.join(folder, f"rank-{rank}.json"), rank, local, host)
+    attempt = environ.get(ATTEMPT_ENV, "")
+    _figures.attempt = int(attempt) if attempt.isdecimal() else None
+    restarts = environ.get("TORCHELASTIC_RESTART_COUNT", "")  # torchrun's own restarts (one host)
+    _figures.local_restarts = int(restarts) if restarts.isdecimal() else 0
+    _figures.load_earlier()
     sys.modules[MODULE_NAME] = module
     sys.meta_path.insert(0, _AfterImport())
     for name, patch in PATCHES.items():

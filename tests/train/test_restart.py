@@ -117,6 +117,18 @@ def test_a_rank_killed_once_restarts_in_place_and_ends_like_an_uninterrupted_run
     # disk before the next one is taken (one interval, plus the steps taken while it was written).
     assert killed_at - resumed[-1] < 2 * CHECKPOINT_EVERY
     assert (root / "output/success").exists() and not (root / "output/failure").exists()
+    # The report costs the failure from the ranks' own figures (jobreport/build.build_failure_costs).
+    import json
+
+    report = json.loads((root / "output/data/report/report.json").read_text())
+    if launch == "mpirun":  # the entrypoint restarted the job: the failure is in the report
+        (failure,) = report["restarts"]
+        assert failure["to_first_step_s"] > 0 and failure["steps_redone"] is not None, failure
+        assert 0 <= failure["steps_redone"] < 2 * CHECKPOINT_EVERY, failure  # a floor of the work lost (above)
+        assert failure["lost_s"] >= failure["to_first_step_s"], failure
+        assert 0 < report["job"]["efficiency"] < 1, report["job"]
+    else:  # torchrun restarted its ranks itself: no failure time to cost it by, no made-up efficiency
+        assert report["restarts"] == [] and report["job"]["efficiency"] is None, report["job"]
     assert final_accuracy(log) == final_accuracy(straight.stdout + straight.stderr)
     straight_state, state = load_saved_state(straight_root), load_saved_state(root)
     assert straight_state.keys() == state.keys()

@@ -303,3 +303,122 @@ def test_restarts_are_counted_and_each_costs_from_its_failure_to_the_next_start(
     json.dumps(report, allow_nan=False)
     plain = build_report("x", "algo-1", ("algo-1",), 0, {}, [])
     assert plain["job"]["attempts"] == 1 and plain["restarts"] == [] and plain["job"]["restarts_s"] == 0
+
+
+def attempt_rank_file(r, attempt, first, last, steps, resumed, earlier=()):
+    """A rank file as rank/step_figures.py writes it when the entrypoint restarts in place, as
+    the host reads it (load_rank_files)."""
+    import tempfile
+
+    from entrypoint.jobreport.figures import load_rank_files
+
+    data = {**rank_file(r, steps), "attempt": attempt, "first_step_at": first, "last_step_at": last,
+            "resumed_step": resumed, "attempts": list(earlier),
+            "series": {**rank_file(r, steps)["series"], "step_ms": [1000.0] * steps}}
+    with tempfile.TemporaryDirectory() as folder:
+        with open(f"{folder}/rank-{r}.json", "w") as f:
+            json.dump(data, f)
+        (loaded,), notes = load_rank_files(folder)
+    assert notes == []
+    return loaded
+
+
+def test_each_failure_costs_the_time_to_the_next_first_step_and_its_steps_redone():
+    """Attempt 1 steps from 100 s to 160 s (60 steps, from step 0) and fails at 161 s; attempt 2
+    resumes from step 55 and makes its first step at 165 s: 4 s to the first step and 5 steps of
+    1 s redone lost 9 s of 200 s of training. The worker's figures cross the job port (fit, then
+    parse) as the leader gets them."""
+    first = {"attempt": 1, "first_step_at": 100.0, "last_step_at": 160.0, "steps": 60, "resumed_step": 0}
+    leader = attempt_rank_file(0, 2, 165.0, 300.0, 135, 55, [first])
+    worker = attempt_rank_file(1, 2, 165.5, 299.5, 134, 55, [{**first, "first_step_at": 100.5, "steps": 59}])
+    _, text = fit_figures("algo-2", points(8), {"end": 300.0}, [worker], 1.0, 8, 0.1, 60000)
+    hosts = {"algo-1": fit_figures("algo-1", points(8), {"end": 300.0}, [leader], 1.0, 8, 0.1, 60000)[0],
+             "algo-2": parse_host_figures(text, "algo-2")}
+    restarts = [{"attempt": 1, "exit_code": 137, "cause": "rank 1 on algo-2: SIGKILL", "failed": 161.0,
+                 "next_started": 163.0}]
+    report = build_report("torchrun on 2 host(s)", "algo-1", ("algo-1", "algo-2"), 0, hosts, [], restarts)
+    (failure,) = report["restarts"]
+    assert (failure["to_first_step_s"], failure["steps_redone"], failure["lost_s"]) == (4.0, 5, 9.0)
+    assert (report["job"]["training_s"], report["job"]["lost_s"], report["job"]["efficiency"]) == (200.0, 9.0, 0.955)
+    assert [(a["attempt"], a["reached"], a["resumed_step"]) for a in report["attempts"]] == [(1, 60, 0), (2, 190, 55)]
+    lines = [line for line in build_summary_lines(report) if "restart:" in line or "efficiency" in line]
+    assert lines == ["job report: restart: attempt 1 failed (exit code 137: rank 1 on algo-2: SIGKILL); attempt 2 "
+                     "started 2.0 s later; 9.0 s lost (4.0 s to the next first step, 5 step(s) redone)",
+                     "job report: efficiency 0.955: 9.0 s of 200.0 s of training lost to 1 failure(s)"]
+    json.dumps(report, allow_nan=False)
+
+
+def test_a_failure_whose_cost_the_figures_do_not_tell_leaves_the_efficiency_unknown():
+    """No step after the restart (the next attempt failed before one), or a script that does
+    not say where it resumed: what is known is given, the rest is None, never a made-up 1.0."""
+    first = {"attempt": 1, "first_step_at": 100.0, "last_step_at": 160.0, "steps": 60, "resumed_step": None}
+    ranks = [attempt_rank_file(0, 2, 165.0, 300.0, 135, None, [first])]
+    hosts = {"algo-1": fit_figures("algo-1", points(8), {}, ranks, 1.0, 8, 0.1, 60000)[0]}
+    restarts = [{"attempt": 1, "exit_code": 1, "cause": "x", "failed": 161.0, "next_started": 163.0},
+                {"attempt": 2, "exit_code": 1, "cause": "y", "failed": 301.0, "next_started": 302.0}]
+    report = build_report("torchrun", "algo-1", ("algo-1",), 1, hosts, [], restarts)
+    assert [(r["to_first_step_s"], r["steps_redone"], r["lost_s"]) for r in report["restarts"]] == [
+        (4.0, None, 4.0), (None, None, None)]
+    assert report["job"]["efficiency"] is None and report["job"]["training_s"] == 200.0
+    plain = build_report("x", "algo-1", ("algo-1",), 0, {"algo-1": fit_figures(
+        "algo-1", points(8), {}, [attempt_rank_file(0, 1, 10.0, 20.0, 10, 0)], 1.0, 8, 0.1, 60000)[0]}, [])
+    assert plain["job"]["efficiency"] == 1.0 and plain["job"]["lost_s"] == 0
+    # torchrun's own restarts on one host (TORCHELASTIC_RESTART_COUNT): no failure time to cost them by
+    local = attempt_rank_file(0, 1, 10.0, 20.0, 10, 0)
+    local = {**local, "local_restarts": 1}
+    itself = build_report("x", "algo-1", ("algo-1",), 0, {"algo-1": fit_figures(
+        "algo-1", points(8), {}, [local], 1.0, 8, 0.1, 60000)[0]}, [])
+    assert itself["job"]["efficiency"] is None
+    assert any(n.startswith("torchrun restarted ranks itself") for n in itself["notes"]), itself["notes"]
+
+
+@pytest.mark.parametrize("attempts", [
+    "not a list", [1, "x", None], [{"attempt": float("nan")}, {"attempt": True}, {"attempt": 0}, {"attempt": -3}],
+    [{"attempt": 1, "first_step_at": float("inf"), "last_step_at": "soon", "steps": 1e300, "resumed_step": [1]}],
+    [{"attempt": n, "first_step_at": float(n), "last_step_at": n + 0.5, "steps": 1, "resumed_step": 0}
+     for n in range(1, 5000)],
+])
+def test_hostile_attempts_from_a_worker_are_cleaned_and_bounded(attempts):
+    """A worker's word may hold anything: an attempt is a whole number from 1, every figure a
+    finite number or None, at most MAX_ATTEMPTS of them, and the report stays valid JSON."""
+    from entrypoint.jobreport.figures import MAX_ATTEMPTS
+
+    figures, _ = fit_figures("algo-2", points(4), {}, [attempt_rank_file(1, 1, 10.0, 20.0, 10, 0)], 1.0, 8, 0.1, 60000)
+    parsed = parse_host_figures(json.dumps({**figures, "attempts": attempts}), "algo-2")
+    assert len(parsed["attempts"]) <= MAX_ATTEMPTS
+    for a in parsed["attempts"]:
+        assert isinstance(a["attempt"], int) and a["attempt"] >= 1
+        assert all(v is None or (isinstance(v, (int, float)) and math.isfinite(v)) for v in a.values())
+    report = build_report("x", "algo-1", ("algo-2",), 0, {"algo-2": parsed}, [])
+    json.dumps(report, allow_nan=False)
+
+
+RANK_ATTEMPT = """import importlib.util, os, sys
+spec = importlib.util.spec_from_file_location("byoc_rank_figures", sys.argv[1])
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+module.start(os.environ, module)
+module.set_resumed_step(int(sys.argv[2]))
+for _ in range(int(sys.argv[3])):
+    module._figures.on_step_end()
+"""
+
+
+def test_a_ranks_file_keeps_each_earlier_attempts_summary_for_the_report(tmp_path):
+    """The real writer (rank/step_figures.py, in a process of its own as in a rank): attempt 2's
+    rank finds attempt 1's file and keeps its summary; a rank of the same attempt started again
+    (torchrun's own restart on one host) does not count it twice. Written at exit."""
+    import subprocess
+    import sys
+
+    from entrypoint.jobreport.figures import load_rank_files
+    from support.jobtree import REPO
+
+    writer = str(REPO / "entrypoint" / "rank" / "step_figures.py")
+    for attempt, resumed, steps in (("1", 0, 6), ("2", 4, 3), ("2", 4, 5)):
+        env = {"BYOC_REPORT_DIR": str(tmp_path), "RANK": "3", "BYOC_ATTEMPT": attempt, "PATH": "/usr/bin:/bin"}
+        subprocess.run([sys.executable, "-c", RANK_ATTEMPT, writer, str(resumed), str(steps)], env=env, check=True)
+    (rank,), notes = load_rank_files(str(tmp_path))
+    assert notes == []
+    assert [(a["attempt"], a["steps"], a["resumed_step"]) for a in rank["attempts"]] == [(1, 6, 0), (2, 5, 4)]
+    assert all(a["first_step_at"] <= a["last_step_at"] for a in rank["attempts"])

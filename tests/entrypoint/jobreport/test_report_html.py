@@ -483,3 +483,26 @@ def test_restarts_are_listed_under_the_header_with_what_each_cost():
             "0.6 s later") in page
     assert "no attempt started after it" in page
     assert "Restarts" not in build_report_html(sample_report())
+
+
+def test_each_failures_cost_is_shaded_on_every_hosts_timeline_and_the_efficiency_is_in_the_header():
+    """report.json's restarts with their cost (jobreport/build.build_failure_costs): the time
+    lost, from the steps redone before the failure to the next attempt's first step, is a band
+    on each host's charts; the header gives job.efficiency. Hand-made values (NaN, text) draw no band."""
+    report = sample_report()
+    times = report["hosts"]["algo-1"]["series"]["time"]
+    failed = times[len(times) // 2]
+    report["job"].update({"attempts": 3, "efficiency": 0.9512, "lost_s": 9.0, "training_s": 184.5})
+    report["restarts"] = [
+        {"attempt": 1, "exit_code": 137, "cause": "rank 1 on algo-2: SIGKILL", "restart_s": 1.2, "failed": failed,
+         "to_first_step_s": 4.0, "steps_redone": 5, "lost_s": 9.0},
+        {"attempt": 2, "exit_code": 137, "cause": "x", "restart_s": 1.0, "failed": float("nan"),
+         "to_first_step_s": "soon", "steps_redone": None, "lost_s": float("inf")},
+    ]
+    page = build_report_html(report)
+    assert_self_contained_text(page)
+    assert "<dt>efficiency</dt><dd>0.951: 9.0 s of 184.5 s of training lost to failures</dd>" in page
+    assert "<b>9.0 s lost</b>: its first step 4.0 s after the failure, 5 step(s) redone" in page
+    timelines = page.count("time since job start (")  # the hosts' charts (the ranks' are by step)
+    assert page.count('class="lost"') == timelines > 0  # one band a timeline: the failure with a cost
+    assert "efficiency" not in build_report_html(sample_report()).split("</header>")[0]

@@ -4,7 +4,6 @@ the same way: its exit code, its exception, its signals. Real torchrun, one host
 host runs one; several ranks and hosts: tests/multihost/test_restarts.py)."""
 
 import json
-import os
 import signal
 import socket
 import subprocess
