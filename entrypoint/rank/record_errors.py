@@ -520,11 +520,12 @@ def _end_without_teardown(code: int) -> None:
     except Exception:  # noqa: BLE001 - ending anyway; mpirun reports a rank that did not finalize
         pass
     _flush_open_files()
-    if code == 0 and is_forked_rank() and not _hand_torchrun_the_return():
+    if code == 0 and is_forked_rank() and not _handed_ahead:
         # torch's worker wrapper hands its torchrun the function's return at its end, then
         # waits for torchrun to read it: an exit here would leave torchrun waiting for a
-        # return that never comes. Not found (another torch): the wrapper's own way, where a
-        # stop's close (torchrun's SIGTERM) ends the waiting rank at once at least.
+        # return that never comes. Not handed ahead (another torch: _hand_torchrun_the_return):
+        # the wrapper's own way, where a stop's close (torchrun's SIGTERM) ends the waiting
+        # rank at once at least.
         import _signal
 
         for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"):
@@ -533,14 +534,21 @@ def _end_without_teardown(code: int) -> None:
     os._exit(code)
 
 
+_handed_ahead = False  # a forked rank's return is torchrun's already (_become_forked_rank)
+
+
 def _hand_torchrun_the_return() -> bool:
-    """A forked rank whose program ended well: put its return (None) where torch's worker
-    wrapper (torch.distributed.elastic.multiprocessing.api._wrap, below us on the stack) would,
-    so the rank can exit now, as a started rank does. The wrapper itself would then wait for
-    torchrun to read every rank's return, and a torchrun closing its workers on a stop never
-    does: it waits 30 s on a rank whose SIGTERM the program's handler already took, past the
-    grace period (tests/multihost/test_jobs.py: 137 where torchrun's 1 is due). The queue is
-    a pipe written at once (SimpleQueue); torchrun reads it after the exit as before it."""
+    """A forked rank, as it starts: put the return torch's worker wrapper would put at its end
+    (None: torch.distributed.elastic.multiprocessing.api._wrap, below us on the stack), so the
+    rank may end as a started rank does, at any time, in any way. Otherwise torchrun waits for
+    every rank's return before it calls the job done: a rank whose program ends with
+    os._exit(0) (train/'s scripts do, to skip a teardown that can abort: script.py), or whose
+    library calls exit(0), would leave torchrun waiting for ever; and a torchrun closing its
+    ranks on a stop never reads it, so the wrapper's own wait at its end would hold a rank that
+    finished until torchrun's SIGKILL 30 s later, past the grace period (tests/multihost/
+    test_jobs.py: 137 where torchrun's 1 is due). With every return in, torchrun waits for the
+    ranks' exits instead (torch.multiprocessing's join), which tells a failure as before. The
+    queue is a pipe written at once (SimpleQueue)."""
     frame = sys._getframe(1)
     while frame is not None:
         if (frame.f_code.co_name == "_wrap" and "ret_val_" in frame.f_locals
@@ -603,8 +611,9 @@ def _become_forked_rank() -> None:
     """Undo what a forked rank inherits from its torchrun and a program of its own would not
     have: torch's agent's signal handlers (SIGTERM would raise torch's SignalException inside
     the user's code, and be recorded as the rank's own failure, where a started rank just ends),
-    its exit handlers, and the faulthandler torch's error record turned on to stderr (the crash
-    file takes it: _record_fatal_signals). Then a session of its own, as torchrun gives each
+    torchrun's wait for its return (handed ahead: _hand_torchrun_the_return), its exit
+    handlers, and the faulthandler torch's error record turned on to stderr (the crash file
+    takes it: _record_fatal_signals). Then a session of its own, as torchrun gives each
     rank it starts: a stop to torchrun's group (the entrypoint's SIGTERM) reaches the rank once,
     through torchrun, never twice (a user's checkpoint-on-SIGTERM handler run twice). Then the
     rank's name (RANK_COMM_PREFIX)."""
@@ -617,6 +626,8 @@ def _become_forked_rank() -> None:
         os.setsid()
     except OSError:
         pass  # already a group leader: nothing to leave
+    global _handed_ahead
+    _handed_ahead = _hand_torchrun_the_return()
     for name in ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR2"):
         _signal.signal(getattr(_signal, name), _signal.SIG_DFL)
     _signal.signal(_signal.SIGINT, _signal.default_int_handler)

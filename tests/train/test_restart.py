@@ -63,15 +63,14 @@ def final_accuracy(log: str) -> str:
 
 
 def find_rank(entrypoint_pid: int, rank: int) -> psutil.Process:
-    """The process of one rank: its launcher (mpirun, torchrun) tells it its rank in the
-    environment; the launchers themselves have none."""
-    for child in psutil.Process(entrypoint_pid).children(recursive=True):
-        try:
-            env = child.environ()
-        except psutil.Error:
-            continue
-        if env.get("OMPI_COMM_WORLD_RANK", env.get("RANK")) == str(rank):
-            return child
+    """The process of one rank, found and labelled as the entrypoint finds its ranks
+    (run/processes.py): by the rank wrapper on its command line, or by its name where torchrun
+    forked it (a forked rank's command line and /proc environment are its torchrun's)."""
+    from entrypoint.run import processes
+
+    for pid in processes.load_rank_pids_below([entrypoint_pid]):
+        if processes.load_rank_label(pid) == str(rank):
+            return psutil.Process(pid)
     raise AssertionError(f"no rank {rank} under {entrypoint_pid}")
 
 

@@ -77,6 +77,17 @@ def test_a_forked_rank_fails_the_job_as_a_started_one_does(tmp_path, ending, cod
     assert first_lines[0] == first_lines[1]
 
 
+@pytest.mark.parametrize("ending", ["import os\nos._exit(0)\n", "import ctypes\nctypes.CDLL(None).exit(0)\n",
+                                    "import sys\nsys.exit(0)\n", "print('returns')\n"])
+def test_a_forked_rank_that_ends_well_in_any_way_ends_the_job_well(tmp_path, ending):
+    """os._exit(0) (train/'s scripts end so), a library's exit(0), sys.exit(0), a return: the
+    job succeeds. Before, torchrun waited for ever for the return of a rank that never came
+    back to torch's worker wrapper (its return is now handed over as the rank starts)."""
+    root, done = run_job(tmp_path, "import time\ntime.sleep(0.5)\n" + ending, "1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (root / "output/success").exists()
+
+
 def test_a_forked_rank_killed_by_sigsegv_leaves_its_own_python_stack(tmp_path):
     script = ("import ctypes, os\ndef crash_in_this_function():\n    if os.environ['RANK'] == '0':\n"
               "        ctypes.string_at(0)\ncrash_in_this_function()\n")
