@@ -159,7 +159,7 @@ def build_summary_lines(report: dict, max_ranks: int = 16) -> list[str]:
             else f"no attempt {r['attempt'] + 1} started"
         cost = "" if r.get("lost_s") is None else (
             f"; {r['lost_s']:.1f} s lost ({r['to_first_step_s']:.1f} s to the next first step"
-            + (f", {r['steps_redone']} step(s) redone" if r.get("steps_redone") is not None else "") + ")")
+            + (f", at least {r['steps_redone']} step(s) redone" if r.get("steps_redone") is not None else "") + ")")
         lines.append(f"job report: restart: attempt {r['attempt']} failed (exit code {r['exit_code']}: {r['cause']}); "
                      f"{after}{cost}")
     job = report.get("job") or {}

@@ -150,7 +150,7 @@ def _render_restarts(restarts: list) -> str:
         lost, to_first, redone = _number(r.get("lost_s")), _number(r.get("to_first_step_s")), _number(r.get("steps_redone"))
         if lost is not None:
             after += (f"; <b>{_format_number(lost)} s lost</b>: its first step {_format_number(to_first)} s after the "
-                      f"failure" + (f", {_format_number(redone, 0)} step(s) redone" if redone is not None else
+                      f"failure" + (f", at least {_format_number(redone, 0)} step(s) redone" if redone is not None else
                                     ", steps redone unknown (the script did not say where it resumed)"))
         items.append(f"<li>attempt {_text(attempt)} failed (exit code {_text(r.get('exit_code'))}: "
                      f"{_text(r.get('cause'))}); {after}</li>")

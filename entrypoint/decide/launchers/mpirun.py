@@ -95,6 +95,17 @@ def decide_launch_radix(hosts: int) -> int:
     return radix
 
 
+def decide_teardown_gap_s(max_restarts: int) -> int:
+    """Open MPI's gap between the signals of its teardown after a rank failed: its default (1 s,
+    slept twice on every host: 4-6 s of a restart here, docs/benchmarks-training.md), or none
+    where the job restarts in place (BYOC_MAX_RESTARTS): the failed attempt's ranks are thrown
+    away and nothing of theirs is kept, so nothing needs that grace. A stop request does not use
+    it (each host signals its own ranks, with the grace period); only the ranks of a script that
+    exit on a stop without agreeing on it first are ended at once when one exits, not a second
+    later (train/'s trainers write the stop's checkpoint, then meet at a barrier, then exit)."""
+    return 0 if max_restarts > 0 else DEFAULTS.mpi_teardown_signal_gap_s
+
+
 def build_mpirun_argv(
     topo: topology.Topology,
     num_processes: int,
@@ -103,8 +114,10 @@ def build_mpirun_argv(
     program_argv: tuple[str, ...],
     runtime: Runtime,
     efa: bool,
+    teardown_gap_s: int = DEFAULTS.mpi_teardown_signal_gap_s,
 ) -> tuple[str, ...]:
-    """The toolkit's proven mpirun flags; environment forwarded by name only."""
+    """The toolkit's proven mpirun flags; environment forwarded by name only. teardown_gap_s:
+    decide_teardown_gap_s."""
     interface = topo.interface
     argv = [
         "mpirun",
@@ -133,8 +146,9 @@ def build_mpirun_argv(
         # SIGKILL), first on the leader and then on every worker: tying it to the 90 s grace
         # period made a failed rank take 6 minutes to end the job. The grace period is for
         # stop requests, which every host's entrypoint forwards to its own ranks directly
-        # (ProcessSpec.signal_ranks, roles/mpi.forward_stop_to_ranks). Open MPI's default, 1.
-        "-mca", "odls_base_sigkill_timeout", str(DEFAULTS.mpi_teardown_signal_gap_s),
+        # (ProcessSpec.signal_ranks, roles/mpi.forward_stop_to_ranks). Open MPI's default, 1;
+        # 0 where the failed attempt is restarted (decide_teardown_gap_s).
+        "-mca", "odls_base_sigkill_timeout", str(teardown_gap_s),
     ]
     for name in forwarded:
         argv += ["-x", name]
@@ -178,7 +192,8 @@ def decide_plan(shared: PlanBasis, dist: Distribution, facts: MachineFacts, laun
     # BYOC_ATTEMPT: each attempt's mpirun has it (restarts.build_attempt_processes); every
     # host's ranks see the same number only if it is forwarded.
     forwarded = forwarded_names({**shared.env, **launcher_env, ATTEMPT_ENV: ""}, dict(shared.job.environ))
-    argv = build_mpirun_argv(topo, np_, forwarded, dist.custom_mpi_options, program_argv, runtime, efa=facts.efa)
+    argv = build_mpirun_argv(topo, np_, forwarded, dist.custom_mpi_options, program_argv, runtime, efa=facts.efa,
+                             teardown_gap_s=decide_teardown_gap_s(shared.settings.max_restarts))
     spec = ProcessSpec("mpirun", argv, signal_ranks=True,
                        rank_output=decide_rank_output(topo, dist.custom_mpi_options, runtime))
     return build_plan(shared, Role.MPI_LEADER, (spec,), launcher_env)._replace(job_key=job_key)

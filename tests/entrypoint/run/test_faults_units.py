@@ -176,6 +176,17 @@ def test_mpirun_is_stopped_through_its_ranks_and_tears_down_in_a_second_whatever
     assert spec.argv[spec.argv.index("odls_base_sigkill_timeout") + 1] == "1"
 
 
+@pytest.mark.parametrize("restarts, gap", [("0", "1"), ("1", "0"), ("100", "0")])
+def test_mpirun_tears_a_failed_attempt_down_at_once_where_it_is_restarted(restarts, gap):
+    """BYOC_MAX_RESTARTS: a failed attempt's ranks are thrown away, so Open MPI's teardown skips
+    its gaps between SIGTERM and SIGKILL (slept twice on every host: 4 s of each restart of the
+    main job on 2 hosts, docs/benchmarks-training.md)."""
+    job = make_job(hosts=("algo-1", "algo-2"), hps={"sagemaker_mpi_enabled": True},
+                   environ={"BYOC_MAX_RESTARTS": restarts})
+    spec = plan_for(job).processes[0]
+    assert spec.argv[spec.argv.index("odls_base_sigkill_timeout") + 1] == gap
+
+
 # --- which line leads a stopped host's failure ---------------------------------------------
 
 CAUSE = RootCause(host="algo-2", rank="1", type="RuntimeError", message="boom", time=1000.0)
