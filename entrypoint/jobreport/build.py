@@ -33,21 +33,23 @@ def build_failure_costs(restarts: list[dict], attempts: list[dict], step_s: floa
     figures of the attempt that failed and the next (merge_attempts): `to_first_step_s`, the
     failure to the next attempt's first step; `steps_redone`, the furthest step the failed
     attempt was seen at less the step the next resumed from (a floor: a rank's figures are
-    written every few seconds, rank/step_figures.WRITE_EVERY_S; None where the script did not
-    say where it resumed); `lost_s`, the two together at the job's step time. None where the
-    figures do not tell."""
+    written every few seconds, rank/step_figures.WRITE_EVERY_S); `lost_s`, the training time
+    the failure took: from when the step the next attempt resumed from was done (the failed
+    attempt's last figures, less or plus the steps between, at the job's step time) to the
+    next attempt's first step, so a stall before the failure (a hang) counts too. None where
+    the figures do not tell (no step after it; a script that did not say where it resumed)."""
     by_attempt = {a["attempt"]: a for a in attempts}
     costed = []
     for r in restarts:
         failed, after = by_attempt.get(r["attempt"], {}), by_attempt.get(r["attempt"] + 1, {})
-        first = after.get("first_step_at")
+        first, seen_at = after.get("first_step_at"), failed.get("last_step_at")
         to_first = round(first - r["failed"], 3) if first is not None and first >= r["failed"] else None
-        redone = None
-        if failed.get("reached") is not None and after.get("resumed_step") is not None:
-            redone = max(0, int(failed["reached"] - after["resumed_step"]))
-        lost = None
-        if to_first is not None:
-            lost = round(to_first + (redone * step_s if redone and step_s else 0.0), 3)
+        redone = lost = None
+        reached, resumed = failed.get("reached"), after.get("resumed_step")
+        if reached is not None and resumed is not None:
+            redone = max(0, int(reached - resumed))
+            if to_first is not None and seen_at is not None and step_s:
+                lost = round(max(0.0, first - seen_at + (reached - resumed) * step_s), 3)
         costed.append({**r, "to_first_step_s": to_first, "steps_redone": redone, "lost_s": lost})
     return costed
 
@@ -64,7 +66,7 @@ def build_efficiency(restarts: list[dict], attempts: list[dict]) -> tuple[float 
     if any(r["lost_s"] is None for r in restarts):
         return round(wall, 3), None
     lost = sum(r["lost_s"] for r in restarts)
-    return round(wall, 3), round(max(0.0, 1.0 - lost / wall), 4)
+    return round(wall, 3), round(min(1.0, max(0.0, 1.0 - lost / wall)), 4)
 
 
 def build_report(what: str, leader: str, hosts: tuple[str, ...], exit_code: int, figures: dict[str, dict],
@@ -93,7 +95,7 @@ def build_report(what: str, leader: str, hosts: tuple[str, ...], exit_code: int,
                      "step): the report has the hosts' figures only")
     times = [p["time"] for p in phases]
     attempts = merge_attempts([(figures.get(h) or {}).get("attempts") or [] for h in hosts])
-    step_ms = [r["step_ms"] for r in ranks if isinstance(r.get("step_ms"), (int, float))]
+    step_ms = [r["step_ms"] for r in ranks if isinstance(r.get("step_ms"), (int, float)) and r["step_ms"] > 0]
     step_s = statistics.median(step_ms) / 1e3 if step_ms else None
     restarts = build_failure_costs(build_restarts(list(restarts)), attempts, step_s)
     training_s, efficiency = build_efficiency(restarts, attempts)

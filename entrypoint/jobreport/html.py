@@ -260,9 +260,9 @@ def _render_host_panels(report: dict, job: dict) -> str:
     start, span = _job_window(job, hosts, _list(report.get("phases")))
     axis = build_time_axis(span)
     numbers = build_phase_numbers(_list(report.get("phases")))
-    # A failure's cost as the time it took: the steps it made the job redo (before it), then
-    # the failure to the next attempt's first step.
-    bands = [((failed - (lost - to_first) - start) / axis[0], (failed + to_first - start) / axis[0])
+    # A failure's cost as the time it took, up to the next attempt's first step: from when the
+    # step that attempt resumed from was done (jobreport/build.build_failure_costs).
+    bands = [((failed + to_first - lost - start) / axis[0], (failed + to_first - start) / axis[0])
              for failed, lost, to_first in ((_number(r.get("failed")), _number(r.get("lost_s")),
                                              _number(r.get("to_first_step_s")))
                                             for r in _list(report.get("restarts")) if isinstance(r, dict))

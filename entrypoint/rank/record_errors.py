@@ -607,6 +607,30 @@ def is_forked_rank() -> bool:
     return mp is not None and mp.parent_process() is not None
 
 
+def _keep_exit_visible_to_torchrun() -> None:
+    """torchrun sees a forked rank's end when the pipe multiprocessing gave it closes (its
+    sentinel), not when the process exits: a process the rank forks (a DataLoader worker, its
+    own multiprocessing child) would hold the pipe open past the rank's death, and torchrun
+    would wait for it (for ever, for a child that outlives the rank). Every fork of the rank
+    closes it in the child (os.register_at_fork); a program the rank runs closes it at exec
+    (subprocess's close_fds)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "_launch" and "child_w" in frame.f_locals \
+                and frame.f_globals.get("__name__") == "multiprocessing.popen_fork":
+            fd = frame.f_locals["child_w"]
+            if isinstance(fd, int):
+                def close_in_child(fd=fd):
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
+
+                os.register_at_fork(after_in_child=close_in_child)
+            return
+        frame = frame.f_back
+
+
 def _become_forked_rank() -> None:
     """Undo what a forked rank inherits from its torchrun and a program of its own would not
     have: torch's agent's signal handlers (SIGTERM would raise torch's SignalException inside
@@ -622,12 +646,16 @@ def _become_forked_rank() -> None:
     import faulthandler
 
     atexit._clear()
+    mp_util = sys.modules.get("multiprocessing.util")
+    if mp_util is not None:  # the one a started rank has too: its own child processes ended at exit
+        atexit.register(mp_util._exit_function)
     try:
         os.setsid()
     except OSError:
         pass  # already a group leader: nothing to leave
     global _handed_ahead
     _handed_ahead = _hand_torchrun_the_return()
+    _keep_exit_visible_to_torchrun()
     for name in ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR2"):
         _signal.signal(getattr(_signal, name), _signal.SIG_DFL)
     _signal.signal(_signal.SIGINT, _signal.default_int_handler)
@@ -675,6 +703,17 @@ def main(argv: list) -> int:
             raise
         code = decide_exit_code(exc.code)
     except KeyboardInterrupt:
+        if is_forked_rank():
+            # torch's multiprocessing wrapper would take it as a clean end (exit 0), its return
+            # handed ahead: die of SIGINT, as a started rank does (after its exit handlers).
+            _stdlib("traceback").print_exc()
+            sys.stderr.flush()
+            _stdlib("atexit")._run_exitfuncs()
+            _flush_open_files()
+            import _signal
+
+            _signal.signal(_signal.SIGINT, _signal.SIG_DFL)
+            os.kill(os.getpid(), _signal.SIGINT)
         raise
     except BaseException as exc:  # noqa: BLE001 - recorded, printed, then the job fails
         _record(exc)

@@ -325,9 +325,9 @@ def attempt_rank_file(r, attempt, first, last, steps, resumed, earlier=()):
 
 def test_each_failure_costs_the_time_to_the_next_first_step_and_its_steps_redone():
     """Attempt 1 steps from 100 s to 160 s (60 steps, from step 0) and fails at 161 s; attempt 2
-    resumes from step 55 and makes its first step at 165 s: 4 s to the first step and 5 steps of
-    1 s redone lost 9 s of 200 s of training. The worker's figures cross the job port (fit, then
-    parse) as the leader gets them."""
+    resumes from step 55 and makes its first step at 165 s: from step 55's end (155 s, at 1 s a
+    step) to 165 s, 10 s of 200 s of training were lost; 4 s to the first step, 5 steps redone.
+    The worker's figures cross the job port (fit, then parse) as the leader gets them."""
     first = {"attempt": 1, "first_step_at": 100.0, "last_step_at": 160.0, "steps": 60, "resumed_step": 0}
     leader = attempt_rank_file(0, 2, 165.0, 300.0, 135, 55, [first])
     worker = attempt_rank_file(1, 2, 165.5, 299.5, 134, 55, [{**first, "first_step_at": 100.5, "steps": 59}])
@@ -338,13 +338,13 @@ def test_each_failure_costs_the_time_to_the_next_first_step_and_its_steps_redone
                  "next_started": 163.0}]
     report = build_report("torchrun on 2 host(s)", "algo-1", ("algo-1", "algo-2"), 0, hosts, [], restarts)
     (failure,) = report["restarts"]
-    assert (failure["to_first_step_s"], failure["steps_redone"], failure["lost_s"]) == (4.0, 5, 9.0)
-    assert (report["job"]["training_s"], report["job"]["lost_s"], report["job"]["efficiency"]) == (200.0, 9.0, 0.955)
+    assert (failure["to_first_step_s"], failure["steps_redone"], failure["lost_s"]) == (4.0, 5, 10.0)
+    assert (report["job"]["training_s"], report["job"]["lost_s"], report["job"]["efficiency"]) == (200.0, 10.0, 0.95)
     assert [(a["attempt"], a["reached"], a["resumed_step"]) for a in report["attempts"]] == [(1, 60, 0), (2, 190, 55)]
     lines = [line for line in build_summary_lines(report) if "restart:" in line or "efficiency" in line]
     assert lines == ["job report: restart: attempt 1 failed (exit code 137: rank 1 on algo-2: SIGKILL); attempt 2 "
-                     "started 2.0 s later; 9.0 s lost (4.0 s to the next first step, at least 5 step(s) redone)",
-                     "job report: efficiency 0.955: 9.0 s of 200.0 s of training lost to 1 failure(s)"]
+                     "started 2.0 s later; 10.0 s lost (4.0 s to the next first step, at least 5 step(s) redone)",
+                     "job report: efficiency 0.950: 10.0 s of 200.0 s of training lost to 1 failure(s)"]
     json.dumps(report, allow_nan=False)
 
 
@@ -358,7 +358,7 @@ def test_a_failure_whose_cost_the_figures_do_not_tell_leaves_the_efficiency_unkn
                 {"attempt": 2, "exit_code": 1, "cause": "y", "failed": 301.0, "next_started": 302.0}]
     report = build_report("torchrun", "algo-1", ("algo-1",), 1, hosts, [], restarts)
     assert [(r["to_first_step_s"], r["steps_redone"], r["lost_s"]) for r in report["restarts"]] == [
-        (4.0, None, 4.0), (None, None, None)]
+        (4.0, None, None), (None, None, None)]
     assert report["job"]["efficiency"] is None and report["job"]["training_s"] == 200.0
     plain = build_report("x", "algo-1", ("algo-1",), 0, {"algo-1": fit_figures(
         "algo-1", points(8), {}, [attempt_rank_file(0, 1, 10.0, 20.0, 10, 0)], 1.0, 8, 0.1, 60000)[0]}, [])
@@ -375,6 +375,8 @@ def test_a_failure_whose_cost_the_figures_do_not_tell_leaves_the_efficiency_unkn
 @pytest.mark.parametrize("attempts", [
     "not a list", [1, "x", None], [{"attempt": float("nan")}, {"attempt": True}, {"attempt": 0}, {"attempt": -3}],
     [{"attempt": 1, "first_step_at": float("inf"), "last_step_at": "soon", "steps": 1e300, "resumed_step": [1]}],
+    [{"attempt": 1, "first_step_at": 0.0, "last_step_at": 1e12, "steps": -7, "resumed_step": -3, "reached": -1e12},
+     {"attempt": 2, "first_step_at": 16.0, "last_step_at": 17.0, "steps": 1, "resumed_step": 1e12}],
     [{"attempt": n, "first_step_at": float(n), "last_step_at": n + 0.5, "steps": 1, "resumed_step": 0}
      for n in range(1, 5000)],
 ])
@@ -389,8 +391,11 @@ def test_hostile_attempts_from_a_worker_are_cleaned_and_bounded(attempts):
     for a in parsed["attempts"]:
         assert isinstance(a["attempt"], int) and a["attempt"] >= 1
         assert all(v is None or (isinstance(v, (int, float)) and math.isfinite(v)) for v in a.values())
-    report = build_report("x", "algo-1", ("algo-2",), 0, {"algo-2": parsed}, [])
+    restarts = [{"attempt": 1, "exit_code": 1, "cause": "x", "failed": 15.0, "next_started": 16.0}]
+    ranks = [{**r, "step_ms": -5.0} for r in parsed["ranks"]]  # a worker's word: any number
+    report = build_report("x", "algo-1", ("algo-2",), 0, {"algo-2": {**parsed, "ranks": ranks}}, [], restarts)
     json.dumps(report, allow_nan=False)
+    assert report["job"]["efficiency"] is None or 0.0 <= report["job"]["efficiency"] <= 1.0
 
 
 RANK_ATTEMPT = """import importlib.util, os, sys

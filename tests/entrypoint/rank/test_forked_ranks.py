@@ -4,6 +4,7 @@ the same way: its exit code, its exception, its signals. Real torchrun, one host
 host runs one; several ranks and hosts: tests/multihost/test_restarts.py)."""
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -86,6 +87,36 @@ def test_a_forked_rank_that_ends_well_in_any_way_ends_the_job_well(tmp_path, end
     root, done = run_job(tmp_path, "import time\ntime.sleep(0.5)\n" + ending, "1")
     assert done.returncode == 0, done.stderr[-3000:]
     assert (root / "output/success").exists()
+
+
+def test_a_forked_rank_interrupted_fails_the_job_and_its_children_end_with_it(tmp_path):
+    """A KeyboardInterrupt (SIGINT, or _thread.interrupt_main) fails the job as in a started
+    rank, not a clean end that torch's wrapper would make of it; and a rank's own child process
+    (multiprocessing, daemonic: a DataLoader worker's kind) is ended at the rank's exit."""
+    script = ("import multiprocessing, os, time\n"
+              "child = multiprocessing.Process(target=time.sleep, args=(600,), daemon=True)\nchild.start()\n"
+              "open(os.path.join(os.environ['SM_MODEL_DIR'], 'child'), 'w').write(str(child.pid))\n"
+              "if os.environ.get('INTERRUPT') == '1':\n    raise KeyboardInterrupt\n")
+    for interrupt, code in (("1", 1), ("0", 0)):
+        host = socket.gethostname()
+        root = write_tree(tmp_path / f"int-{interrupt}", script=script, hosts=(host,), current_host=host,
+                          hyperparameters=TORCH)
+        done = run_entrypoint(root, SM_NUM_CPUS="2", INTERRUPT=interrupt)
+        assert done.returncode == code, done.stderr[-3000:]
+        child = int((root / "model" / "child").read_text())
+        assert not os.path.exists(f"/proc/{child}") or open(f"/proc/{child}/stat").read().split()[2] == "Z"
+
+
+def test_a_forked_ranks_end_is_seen_while_a_process_it_forked_lives_on(tmp_path):
+    """torchrun sees a forked rank's end by a pipe the rank holds; a process the rank forked
+    held it too, and torchrun waited for that one (for ever, for this one, which outlives the
+    rank): the job now fails at the rank's own exit, as with a started rank."""
+    script = ("import os, sys, time\nchild = os.fork()\nif child == 0:\n    time.sleep(600)\n    os._exit(0)\n"
+              "open(os.path.join(os.environ['SM_MODEL_DIR'], 'forked'), 'w').write(str(child))\nsys.exit(3)\n")
+    root, done = run_job(tmp_path, script, "1")
+    os.kill(int((root / "model" / "forked").read_text()), signal.SIGKILL)
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "exitcode: 3" in failure_text(root)
 
 
 def test_a_forked_rank_killed_by_sigsegv_leaves_its_own_python_stack(tmp_path):
