@@ -28,7 +28,7 @@ def build_restarts(restarts: list[dict]) -> list[dict]:
     return built
 
 
-def build_failure_costs(restarts: list[dict], attempts: list[dict], step_s: float | None) -> list[dict]:
+def build_failure_costs(restarts: list[dict], attempts: list[dict], step_ms: float | None) -> list[dict]:
     """Each restart (build_restarts) with what the failure cost the training, from the ranks'
     figures of the attempt that failed and the next (merge_attempts): `to_first_step_s`, the
     failure to the next attempt's first step; `steps_redone`, the furthest step the failed
@@ -48,8 +48,8 @@ def build_failure_costs(restarts: list[dict], attempts: list[dict], step_s: floa
         reached, resumed = failed.get("reached"), after.get("resumed_step")
         if reached is not None and resumed is not None:
             redone = max(0, int(reached - resumed))
-            if to_first is not None and seen_at is not None and step_s:
-                lost = round(max(0.0, first - seen_at + (reached - resumed) * step_s), 3)
+            if to_first is not None and seen_at is not None and step_ms:
+                lost = round(max(0.0, first - seen_at + (reached - resumed) * step_ms / 1e3), 3)
         costed.append({**r, "to_first_step_s": to_first, "steps_redone": redone, "lost_s": lost})
     return costed
 
@@ -96,8 +96,8 @@ def build_report(what: str, leader: str, hosts: tuple[str, ...], exit_code: int,
     times = [p["time"] for p in phases]
     attempts = merge_attempts([(figures.get(h) or {}).get("attempts") or [] for h in hosts])
     step_ms = [r["step_ms"] for r in ranks if isinstance(r.get("step_ms"), (int, float)) and r["step_ms"] > 0]
-    step_s = statistics.median(step_ms) / 1e3 if step_ms else None
-    restarts = build_failure_costs(build_restarts(list(restarts)), attempts, step_s)
+    restarts = build_failure_costs(build_restarts(list(restarts)), attempts,
+                                   statistics.median(step_ms) if step_ms else None)
     training_s, efficiency = build_efficiency(restarts, attempts)
     if any((figures.get(h) or {}).get("local_restarts") for h in hosts):
         efficiency = None  # their failures' times are not in the report: no made-up share
