@@ -481,7 +481,7 @@ def _log_torchrun_restart(environ) -> None:
 
 def _flush_open_files() -> None:
     """Flush every Python file object still open: the interpreter's teardown would have (a file
-    the program never closed is flushed when it is freed), and _end_without_teardown skips it."""
+    the program never closed is flushed when it is freed), and end_without_teardown skips it."""
     import _io  # the C base of every file object; io.IOBase's ABC check would ask other objects questions
 
     gc = _stdlib("gc")
@@ -494,7 +494,7 @@ def _flush_open_files() -> None:
                 pass
 
 
-def _end_without_teardown(code: int) -> None:
+def end_without_teardown(code: int) -> None:
     """End a rank whose program has ended (returned, sys.exit, or an exception already
     recorded) the way the interpreter would, but without tearing its modules down.
 
@@ -508,7 +508,8 @@ def _end_without_teardown(code: int) -> None:
     non-daemon threads, run its atexit handlers (logging, multiprocessing, tempfile, a user's
     own), flush every open file, finalize MPI where mpi4py started it (mpirun calls a rank
     that exits without MPI_Finalize a failure). Only the module teardown is skipped. Used only
-    once torch.distributed is loaded: other programs end as Python ends them."""
+    once torch.distributed is loaded: other programs end as Python ends them. torchrun ends
+    this way too (launch_torchrun.run_and_end): there the teardown is time on a restart's path."""
     threading = sys.modules.get("threading")
     if threading is not None:
         threading._shutdown()  # what Py_Finalize calls first: joins the non-daemon threads
@@ -725,7 +726,7 @@ def main(argv: list) -> int:
         _abort_mpi_job()
         code = 1
     if "torch.distributed" in sys.modules:
-        _end_without_teardown(code)
+        end_without_teardown(code)
     return code
 
 
