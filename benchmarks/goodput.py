@@ -88,16 +88,15 @@ class Watch:
     """The leader's output as it grows: each new step line's step and when it was seen."""
 
     def __init__(self, proc) -> None:
-        self.proc, self.seen, self.steps = proc, 0, []  # steps: [(step, time seen)]
+        self.proc, self.seen, self.steps = proc, 0, []  # seen: lines read; steps: [(step, time seen)]
         self.resumes: list[tuple[int, float, int]] = []  # (step resumed from, time seen, index in steps)
 
     def read(self) -> None:
-        text = self.proc.output
-        end = text.rfind("\n") + 1  # whole lines only
-        if end <= self.seen:
+        new = self.proc.lines_from(self.seen)  # only the new lines, not a copy of the whole output
+        if not new:  # every 10 ms (under 1% of a core by a 5-minute job's end, but growing)
             return
-        now, new, self.seen = time.time(), text[self.seen:end], end
-        for line in new.splitlines():
+        now, self.seen = time.time(), self.seen + len(new)
+        for line in new:
             if (found := STEP_LINE.search(line)) is not None:
                 self.steps.append((int(found.group(1)), now))
             elif (found := RESUMED.search(line)) is not None:

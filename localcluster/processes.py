@@ -131,6 +131,13 @@ class HostProcess:
         with self._lock:
             return "".join(self._lines)
 
+    def lines_from(self, index: int) -> list[str]:
+        """The output's lines from the index-th on, each as it was read (whole; the last one at
+        the end may lack its newline): a watcher of a long job's output copies only what is new,
+        not the whole output each time it looks (that took a share of a core from the job)."""
+        with self._lock:
+            return self._lines[index:]
+
     def poll(self) -> int | None:
         if self._waiter.is_alive():
             return None

@@ -24,6 +24,7 @@ facts = {
     "sigint": getattr(signal.getsignal(signal.SIGINT), "__name__", "?"),
     "faulthandler": faulthandler.is_enabled(), "threads": threading.active_count(),
     "comm": open("/proc/self/comm").read().strip(), "session_leader": os.getsid(0) == os.getpid(),
+    "dynamo_loaded": "torch._dynamo" in sys.modules,
 }
 with open(os.path.join(os.environ["SM_MODEL_DIR"], "facts-" + os.environ["RANK"] + ".json"), "w") as f:
     json.dump(facts, f)
@@ -58,6 +59,9 @@ def test_a_forked_rank_sees_what_a_started_rank_sees_but_its_name(tmp_path):
     assert forked[0]["sigterm"] == str(int(signal.SIG_DFL)) and forked[0]["sigint"] == "default_int_handler"
     # A session of its own, as torchrun starts a rank: a stop to torchrun's group is not its own.
     assert forked[0]["session_leader"] is True
+    # torch._dynamo (DDP's constructor imports it) comes with the fork: torchrun imported it.
+    assert [f.pop("dynamo_loaded") for f in forked] == [True]
+    assert [f.pop("dynamo_loaded") for f in started] == [False]
     assert forked == started
     assert forked[0]["argv"] == ["--epochs", "2"] and forked[0]["name"] == "__main__"
 
@@ -200,3 +204,48 @@ def test_forked_ranks_are_found_by_name_and_started_ones_by_the_wrapper():
     assert processes.decide_rank_pids(cmdlines, table) == [11, 12, 14]
     assert [processes.parse_rank_comm(c) for c in ("byoc-rank-0", "byoc-rank-13", "byoc-rank-", "byoc-rank-x", "python")] \
         == ["0", "13", None, None, None]
+
+
+@pytest.mark.parametrize("argv, preload", [
+    (["--nnodes", "1", "--run-path", "--start-method", "fork", "train.py"], True),
+    (["--nnodes", "1", "--start-method", "spawn", "train.py"], False),
+    (["--nnodes", "1", "train.py", "--start-method", "fork"], False),  # the program's own argument
+    (["--nnodes", "1", "--no-such-option"], False),  # torchrun refuses it, once, when it runs
+])
+def test_torchrun_imports_dynamo_ahead_only_when_it_forks_its_ranks(argv, preload, capsys):
+    from entrypoint.rank.launch_torchrun import decide_preload
+
+    assert decide_preload(argv) is preload
+    assert capsys.readouterr().err == ""
+
+
+HELD_IMPORT = """
+import json, os, sys, threading
+sys.path.insert(0, {folder!r})
+import launch_torchrun
+seen = {{}}
+def stand_in():  # the held torchrun's imports
+    seen["import_nice"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    seen["group_during"] = launch_torchrun.load_autogroup_nice()
+launch_torchrun.run_at_low_priority(stand_in)
+seen["main_nice"] = os.getpriority(os.PRIO_PROCESS, 0)
+seen["group_after"] = launch_torchrun.load_autogroup_nice()
+print(json.dumps(seen))
+"""
+
+
+def test_a_held_torchrun_imports_at_the_lowest_priority_and_runs_at_its_own():
+    """The held torchrun's imports take only the cores' idle time from the attempt running beside
+    it; torchrun, and the ranks it forks, run at the priority it was started with."""
+    from entrypoint.rank import launch_torchrun
+
+    script = HELD_IMPORT.format(folder=os.path.dirname(launch_torchrun.__file__))
+    done = subprocess.run([PYTHON, "-c", script], capture_output=True, text=True, timeout=60,
+                          start_new_session=True)  # a session (and its scheduling group) of its own
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout)
+    assert seen["import_nice"] == launch_torchrun.HELD_IMPORT_NICE and seen["main_nice"] == 0
+    if os.path.exists(launch_torchrun.AUTOGROUP):  # the kernel groups a session's threads
+        assert (seen["group_during"], seen["group_after"]) == (launch_torchrun.HELD_IMPORT_NICE, 0)
+    else:
+        assert seen["group_during"] is seen["group_after"] is None

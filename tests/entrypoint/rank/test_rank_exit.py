@@ -96,3 +96,39 @@ def test_sys_exit_with_a_message_prints_it_and_ends_with_1(tmp_path):
 def test_decide_exit_code_gives_what_python_gives(arg, code):
     assert decide_exit_code(arg) == code
     assert subprocess.run([PYTHON, "-c", f"import sys; sys.exit({arg!r})"], capture_output=True).returncode == code
+
+
+# torchrun itself (rank/launch_torchrun.py) ends the same way: its teardown with torch and
+# torch._dynamo loaded (0.7 s on a 2-core host) lies on a restart's path. A stand-in for torchrun's
+# run ends in each way Python knows; the stand-in's object that aborts when freed at teardown says
+# whether the teardown ran.
+TORCHRUN_ENDS = """
+import atexit, sys
+sys.path.insert(0, {folder!r})
+import launch_torchrun
+def stand_in(argv):
+    import builtins, os
+    {aborts}
+    atexit.register(lambda: print("atexit handler ran"))
+    print("partial line without a newline", end="")
+    {ending}
+launch_torchrun.run_and_end([], run=stand_in)
+print("never reached")
+"""
+
+
+@pytest.mark.parametrize("ending, code, tail", [
+    ("return", 0, ""),
+    ("sys.exit(3)", 3, ""),
+    ("sys.exit('torchrun: bad arguments')", 1, "torchrun: bad arguments\n"),
+    ("raise ValueError('ChildFailedError stand-in')", 1, "ValueError: ChildFailedError stand-in\n"),
+])
+def test_torchrun_ends_as_python_would_but_for_the_teardown(tmp_path, ending, code, tail):
+    aborts = "class AbortsWhenFreed:\n        def __del__(self): os.abort()\n    builtins._freed_at_teardown = AbortsWhenFreed()"
+    script = TORCHRUN_ENDS.format(folder=os.path.dirname(RECORD_ERRORS), aborts=aborts, ending=ending)
+    done = subprocess.run([PYTHON, "-c", script], capture_output=True, text=True, timeout=120, cwd=str(tmp_path))
+    assert done.returncode == code, done.stderr[-2000:]  # SIGABRT (-6) had the teardown run
+    assert done.stdout == "partial line without a newlineatexit handler ran\n"
+    assert done.stderr.endswith(tail)
+    if code == 1 and "raise" in ending:
+        assert done.stderr.startswith("Traceback (most recent call last):")
