@@ -4,10 +4,13 @@ signal killed as the job's root cause.
 Usage: python launch_torchrun.py [--held] [TORCHRUN ARGS...]
 
 --held: the next attempt's torchrun, started ahead during this one (entrypoint/run/held.py):
-it imports torch (and what its forked ranks need: preload_for_forked_ranks), then waits for one
-line on its stdin, and runs only then (at its end of input, without one, it exits 0, having
-started nothing). So a restart does not wait for
-torchrun's import of torch.
+it imports torch (and what its forked ranks need: preload_for_forked_ranks) at the lowest
+priority (run_at_low_priority), then waits for one line on its stdin, and runs only then (at its
+end of input, without one, it exits 0, having started nothing). So a restart does not wait for
+torchrun's import of torch, and the attempt beside it keeps its cores.
+
+However it ends, torchrun ends without the interpreter's teardown (run_and_end): with torch
+loaded that took 0.7 s, between a rank's failure and the exit the restart waits for.
 
 A rank that dies of a signal (SIGABRT from a C++ abort, SIGSEGV, SIGKILL from the OOM killer)
 runs no Python at its end, so the rank wrapper (record_errors.py) writes no record of it; torch's
@@ -143,8 +146,10 @@ def preload_for_forked_ranks() -> None:
     fails: its log formatter reads torch._dynamo.config to print the failure's traceback. In a
     restart both imports lay on the way from the failure to the next step; here they are made
     once, before the ranks start, and a held torchrun makes them while the attempt before runs."""
+    import importlib
+
     try:
-        import torch._dynamo  # noqa: F401
+        importlib.import_module("torch._dynamo")
     except Exception:  # a torch without it (or broken): torch's own code says so, where it needs it
         pass
 
