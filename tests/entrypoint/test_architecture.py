@@ -168,7 +168,10 @@ def test_no_wait_is_on_an_event_that_nothing_sets():
 # state of its own: none is started by a role or the orchestrator, whose state is the main thread's.
 THREAD_MODULES = {"loop/host_loop.py", "hosts/job_port.py", "hosts/worker_output.py", "run/supervise.py",
                   "run/rank_stream.py", "run/rank_output.py", "run/compile_cache.py", "jobreport/sampler.py",
-                  "jobreport/live/loop.py", "jobreport/accelerators.py", "rank/record_errors.py"}
+                  "jobreport/live/loop.py", "jobreport/accelerators.py", "rank/record_errors.py",
+                  # torchrun's own process, not the entrypoint's: a held torchrun's imports at
+                  # the lowest priority (a thread's nice value is its own), joined at once
+                  "rank/launch_torchrun.py"}
 
 
 def find_thread_starts(tree: ast.Module) -> list[int]:
