@@ -6,7 +6,7 @@ import os
 import subprocess
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from entrypoint.job.config import (
@@ -236,13 +236,19 @@ MPI_KEY = "sagemaker_mpi_custom_mpi_options"
 PROGRAM = ("/usr/bin/python3", "/opt/ml/code/train.py", "--epochs", "2")
 
 
-def mpirun_reads_as_program(argv: tuple[str, ...]) -> int:
-    """Where mpirun (Open MPI 4.1) finds the program in argv: the first word that is neither
-    an option nor an option's value (a model of opal_cmd_line over mpirun's option table)."""
-    i = 0
+def mpirun_reads(argv: tuple[str, ...]) -> tuple[list[str], int]:
+    """What mpirun (Open MPI 4.1) reads in argv: the words it takes as options (each one's values
+    follow it, whatever they look like), and where it finds the program: the first word that is
+    neither an option nor an option's value (a model of opal_cmd_line over mpirun's option table)."""
+    options, i = [], 0
     while i < len(argv) and argv[i].startswith("-"):
+        options.append(argv[i])
         i += 1 + MPIRUN_OPTION_VALUES.get(argv[i].lstrip("-"), 0)
-    return i
+    return options, i
+
+
+def mpirun_reads_as_program(argv: tuple[str, ...]) -> int:
+    return mpirun_reads(argv)[1]
 
 
 def refused(tokens) -> str:
@@ -338,15 +344,16 @@ def test_a_word_mpirun_would_run_as_the_program_is_refused(before, word, after):
 @given(st.lists(st.sampled_from(["-x", "--mca", "-np", "--host", "-verbose", "--app", "lo", "A=1", "", "-", "--",
                                  "btl", "plm_rsh_agent", "$(id)", "a\nb", "--bogus", "--np=2"]) | st.text(max_size=6),
                 max_size=8))
+@example(tokens=["--mca", "btl", "-x", "--mca", "0", "-np"])  # -x and -np are MCA values there, not options
 def test_whatever_gets_through_leaves_mpirun_running_the_training_program(tokens):
     try:
         parse_mpi_option_tokens(MPI_KEY, tuple(tokens))
     except JobDefinitionError as exc:
         assert f"The hyperparameter {MPI_KEY} in hyperparameters.json " in str(exc)
         return
-    argv = (*tokens, *PROGRAM)
-    assert mpirun_reads_as_program(argv) == len(tokens)
-    assert not any(t.lstrip("-") in MPIRUN_OWNED_OPTIONS for t in tokens if t.startswith("-"))
+    options, program = mpirun_reads((*tokens, *PROGRAM))
+    assert program == len(tokens)
+    assert not any(o.lstrip("-") in MPIRUN_OWNED_OPTIONS for o in options)
 
 
 @pytest.mark.parametrize("options, expected", [
