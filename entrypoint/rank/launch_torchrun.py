@@ -167,7 +167,8 @@ AUTOGROUP = "/proc/self/autogroup"  # this session's scheduling group, where the
 def run_at_low_priority(fn) -> None:
     """fn (a held torchrun's imports: about 1.5 s of a core, made while the attempt before runs)
     in a thread at the lowest priority, so that attempt's ranks keep their cores: on this 2-core
-    host the two hosts' held imports at full priority took about 5% from each attempt's steps.
+    host two busy processes kept 78% of their work beside such an import at full priority, 96%
+    beside one at the lowest.
     Two settings, as the kernel schedules:
       - the thread's nice value (Linux's nice is a thread's): the main thread, which later runs
         torchrun and forks the ranks, keeps its own priority, and the ranks inherit that one;
@@ -213,20 +214,19 @@ AUTOGROUP_TRIES = 50  # the kernel takes one change of any group's nice per 0.1 
 AUTOGROUP_RETRY_S = 0.02
 
 
-def write_autogroup_nice(nice: int) -> bool:
-    """Set this session's group's nice value; False where refused."""
+def write_autogroup_nice(nice: int) -> None:
+    """Set this session's group's nice value; where refused, it stays as it is."""
     import errno
 
     for _ in range(AUTOGROUP_TRIES):
         try:
             with open(AUTOGROUP, "w") as f:
                 f.write(str(nice))
-            return True
+            return
         except OSError as error:
             if error.errno != errno.EAGAIN:  # EAGAIN: another group's change in the last 0.1 s
-                return False
+                return
             time.sleep(AUTOGROUP_RETRY_S)
-    return False
 
 
 def main(argv: list) -> None:
@@ -258,9 +258,9 @@ def main(argv: list) -> None:
 
 
 def run_and_end(argv: list, run=None) -> None:
-    """main (or run: the tests' stand-in for torchrun), then this process ends as Python would end it, but for the teardown of its modules
-    (record_errors.end_without_teardown: the program's threads joined, its exit handlers run,
-    its files flushed). With torch and torch._dynamo loaded that teardown takes about 0.7 s on a
+    """main (or run: the tests' stand-in for torchrun), then this process ends as Python would
+    end it, but for the teardown of its modules (record_errors.end_without_teardown: the
+    program's threads joined, its exit handlers run, its files flushed). With torch and torch._dynamo loaded that teardown takes about 0.7 s on a
     2-core host, and it lies on a restart's path: from a rank's failure to this torchrun's exit
     the entrypoint waits for, before the next attempt starts. KeyboardInterrupt takes Python's
     own way (it ends the process by SIGINT)."""
