@@ -9,6 +9,11 @@ Safety, in order of what can go wrong:
     entry by its own source hash and the device (docs/compile-cache.md), so this is a second line.
   - A corrupt or truncated archive: it is unpacked into a staging folder and moved into place
     only once the whole gzip stream (its CRC included) read cleanly; else nothing of it is used.
+  - A stop while an archive is read (SIGTERM during start-up: the host loop's stopped, which
+    CacheKeeper.stop_asked is): looked at after every STOP_CHECK_BYTES of the stream
+    (StopAwareStream), so it ends the restore within a megabyte read, however large the member,
+    and nothing of that archive is used (the staging is removed). No handler raises into the
+    read any more (run/stop.py): a restore that did not look would read on to the end.
   - Ranks writing at once: torch writes each entry whole (a temporary file, then a rename) and
     holds locks/<key>.lock while it builds a kernel; an archive leaves out temporary files and
     any kernel whose lock is held. Each host writes only its own archive, whole, then renames it.
@@ -47,6 +52,7 @@ FOLDER = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC  # a folder
 NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 ARCHIVE_NAME = re.compile(r"host-\d+\.tar\.gz\Z")
 LOCKS = "locks" + os.sep  # torch's lock files: never archived
+STOP_CHECK_BYTES = 1 << 20  # an archive's stream read between two looks at the stop
 _VERSION = re.compile(r"""^(__version__|version|cuda|hip|git_version)\s*(?::\s*\w+\s*)?=\s*['"]([^'"]*)['"]""", re.M)
 
 
@@ -268,16 +274,46 @@ def write_member(staging: int, path: str, source, mtime: float) -> bool:
     return True
 
 
-def _unpack(archive: str, staging: int, stamp: dict, max_bytes: int) -> tuple[list, bool, str | None]:
+class RestoreStopped(Exception):
+    """A stop came while an archive was read (StopAwareStream): nothing of it is used."""
+
+    def __init__(self, read_bytes: int):
+        super().__init__(f"stopped after {describe_mb(read_bytes)} read")
+        self.read_bytes = read_bytes
+
+
+class StopAwareStream:
+    """An archive's uncompressed stream as tarfile reads it: every byte goes through read(), its
+    headers, the members unpacked and the members skipped alike (tarfile skips one by reading
+    it through, in 10 kB reads). Each time another STOP_CHECK_BYTES was read it looks at
+    stop_asked, and raises RestoreStopped once a stop came; read_bytes is how far it got."""
+
+    def __init__(self, raw, stop_asked) -> None:
+        self.raw, self.stop_asked = raw, stop_asked
+        self.read_bytes, self.next_look = 0, STOP_CHECK_BYTES
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.raw.read(size)
+        self.read_bytes += len(data)
+        if self.read_bytes >= self.next_look:
+            self.next_look = self.read_bytes + STOP_CHECK_BYTES
+            if self.stop_asked():
+                raise RestoreStopped(self.read_bytes)
+        return data
+
+
+def _unpack(archive: str, staging: int, stamp: dict, max_bytes: int, stop_asked) -> tuple[list, bool, str | None]:
     """Unpack one archive into the staging folder (a descriptor): (the entries unpacked, whether
     that was every member, why it is not used or None). Raises on a corrupt or truncated archive
-    (the caller discards staging), FolderUnwritable when the folder takes no more."""
+    (the caller discards staging), FolderUnwritable when the folder takes no more,
+    RestoreStopped when a stop came before the stream's end (StopAwareStream)."""
     import gzip
     import tarfile
 
     unpacked: list[tuple[str, int, float]] = []
     size, whole, stamped = 0, True, False
-    with gzip.open(archive, "rb") as raw:
+    with gzip.open(archive, "rb") as gz:
+        raw = StopAwareStream(gz, stop_asked)
         with tarfile.open(fileobj=raw, mode="r|") as tar:
             for member in tar:
                 if not stamped:
@@ -361,18 +397,22 @@ def list_archives(cache: CompileCache) -> list[str]:
 
 class Restored(NamedTuple):
     """One archive's restore: the log line, the entries it held (whole: all of its members),
-    those of them now in the folder that were not there before, and whether the folder took no
-    more (full, read-only: the next archives would not fit either)."""
+    those of them now in the folder that were not there before, whether the folder took no
+    more (full, read-only: the next archives would not fit either), and whether a stop ended it
+    (nothing of it used; the next archives are not read)."""
 
     line: str
     entries: list | tuple = ()
     whole: bool = False
     moved: list | tuple = ()
     unwritable: bool = False
+    stopped: bool = False
 
 
-def restore_archive(archive: str, cache: CompileCache, stamp: dict) -> Restored:
-    """Unpack one archive into the cache folder (opened without following a link)."""
+def restore_archive(archive: str, cache: CompileCache, stamp: dict, stop_asked=lambda: False) -> Restored:
+    """Unpack one archive into the cache folder (opened without following a link): staged, and
+    moved into place only once the whole stream read cleanly with no stop (stop_asked) on the
+    way; else the folder is left as it was and the staging removed."""
     try:
         info = os.stat(archive)
     except OSError as exc:
@@ -388,7 +428,7 @@ def restore_archive(archive: str, cache: CompileCache, stamp: dict) -> Restored:
         return Restored(f"torch.compile cache: {archive} not unpacked: {cache.folder}: {describe_os_error(exc)}; the "
                         f"ranks compile what they need", unwritable=True)
     try:
-        return _restore_into(archive, cache, stamp, root, staging)
+        return _restore_into(archive, cache, stamp, root, staging, stop_asked)
     finally:
         try:
             remove_any(root, staging)
@@ -397,7 +437,7 @@ def restore_archive(archive: str, cache: CompileCache, stamp: dict) -> Restored:
         os.close(root)
 
 
-def _restore_into(archive: str, cache: CompileCache, stamp: dict, root: int, staging: str) -> Restored:
+def _restore_into(archive: str, cache: CompileCache, stamp: dict, root: int, staging: str, stop_asked) -> Restored:
     try:
         try:
             remove_any(root, staging)  # left by an entrypoint that was killed (a link: only the link)
@@ -406,10 +446,13 @@ def _restore_into(archive: str, cache: CompileCache, stamp: dict, root: int, sta
         except OSError as exc:
             raise FolderUnwritable(describe_os_error(exc)) from exc
         try:
-            unpacked, whole, why = _unpack(archive, folder, stamp, cache.max_bytes)
+            unpacked, whole, why = _unpack(archive, folder, stamp, cache.max_bytes, stop_asked)
             moved, blocked = _move_into_place(folder, root, unpacked) if why is None else ([], 0)
         finally:
             os.close(folder)
+    except RestoreStopped as exc:
+        return Restored(f"torch.compile cache: {archive} not restored: the job was stopped after "
+                        f"{describe_mb(exc.read_bytes)} of it was read; nothing of it is used", stopped=True)
     except FolderUnwritable as exc:
         return Restored(f"torch.compile cache: {archive} not unpacked: {cache.folder} could not be written ({exc}); "
                         f"nothing of it is used, the ranks compile what they need", unwritable=True)
@@ -540,7 +583,8 @@ class CacheKeeper:
     def __init__(self, cache: CompileCache, stop_check_s: float):
         self.cache, self.stop_check_s = cache, stop_check_s
         # True once a stop came (the host loop's stopped, set by orchestrate.start_compile_cache):
-        # looked at between two archives (a host's restore reads every host's, 256 at 256 hosts).
+        # looked at between two archives (a host's restore reads every host's, 256 at 256 hosts)
+        # and within one, every STOP_CHECK_BYTES read (StopAwareStream).
         self.stop_asked = lambda: False
         self.stopping = threading.Event()  # set by note_stop: the thread writes the archive now
         self.stamp: dict = {}
@@ -568,6 +612,8 @@ class CacheKeeper:
         try:
             was_empty = probe_empty(cache.folder)
             restored = self.restore_archives() if cache.archive is not None else []
+            if self.stop_asked():  # the job ends before the ranks start: no walk, no bound, no thread
+                return
             entries = restored if was_empty else load_entries(cache.folder)
             self.at_start = self.bound(entries)
         except Exception as exc:  # noqa: BLE001 - never a failed job
@@ -604,9 +650,10 @@ class CacheKeeper:
         return True
 
     def restore_archives(self) -> list:
-        """Every host's archive, this host's first: the entries moved into the folder. An archive
-        of this host's that came back whole is what the folder holds: no need to write it again
-        unless the job adds to it (saved)."""
+        """Every host's archive, this host's first, until a stop (looked at between two archives
+        and within one): the entries moved into the folder. An archive of this host's that came
+        back whole is what the folder holds: no need to write it again unless the job adds to it
+        (saved)."""
         self.stamp = probe_stamp()
         archives = list_archives(self.cache)
         if not archives:
@@ -616,8 +663,13 @@ class CacheKeeper:
             if self.stop_asked():  # a stop during start-up: the job ends, nothing is left to restore for
                 self.say(f"torch.compile cache: {len(archives) - i} archive(s) not restored: the job was stopped")
                 break
-            restored = restore_archive(archive, self.cache, self.stamp)
+            restored = restore_archive(archive, self.cache, self.stamp, self.stop_asked)
             self.say(restored.line)
+            if restored.stopped:
+                if archives[i + 1:]:
+                    self.say(f"torch.compile cache: {len(archives) - i - 1} more archive(s) not restored: the job "
+                             f"was stopped")
+                break
             moved.extend(restored.moved)
             if archive == self.cache.archive and restored.whole:
                 with self.lock:
