@@ -264,7 +264,7 @@ def parse_record(record: str):
 
 def parse_claimed_kind(line: str) -> type | None:
     """The type a line names by its word, signed or not, whether or not it is one (a refused
-    host's outcome is said always: the leader waits for those); None when it names none."""
+    host's outcome is counted as one: the leader waits for those); None when it names none."""
     first, _, rest = line.partition(" ")
     word = rest.split(" ", 2)[1] if first == SIGNED.strip() and rest.count(" ") >= 1 else first
     kind = MESSAGE_KINDS.get(word)
@@ -393,7 +393,11 @@ class JobPort:
 
     One thread serves every connection (a selector: a thread a connection, 357 to 920 at once,
     cost the leader a quarter of a core at 1,024 hosts), with a backlog sized to the job
-    (decide_backlog) and a replay memory of at least SEEN_PER_HOST signatures a host."""
+    (decide_backlog) and a replay memory of at least SEEN_PER_HOST signatures a host.
+
+    It writes no log line of its own, whatever it reads: a Refused is logged by the role that
+    takes it (roles/job_port.JobPortRole.refuse), the first few a line each and the rest
+    counted, so refused messages cannot grow a host's log without bound."""
 
     def __init__(self, port: int, post, job_key: str = "", settings: LaunchSettings = DEFAULTS, hosts: int = 1):
         import selectors

@@ -148,16 +148,57 @@ def preload_for_forked_ranks() -> None:
     once, before the ranks start, and a held torchrun makes them while the attempt before runs."""
     import importlib
 
+    environ = dict(os.environ)
     try:
         importlib.import_module("torch._dynamo")
     except Exception:  # a torch without it (or broken): torch's own code says so, where it needs it
         pass
+    # What the import set in the environment (inductor's TORCHINDUCTOR_CACHE_DIR, its default
+    # folder) is not the job's: a started rank, which imports it later, has none of it.
+    os.environ.clear()
+    os.environ.update(environ)
 
 
 def load_torchrun(argv: list) -> None:
-    """What torchrun imports, and what its forked ranks need (preload_for_forked_ranks)."""
-    if decide_preload(argv):
-        preload_for_forked_ranks()
+    """What torchrun imports, and what its forked ranks need (preload_for_forked_ranks), with
+    the exit handlers those imports register kept for the ranks (record_import_exit_handlers)."""
+    def load() -> None:
+        import importlib
+
+        for name in ("torch.distributed.elastic.multiprocessing.errors", "torch.distributed.run"):  # main's
+            importlib.import_module(name)
+        if decide_preload(argv):
+            preload_for_forked_ranks()
+
+    record_import_exit_handlers(load)
+
+
+def record_import_exit_handlers(load) -> None:
+    """load(), noting each exit handler registered meanwhile (atexit.register, less what
+    atexit.unregister takes back): those are what importing these modules registers (logging's
+    shutdown, multiprocessing's, torch's), which a started rank registers as it imports them,
+    and a forked rank registers again after it clears torchrun's (record_errors.
+    _keep_import_exit_handlers reads them from record_errors.IMPORT_EXIT_HANDLERS). atexit's
+    own functions are back in place before any rank is forked."""
+    import atexit
+
+    handlers = []
+    register, unregister = atexit.register, atexit.unregister
+
+    def noting_register(func, *args, **kwargs):
+        handlers.append((func, args, kwargs))
+        return register(func, *args, **kwargs)
+
+    def noting_unregister(func):
+        handlers[:] = [h for h in handlers if h[0] != func]
+        return unregister(func)
+
+    atexit.register, atexit.unregister = noting_register, noting_unregister
+    try:
+        load()
+    finally:
+        atexit.register, atexit.unregister = register, unregister
+        setattr(record_errors, record_errors.IMPORT_EXIT_HANDLERS, handlers)
 
 
 HELD_IMPORT_NICE = 19  # the lowest priority: a held torchrun imports in the cores' idle time

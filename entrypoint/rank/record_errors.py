@@ -165,7 +165,7 @@ def _rank() -> str:
     return "0"
 
 
-def _record(exc: BaseException) -> None:
+def _record(exc: BaseException, message: str | None = None) -> None:
     json, traceback = _stdlib("json"), _stdlib("traceback")
     frames = traceback.extract_tb(exc.__traceback__)
     # Drop our own and runpy's frames: the report shows the user's code.
@@ -173,7 +173,7 @@ def _record(exc: BaseException) -> None:
     # Secrets are masked before the message is cut: half a secret is still a secret.
     record = load_root_cause(
         type(exc).__qualname__ if type(exc).__module__ in ("builtins", "__main__") else f"{type(exc).__module__}.{type(exc).__qualname__}",
-        str(exc), "".join(traceback.format_list(user_frames[-3:])))
+        str(exc) if message is None else message, "".join(traceback.format_list(user_frames[-3:])))
     emit_root_cause(record)
     error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if error_file:
@@ -191,6 +191,25 @@ def _record(exc: BaseException) -> None:
                 json.dump(payload, f)
         except OSError:
             pass
+
+
+def describe_failing_exit(exit_arg) -> str | None:
+    """The root cause's message for `sys.exit(exit_arg)` when it fails the rank (None when it
+    does not): the code, and the text a program gave instead of one (Python prints it)."""
+    if exit_arg is None or exit_arg == 0 or exit_arg is False:
+        return None
+    if isinstance(exit_arg, int):
+        return f"the program called sys.exit({exit_arg}): exit code {exit_arg & 0xFF}"
+    return f"the program called sys.exit() with a message, exit code 1: {exit_arg}"
+
+
+def _record_failing_exit(exc: SystemExit) -> None:
+    """A sys.exit that fails a torchrun rank is its root cause, as an exception is: the failure
+    report was led by torch's `ChildFailedError`, naming no rank, host or line (issue 62). One
+    process's report already names the program and its exit code."""
+    message = describe_failing_exit(exc.code)
+    if message is not None and os.environ.get("TORCHELASTIC_RUN_ID"):
+        _record(exc, message)
 
 
 def load_root_cause(type_name: str, message: str, where: str) -> dict:
@@ -600,10 +619,16 @@ def _start_step_figures() -> None:
 RANK_COMM_PREFIX = "byoc-rank-"
 
 
+_forked = False  # this rank is a fork of its torchrun (set as it becomes a rank: _become_forked_rank)
+
+
 def is_forked_rank() -> bool:
     """Whether this rank is a worker torchrun forked from its own interpreter, torch imported
     (`--run-path --start-method fork`: decide/launchers/torchrun.py), not a program of its own:
-    torch's multiprocessing child."""
+    torch's multiprocessing child, until it becomes the main process it stands for
+    (_become_main_process), and after that by what it was."""
+    if _forked:
+        return True
     mp = sys.modules.get("multiprocessing")
     return mp is not None and mp.parent_process() is not None
 
@@ -632,31 +657,109 @@ def _keep_exit_visible_to_torchrun() -> None:
         frame = frame.f_back
 
 
+# Where torchrun's launcher keeps the exit handlers its imports registered (launch_torchrun.py:
+# record_import_exit_handlers), in its module, which a forked rank inherits.
+IMPORT_EXIT_HANDLERS = "IMPORT_EXIT_HANDLERS"
+
+
+def _keep_import_exit_handlers() -> None:
+    """The exit handlers a started rank has: those its modules register as they are imported
+    (logging's shutdown, which flushes and closes the log's handlers; multiprocessing's; torch's
+    own), registered again in their order after torchrun's own handlers are cleared. torchrun
+    imported those modules, and its launcher kept their registrations; multiprocessing's is
+    registered in any case (the rank's own children end at its exit)."""
+    import atexit
+
+    atexit._clear()
+    launcher = sys.modules.get("record_errors")  # torchrun's launcher's copy of this module
+    handlers = list(getattr(launcher, IMPORT_EXIT_HANDLERS, None) or ())
+    mp_util = sys.modules.get("multiprocessing.util")
+    if mp_util is not None and not any(func is mp_util._exit_function for func, _, _ in handlers):
+        handlers.insert(0, (mp_util._exit_function, (), {}))
+    for func, args, kwargs in handlers:
+        atexit.register(func, *args, **kwargs)
+
+
+def _become_main_process() -> None:
+    """multiprocessing as a program of its own finds it: the main process (`MainProcess`, no
+    parent, an authentication key of its own), its start method not yet chosen, so that a
+    program's `set_start_method("spawn")` (torch.multiprocessing's too: the same context) works
+    as in a started rank, not `RuntimeError: context has already been set`."""
+    mp_process = sys.modules.get("multiprocessing.process")
+    # The module deletes its name for the class once it made its main process: found by it.
+    main_type = [t for t in getattr(mp_process, "BaseProcess", type).__subclasses__() if t.__name__ == "_MainProcess"]
+    if main_type:
+        mp_process._current_process = main_type[0]()
+        mp_process._parent_process = None
+    mp_context = sys.modules.get("multiprocessing.context")
+    if mp_context is not None:
+        mp_context._default_context._actual_context = None
+
+
+def _draw_fresh_seeds() -> None:
+    """Seeds of its own, as a started process draws them: a fork copies torchrun's generators,
+    so every rank of a host, and every attempt, drew the same numbers. Python's `random` draws
+    anew at each fork by itself; numpy's and torch's global generators are drawn here, where
+    loaded (a started rank seeds them from the system's entropy as it imports them)."""
+    np_random = sys.modules.get("numpy.random")
+    if np_random is not None:
+        try:
+            np_random.seed()
+        except Exception:  # noqa: BLE001 - another numpy: its own state stays
+            pass
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            torch.seed()
+        except Exception:  # noqa: BLE001 - another torch: its own state stays
+            pass
+
+
+def _read_stdin_as_started() -> None:
+    """Standard input on descriptor 0, as a program of its own has it: multiprocessing's child
+    closed it and opened /dev/null on a descriptor of its own."""
+    old = sys.stdin
+    if old is None or old is sys.__stdin__ and not old.closed:
+        return
+    try:
+        sys.stdin = sys.__stdin__ = open(0, "r", closefd=False, encoding=old.encoding, errors=old.errors)
+        old.close()
+    except (OSError, ValueError, AttributeError):  # no descriptor 0: leave what multiprocessing made
+        pass
+
+
 def _become_forked_rank() -> None:
     """Undo what a forked rank inherits from its torchrun and a program of its own would not
     have: torch's agent's signal handlers (SIGTERM would raise torch's SignalException inside
     the user's code, and be recorded as the rank's own failure, where a started rank just ends),
     torchrun's wait for its return (handed ahead: _hand_torchrun_the_return), its exit
-    handlers, and the faulthandler torch's error record turned on to stderr (the crash file
-    takes it: _record_fatal_signals). Then a session of its own, as torchrun gives each
-    rank it starts: a stop to torchrun's group (the entrypoint's SIGTERM) reaches the rank once,
-    through torchrun, never twice (a user's checkpoint-on-SIGTERM handler run twice). Then the
-    rank's name (RANK_COMM_PREFIX)."""
+    handlers (only those its imports registered are kept: _keep_import_exit_handlers), its
+    standard input (_read_stdin_as_started), its random seeds, multiprocessing's view of it as a child, and the
+    faulthandler torch's error record turned on to stderr (the crash file takes it:
+    _record_fatal_signals). Then a session of its own, as torchrun gives each rank it starts: a
+    stop to torchrun's group (the entrypoint's SIGTERM) reaches the rank once, through torchrun,
+    never twice (a user's checkpoint-on-SIGTERM handler run twice). Then the rank's name
+    (RANK_COMM_PREFIX). What still differs, and why: docs/reliability.md (forked ranks). Among
+    it, torchrun's descriptors (its store's sockets, its pipes: about 25), left open, each
+    close-on-exec, so no program the rank runs has them: their owners, torchrun's Python and C++
+    objects, live on in the rank, and one freed later (a cycle's collection) closes its number
+    again, by then another file's (tried: a ProcessPoolExecutor's and a DataLoader's workers
+    failed reading their queues, EBADF)."""
     import _signal
-    import atexit
     import faulthandler
 
-    atexit._clear()
-    mp_util = sys.modules.get("multiprocessing.util")
-    if mp_util is not None:  # the one a started rank has too: its own child processes ended at exit
-        atexit.register(mp_util._exit_function)
+    global _handed_ahead, _forked
+    _forked = True
+    _keep_import_exit_handlers()
     try:
         os.setsid()
     except OSError:
         pass  # already a group leader: nothing to leave
-    global _handed_ahead
     _handed_ahead = _hand_torchrun_the_return()
     _keep_exit_visible_to_torchrun()
+    _read_stdin_as_started()
+    _become_main_process()
+    _draw_fresh_seeds()
     for name in ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR2"):
         _signal.signal(getattr(_signal, name), _signal.SIG_DFL)
     _signal.signal(_signal.SIGINT, _signal.default_int_handler)
@@ -667,6 +770,22 @@ def _become_forked_rank() -> None:
             f.write((RANK_COMM_PREFIX + _rank())[:15])
     except OSError:
         pass
+
+
+def _load_program(argv: list):
+    """sys.argv and sys.path[0] as `python script.py` or `python -m module` sets them, and the
+    call that runs the program; None for `-m` without a module."""
+    if argv[0] == "-m":
+        if len(argv) < 2:
+            return None
+        module, args = argv[1], argv[2:]
+        sys.argv = [module, *args]
+        sys.path[0] = os.getcwd()  # what `python -m` puts first
+        return lambda: runpy.run_module(module, run_name="__main__", alter_sys=True)
+    script = os.path.abspath(argv[0])
+    sys.argv = [argv[0], *argv[1:]]
+    sys.path[0] = os.path.dirname(script)  # what `python script.py` puts first
+    return lambda: runpy.run_path(script, run_name="__main__")
 
 
 def main(argv: list) -> int:
@@ -683,23 +802,17 @@ def main(argv: list) -> int:
     _record_fatal_signals()
     _start_step_figures()
     _log_torchrun_restart(os.environ)
-    if argv[0] == "-m":
-        if len(argv) < 2:
-            sys.stderr.write("record_errors.py: -m needs a module name\n")
-            return 2
-        module, args = argv[1], argv[2:]
-        sys.argv = [module, *args]
-        sys.path[0] = os.getcwd()  # what `python -m` puts first
-        run = lambda: runpy.run_module(module, run_name="__main__", alter_sys=True)  # noqa: E731
-    else:
-        script = os.path.abspath(argv[0])
-        sys.argv = [argv[0], *argv[1:]]
-        sys.path[0] = os.path.dirname(script)  # what `python script.py` puts first
-        run = lambda: runpy.run_path(script, run_name="__main__")  # noqa: E731
+    run = _load_program(argv)
+    if run is None:
+        sys.stderr.write("record_errors.py: -m needs a module name\n")
+        return 2
+    global _program_end
     try:
-        run()
+        _program_end = run()
         code = 0
     except SystemExit as exc:
+        _program_end = exc  # its traceback holds the program's frames, and so its globals
+        _record_failing_exit(exc)
         if "torch.distributed" not in sys.modules:
             raise
         code = decide_exit_code(exc.code)
@@ -717,6 +830,7 @@ def main(argv: list) -> int:
             os.kill(os.getpid(), _signal.SIGINT)
         raise
     except BaseException as exc:  # noqa: BLE001 - recorded, printed, then the job fails
+        _program_end = exc
         _record(exc)
         _stdlib("traceback").print_exc()
         sys.stderr.flush()

@@ -15,8 +15,9 @@ from __future__ import annotations
 import time
 
 from entrypoint.hosts import job_port
-from entrypoint.hosts.job_port import (JOB_KEY_ENV, AttemptWord, Word, ClosedWatch, Delivered, HostDone, HostFigures, HostLive,
-                                       JobPort, PeerWatch, PortClosed, Refused, RootCauseLine)
+from entrypoint.hosts.job_port import (JOB_KEY_ENV, MESSAGE_KINDS, WORD_OF, AttemptWord, Word, ClosedWatch, Delivered,
+                                       HostDone, HostFigures, HostLive, JobPort, PeerWatch, PortClosed, Refused,
+                                       RootCauseLine)
 from entrypoint.log import log
 from entrypoint.loop import Waited
 from entrypoint.outcome.failure import first_root_cause
@@ -25,8 +26,44 @@ from entrypoint.outcome.records import Outcome
 from entrypoint.roles.attempts import AttemptBoard, Taken
 from entrypoint.roles.base import MultiHostRole
 
+# The refusals on the job port that are logged one line each; the rest are counted, and the
+# count is logged once, when the port closes (close). One bound for every kind together, not one
+# a kind: whoever sends picks the word (and the refused text), so a bound a kind would let one
+# sender multiply the log by the number of words, and the one count is then the number of
+# messages refused, whatever they claimed to be. A host's outcome is counted like the rest: it
+# was logged always (the leader waits for those), and 60 KB of unsigned BYOC-HOST-DONE lines on
+# one connection added 1,203 lines to the leader's log (issue 62). A worker's own outcome refused
+# past the first few is still named when its port closes (wait_for_workers), and the count says
+# how many of the refused claimed to be an outcome.
 MAX_REFUSED_LOGGED = 5
 NOBODY_WAITS = 0  # the batch of a word sent off the loop that no wait reads (a last `end`, an ask)
+
+
+# What log leaves as it is and a reader still takes for the end of a line (log escapes every
+# other control character): a refusal's line is one line whatever the sender wrote.
+LINE_BREAKS_ESCAPED = str.maketrans({"\n": "\\n", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
+def build_refusal_line(address: str, why: str, refused: int) -> str | None:
+    """The log line for the refused-th message refused on the job port (pure): the first
+    MAX_REFUSED_LOGGED each a line, None after. One line whatever the sender wrote: a line
+    break in it would let a sender forge lines of the log (LINE_BREAKS_ESCAPED)."""
+    if refused > MAX_REFUSED_LOGGED:
+        return None
+    line = f"ignored a message on the job port from {address}: {why}".translate(LINE_BREAKS_ESCAPED)
+    if refused == MAX_REFUSED_LOGGED:
+        line += " (further ones are counted, not logged: their number is said when the port closes)"
+    return line
+
+
+def build_refusals_summary(refused: int, outcomes: int) -> str | None:
+    """The one line that counts what the job port refused, when some were not logged (pure);
+    None when every one was. outcomes: how many of them claimed to be a host's outcome."""
+    if refused <= MAX_REFUSED_LOGGED:
+        return None
+    claimed = f", {outcomes} of them claiming to be a host's outcome" if outcomes else ""
+    return (f"the job port refused {refused} message(s) in all{claimed}; "
+            f"{refused - MAX_REFUSED_LOGGED} after the first {MAX_REFUSED_LOGGED} were not logged")
 
 
 class JobPortRole(MultiHostRole):
@@ -40,7 +77,11 @@ class JobPortRole(MultiHostRole):
         super().__init__(*args)
         self.port: JobPort | None = None
         self.watch_rendezvous = watch_rendezvous
+        # Every message the port refused, and how many of them claimed to be a host's outcome:
+        # refuse() alone counts them, on the main thread (the loop's handlers); close() says the
+        # total once.
         self.refused_messages = 0
+        self.refused_outcomes = 0
         self.worker_figures: dict[str, dict] = {}  # the leader's: each worker's figures, as they arrive
         self.addresses: dict[str, list] = {}  # each peer's addresses, resolved once (live figures, restarts' words)
         self.board = AttemptBoard()  # the attempt this host is in, and the restart words heard about it
@@ -60,15 +101,23 @@ class JobPortRole(MultiHostRole):
         # Resolved now, once (every name resolved a moment ago): the handlers that check a
         # sender run on the loop, where a lookup that blocks would hold every wait up.
         self.addresses = {host: resolve_addresses(host) for host in plan.peers}
+        # Every word of the port is refused and counted like the rest unless a later phase takes
+        # it: the handlers just below, or an MPI role's own words (its start_ssh). Left to the
+        # loop, a word no phase takes (MPI's, on a torchrun host) was said once a kind as a defect
+        # of ours, and counted nowhere.
+        self.loop.on({kind: self.on_word_not_taken for kind, _, _ in MESSAGE_KINDS.values()})
         self.loop.on({RootCauseLine: lambda event: self.collector.add_line_text(event.line),
                       HostDone: self.on_host_done, HostFigures: self.on_figures, HostLive: self.on_live,
                       AttemptWord: self.on_attempt_word, Refused: self.on_refused, Delivered: self.on_delivered,
                       PortClosed: lambda event: self.closed_ports.add(event.host)})
         return None
 
+    def on_word_not_taken(self, message) -> None:
+        self.refuse(message.sender, f"{WORD_OF[type(message)].strip()}: not a word this host takes now")
+
     def on_host_done(self, done: HostDone) -> None:
         """A host's outcome on a worker's port: only the leader waits for those."""
-        self.refuse(done.sender, f"an outcome for {done.host!r}: this host is not the leader")
+        self.refuse(done.sender, f"an outcome for {done.host!r}: this host is not the leader", claims_outcome=True)
 
     def on_figures(self, figures: HostFigures) -> None:
         """A host's figures for the job report: only the leader takes them, from its workers,
@@ -85,12 +134,12 @@ class JobPortRole(MultiHostRole):
             self.refuse(sender, f"figures for {host!r} sent from another address")
             return
         try:
-            parsed = parse_host_figures(figures.figures, host)
+            parsed, failed = parse_host_figures(figures.figures, host), ""
         except Exception as exc:  # noqa: BLE001 - whatever arrives, the port goes on
-            parsed = None
-            log(f"job report: {host}'s figures: {type(exc).__name__}: {exc}")
+            # Said in the refusal's line, not a line of its own: a sender could repeat it at will.
+            parsed, failed = None, f" ({type(exc).__name__}: {exc})"
         if parsed is None:
-            self.refuse(sender, f"figures for {host!r} that are not figures")
+            self.refuse(sender, f"figures for {host!r} that are not figures{failed}")
             return
         self.worker_figures[host] = parsed
 
@@ -181,18 +230,17 @@ class JobPortRole(MultiHostRole):
 
     def on_refused(self, refused: Refused) -> None:
         self.refuse(refused.sender, f"a host's outcome, {refused.why}" if refused.host_done else refused.why,
-                    always=refused.host_done)
+                    claims_outcome=refused.host_done)
 
-    def refuse(self, address: str, why: str, always: bool = False) -> None:
-        """A message on the job port that is not this job's: logged (the first few; a host's
-        outcome always: the leader waits for those), dropped."""
-        if always:
-            log(f"ignored a message on the job port from {address}: {why}")
-            return
+    def refuse(self, address: str, why: str, claims_outcome: bool = False) -> None:
+        """A message on the job port that is not this job's, of whatever kind (claims_outcome: it
+        claimed to be a host's outcome): counted, logged while within MAX_REFUSED_LOGGED
+        (build_refusal_line), dropped. The one road every refusal of this host's takes."""
         self.refused_messages += 1
-        if self.refused_messages <= MAX_REFUSED_LOGGED:
-            log(f"ignored a message on the job port from {address}: {why}"
-                + (" (further ones are not logged)" if self.refused_messages == MAX_REFUSED_LOGGED else ""))
+        self.refused_outcomes += claims_outcome
+        line = build_refusal_line(address, why, self.refused_messages)
+        if line is not None:
+            log(line)
 
     def on_rank_killed(self, env: dict[str, str], signum: int):
         """A rank this host started itself (the parameter server's processes) was killed by a
@@ -220,6 +268,11 @@ class JobPortRole(MultiHostRole):
         self.close_watches()
         if self.port is not None:
             self.port.close()
+        summary = build_refusals_summary(self.refused_messages, self.refused_outcomes)
+        # Once, after the port closed: it reads nothing more. (close runs beside the loop: the last
+        # lines the port read may still be on the loop's queue for a moment, and are not counted.)
+        if summary is not None:
+            log(summary)
 
 
 class JobPortLeader(JobPortRole):
@@ -297,7 +350,8 @@ class JobPortLeader(JobPortRole):
         """A worker host's part ended. One that failed while this host still runs ends the
         job now, not when its port is missed."""
         if done.host not in self.plan.peers:
-            self.refuse(done.sender, "an outcome from a host that is not one of this leader's workers", always=True)
+            self.refuse(done.sender, "an outcome from a host that is not one of this leader's workers",
+                        claims_outcome=True)
             return
         if done.host in self.worker_outcomes:
             return  # the first word stands: a replay cannot change it
