@@ -217,3 +217,12 @@ def test_two_hosts_torchrun_whose_worker_rank_is_killed_once_restarts_on_both_an
         assert (got["size"], got["attempt"], got["resumed_at"]) == (2, 2, 20), got
         assert got["total"] == 60 * 3 + 2 * 60 * 59 / 2, got
     assert "every host's processes of attempt 1 are gone: starting attempt 2" in result.log, result.log_tail()
+
+
+def test_two_hosts_torch_distributed_a_script_that_writes_nothing_ends(tmp_path):
+    """Forked ranks (the default) hung after such a script's last line (issue 62)."""
+    result = run_v2_job(tmp_path, source_files=script("silent_ddp.py"), instance_count=2,
+                        distribution={"torch_distributed": {"enabled": True}})
+    report("2 hosts torch_distributed, a silent script", result)
+    assert_every_host_succeeded(result, 2)
+    assert [(r["rank"], r["world"], r["steps"]) for r in rank_records(result, 2)] == [(0, 2, 50), (1, 2, 50)]

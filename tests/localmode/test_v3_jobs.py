@@ -356,3 +356,17 @@ def test_two_hosts_torchrun_whose_worker_rank_is_killed_once_restarts_on_both_an
     assert {r["total"] for r in ranks} == {60 * 3 + 2 * 60 * 59 / 2}
     report = json.loads(result.output_file("data/report/report.json").read_text())
     assert report["job"]["attempts"] == 2 and report["restarts"][0]["attempt"] == 1, report["job"]
+
+
+SILENT_DDP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "silent_ddp.py")
+
+
+def test_two_hosts_torchrun_a_script_that_writes_nothing_ends(image, tmp_path):
+    """Forked ranks (the default) hung after such a script's last line (issue 62)."""
+    with open(SILENT_DDP) as f:
+        result = run_v3_job(tmp_path, image, {"train.py": f.read()}, instance_count=2,
+                            distributed={"kind": "torchrun", "process_count_per_node": 1})
+    _report("2 hosts, Torchrun(), a silent script", result)
+    assert result.ok, result.log_tail()
+    ranks = result.model_jsons("rank-")
+    assert [(r["rank"], r["world"], r["steps"]) for r in ranks] == [(0, 2, 50), (1, 2, 50)]

@@ -216,3 +216,31 @@ def test_the_suite_holds_at_least_25_scripts_and_the_issues_cases():
     assert len(SCRIPTS) >= 25
     assert {"silent-ddp", "sets-spawn-under-main", "torch-sets-spawn", "memory-handler-flushed-at-exit",
             "logs-only-to-a-file", "dataloader-fork-workers", "dataloader-spawn-workers", "sys-exit-3"} <= set(SCRIPTS)
+
+
+# The program's globals live until its exit handlers have run, as under `python script.py`
+# (where __main__'s are freed only at the teardown, after them). The rank wrapper freed them as
+# the program returned: a DDP model's reducer then ended its gloo group holding the GIL while
+# gloo's thread, freeing a finished work, waited for the GIL (issue 62, case 1: a silent 2-host
+# script hung in about 1 run in 6). Told here without the race: by the order of two writes.
+GLOBALS_OUTLIVE_THE_PROGRAM = """
+import atexit, os, weakref
+import torch.distributed  # a rank with it loaded ends without the interpreter's teardown
+# No function of the script's own: one would hold the module's globals (its __globals__).
+order = open(os.path.join(os.environ["SM_MODEL_DIR"], "order.txt"), "w")
+class Model:
+    __slots__ = ("__weakref__",)
+model = Model()
+weakref.finalize(model, print, "model freed", file=order, flush=True).atexit = False
+atexit.register(print, "exit handlers ran", file=order, flush=True)
+"""
+
+
+@pytest.mark.parametrize("fork", ["1", "0"])
+def test_the_programs_globals_outlive_its_last_line_until_its_exit_handlers_ran(tmp_path, fork):
+    host = socket.gethostname()
+    root = write_tree(tmp_path / fork, script=GLOBALS_OUTLIVE_THE_PROGRAM, hosts=(host,), current_host=host,
+                      hyperparameters=TORCH)
+    done = run_entrypoint(root, SM_NUM_CPUS="2", BYOC_FORK_RANKS=fork)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (root / "model/order.txt").read_text().splitlines()[0] == "exit handlers ran"

@@ -67,7 +67,8 @@ def test_a_forked_rank_sees_what_a_started_rank_sees_but_its_name(tmp_path):
 
 
 @pytest.mark.parametrize("ending, code, words", [
-    ("import sys\nsys.exit(3)\n", 1, "exitcode: 3"),
+    # A sys.exit that fails a rank leads the report as an exception does (issue 62, case 8).
+    ("import sys\nsys.exit(3)\n", 1, "SystemExit: the program called sys.exit(3): exit code 3\nFirst failure: rank 0"),
     ("def load_shard():\n    raise ValueError('bad shard 7')\nload_shard()\n", 1, "ValueError: bad shard 7"),
 ])
 def test_a_forked_rank_fails_the_job_as_a_started_one_does(tmp_path, ending, code, words):
