@@ -701,18 +701,13 @@ def _draw_fresh_seeds() -> None:
     so every rank of a host, and every attempt, drew the same numbers. Python's `random` draws
     anew at each fork by itself; numpy's and torch's global generators are drawn here, where
     loaded (a started rank seeds them from the system's entropy as it imports them)."""
-    np_random = sys.modules.get("numpy.random")
-    if np_random is not None:
-        try:
-            np_random.seed()
-        except Exception:  # noqa: BLE001 - another numpy: its own state stays
-            pass
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        try:
-            torch.seed()
-        except Exception:  # noqa: BLE001 - another torch: its own state stays
-            pass
+    for name in ("numpy.random", "torch"):  # each one's seed(): drawn from the system's entropy
+        module = sys.modules.get(name)
+        if module is not None:
+            try:
+                module.seed()
+            except Exception:  # noqa: BLE001 - another version: its own state stays
+                pass
 
 
 def _read_stdin_as_started() -> None:

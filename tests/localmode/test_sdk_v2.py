@@ -221,7 +221,8 @@ def test_two_hosts_torchrun_whose_worker_rank_is_killed_once_restarts_on_both_an
 
 def test_two_hosts_torch_distributed_a_script_that_writes_nothing_ends(tmp_path):
     """Forked ranks (the default) hung after such a script's last line (issue 62)."""
-    result = run_v2_job(tmp_path, source_files=script("silent_ddp.py"), instance_count=2,
+    silent = Path(__file__).resolve().parents[1] / "multihost" / "scripts" / "silent_ddp.py"
+    result = run_v2_job(tmp_path, source_files={"train.py": silent.read_text()}, instance_count=2,
                         distribution={"torch_distributed": {"enabled": True}})
     report("2 hosts torch_distributed, a silent script", result)
     assert_every_host_succeeded(result, 2)

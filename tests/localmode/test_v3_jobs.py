@@ -358,7 +358,8 @@ def test_two_hosts_torchrun_whose_worker_rank_is_killed_once_restarts_on_both_an
     assert report["job"]["attempts"] == 2 and report["restarts"][0]["attempt"] == 1, report["job"]
 
 
-SILENT_DDP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "silent_ddp.py")
+SILENT_DDP = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "multihost", "scripts",
+                          "silent_ddp.py")
 
 
 def test_two_hosts_torchrun_a_script_that_writes_nothing_ends(image, tmp_path):
