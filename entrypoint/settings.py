@@ -249,7 +249,9 @@ class LaunchSettings(NamedTuple):
     stack_wait_s: float = 3.0
     stack_request_gap_s: float = 0.1
     # Signals that come closer together than this are one burst: asked on and said once (a
-    # script's loop of `kill -USR1` must not flood the log, nor ask the ranks 3,000 times).
+    # script's loop of `kill -USR1` must not flood the log, nor ask the ranks 3,000 times); a
+    # burst of stops is forwarded once (a second SIGTERM would kill a script that saved and is
+    # ending: run/supervise.Supervisor.on_stop).
     signal_burst_s: float = 1.0
     # Open MPI's gap between SIGTERM and SIGKILL when it tears a failed job down
     # (odls_base_sigkill_timeout, whole seconds; see decide/launchers/mpirun.build_mpirun_argv).

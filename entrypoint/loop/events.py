@@ -42,9 +42,10 @@ from typing import NamedTuple
 
 
 class StopRequested(NamedTuple):
-    """SIGTERM or SIGINT reached this process (posted by the stop token's handler)."""
+    """SIGTERM, SIGINT or SIGHUP reached this process (posted by the stop token's handler)."""
 
     signum: int
+    at: float = 0.0  # time.monotonic() of its post: a storm of stops is one burst, forwarded once
 
 
 class StacksRequested(NamedTuple):

@@ -90,7 +90,7 @@ class Stop:
             signal.signal(signal.SIGUSR1, self.on_stack_request)
 
     def on_signal(self, signum, _frame) -> None:
-        self.loop.post(StopRequested(signum))  # every wait on the loop ends on it, in every phase
+        self.loop.post(StopRequested(signum, time.monotonic()))  # every wait on the loop ends on it
 
     def on_stack_request(self, _signum, _frame) -> None:
         self.loop.post(StacksRequested(time.monotonic()))  # the phase's handler asks the ranks, or says none

@@ -2,7 +2,9 @@
 
 - Every child runs in its own process group (own session), never through a shell.
 - SIGTERM/SIGINT to us are forwarded to every child's group; after the grace period the
-  groups get SIGKILL. When one of several processes fails, the others get the same treatment.
+  groups get SIGKILL. A burst of them (a storm of 200 SIGTERM) is forwarded once, as its first
+  comes: a script saves on its first SIGTERM, and a later one kills it as it ends (issue 62).
+  When one of several processes fails, the others get the same treatment.
 - Output is streamed live, byte for byte; a bounded tail is kept for the failure report, and
   the root-cause lines that ranks print (see rank/record_errors.py) are collected.
 - A stop reaches a run through the host's loop (entrypoint/loop/): the stop token posts
@@ -244,6 +246,7 @@ class Supervisor:
         self.killed_at_deadline = False  # we sent SIGKILL when the grace period ran out
         self.first_failure_signaled: bool | None = None  # RunResult.signaled
         self.stack_requests = Burst()  # SIGUSR1s: a burst asks the ranks once
+        self.stop_bursts: dict[int, Burst] = {}  # by the signal forwarded: a burst of stops is forwarded once
         self.held = hooks.held
         self.held_start_at: float | None = None  # time.monotonic() when the next attempt's start ahead
 
@@ -371,20 +374,27 @@ class Supervisor:
 
     def on_stop(self, event: StopRequested) -> None:
         """The loop's handler of a stop while this run is on: forwarded to every process
-        started so far; with none started yet, none will be (start_and_wait). Each stop is
-        forwarded, the first also starts the grace period."""
+        started so far; with none started yet, none will be (start_and_wait). The first also
+        starts the grace period. A burst of stops (a storm of 200 SIGTERM) is one stop, forwarded
+        once, as its first comes (self.stop_bursts): each later one would reach a script that
+        saves on its first SIGTERM during its save (its handler again), or once it has saved and
+        exited 0, while its interpreter ends with SIGTERM's default action back: killed, 143. A
+        stop after signal_burst_s of quiet is a stop again, forwarded again."""
         name, forwarded = signal.Signals(event.signum).name, decide_forwarded_signal(event.signum)
+        said = self.stop_bursts.setdefault(forwarded, Burst()).take(self.settings.signal_burst_s, event.at)
+        what = "it" if forwarded == event.signum else signal.Signals(forwarded).name
         if self.stopped_by is None:
             self.stopped_by = name
             self.stopped_at = time.time()
             self.note_stopping()
             self.loop.stop_said = True
-            what = "it" if forwarded == event.signum else signal.Signals(forwarded).name
             if self.children:
                 log(f"received {name}: forwarding {what} to the job, SIGKILL in {self.grace_period_s:g} s")
             else:
                 log(f"received {name} before the processes started")
-        if self.children:
+        elif said is not None and self.children:
+            log(f"received {name}{said}: forwarding {what} to the job again")
+        if self.children and said is not None:
             self.signal_all(forwarded, stop_request=True)
             self._kill_within(self.grace_period_s)
 

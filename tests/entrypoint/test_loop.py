@@ -455,6 +455,55 @@ def test_a_burst_is_told_by_when_its_signals_came_not_when_they_were_handled():
     assert burst.take(1.0, 102.0) == " (and 4 more before, not said)"  # the next burst says the quiet ones
 
 
+def wait_for_lines(path: Path, count: int) -> list[str]:
+    """The file's lines once it has `count` of them (a guard against a hang, not a bound)."""
+    guard = time.monotonic() + 60
+    while time.monotonic() < guard:
+        lines = path.read_text().split() if path.exists() else []
+        if len(lines) >= count:
+            return lines
+        time.sleep(0.01)
+    raise AssertionError(f"{path}: fewer than {count} lines")
+
+
+def test_a_burst_of_stops_is_forwarded_once_and_a_stop_after_the_quiet_again(tmp_path, capsys):
+    """A storm of SIGTERM (issue 62, case 6) is one stop: forwarded as its first is taken, not
+    once each (the script's handler ran again during its save, and one that came as it ended
+    killed it). A stop after signal_burst_s of quiet is forwarded again. The burst is told by
+    when the stops were posted (their `at`), not when they were handled."""
+    from entrypoint.decide.specs import ProcessSpec
+    from entrypoint.run.supervise import OutputCollector, Supervisor
+    from entrypoint.settings import DEFAULTS
+
+    events = tmp_path / "events"
+    script = ("import signal, time\n"
+              f"say = lambda what: open({str(events)!r}, 'a').write(what + '\\n')\n"
+              "signal.signal(signal.SIGTERM, lambda *_: say('term'))\n"
+              "say('ready')\n"
+              "time.sleep(60)\n")
+    loop = HostLoop()
+    supervisor = Supervisor(OutputCollector(), loop=loop)
+    loop.on({StopRequested: supervisor.on_stop})
+    supervisor.start(ProcessSpec("p", (sys.executable, "-c", script)), dict(os.environ), str(tmp_path))
+    try:
+        wait_for_lines(events, 1)
+        for i in range(200):  # posted 1 ms apart: one burst
+            loop.post(StopRequested(signal.SIGTERM, 100.0 + 0.001 * i))
+        loop.handle_pending()
+        wait_for_lines(events, 2)  # its SIGTERM
+        loop.post(StopRequested(signal.SIGTERM, 100.2 + 2 * DEFAULTS.signal_burst_s))  # after the quiet
+        loop.handle_pending()
+        said = wait_for_lines(events, 3)
+    finally:
+        supervisor.signal_all(signal.SIGKILL)
+        for _, proc in supervisor.children:
+            proc.wait()
+    assert said == ["ready", "term", "term"]  # one SIGTERM a burst: every forward reached it, and only those
+    log = [line for line in capsys.readouterr().err.splitlines() if "received SIGTERM" in line]
+    assert log == [f"[entrypoint] received SIGTERM: forwarding it to the job, SIGKILL in {DEFAULTS.grace_period_s:g} s",
+                   "[entrypoint] received SIGTERM (and 199 more before, not said): forwarding it to the job again"]
+
+
 def test_a_step_walked_away_from_knows_it_and_one_that_ran_to_its_end_does_not():
     loop, seen = HostLoop(tick_s=0.01), {}
     gate = threading.Event()

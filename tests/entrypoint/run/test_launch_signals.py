@@ -1,8 +1,9 @@
 """Signals at hostile moments, through the real entrypoint (issue 49): a SIGUSR1 at every moment
 of a launch and a few milliseconds into one (a rank is asked only once it can answer, never
 killed by the question), a burst of SIGUSR1 against a log pipe that does not drain, a stop at
-every moment of finishing (the exit code stays the job's own), SIGHUP (a stop like SIGTERM)
-and a duration too long for any clock (refused before anything starts).
+every moment of finishing (the exit code stays the job's own), SIGHUP (a stop like SIGTERM), a
+storm of SIGTERM over a script's save (one stop, forwarded once: issue 62) and a duration too
+long for any clock (refused before anything starts).
 
 Deterministic where a moment matters: tests/support/stop_at.py sends the signal at each line
 the entrypoint's main thread runs in the window, one run per line. The outcome tells, never a
@@ -235,14 +236,20 @@ time.sleep(60)
 """
 
 
-def run_signalled_when(env: dict, ready, signum: int) -> tuple[subprocess.Popen, str, str]:
-    """The entrypoint, sent signum once ready(pid) is true; (the process, stdout, stderr)."""
+def run_signalled_when(env: dict, ready, signum: int, times: int = 1,
+                       gap_s: float = 0.0) -> tuple[subprocess.Popen, str, str]:
+    """The entrypoint, sent signum once ready(pid) is true (`times` times, gap_s apart, while it
+    runs); (the process, stdout, stderr)."""
     proc = subprocess.Popen([PYTHON, "-m", "entrypoint", "train"], cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)
     try:
         while not ready(proc.pid) and proc.poll() is None:
             time.sleep(0.01)
-        proc.send_signal(signum)
+        for _ in range(times):
+            if proc.poll() is not None:
+                break
+            proc.send_signal(signum)
+            time.sleep(gap_s)
         out, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
@@ -263,6 +270,53 @@ def test_a_sighup_while_the_script_runs_is_a_stop_and_the_script_gets_sigterm(tm
     assert (marks / "term").exists(), err[-3000:]
     assert failure_text(root).startswith("Training was stopped by SIGHUP"), failure_text(root)
     assert "received SIGHUP: forwarding SIGTERM to the job" in err
+
+
+# Saves on its first SIGTERM (1 s), then exits 0; says in order what it got (`events`).
+SAVES_ON_TERM = """\
+import os, signal, sys, time
+events = os.path.join(os.environ["MARKS"], "events")
+def say(what):
+    with open(events, "a") as f:
+        f.write(what + "\\n")
+saving = []
+def on_term(signum, frame):
+    say("term")
+    if saving:
+        return
+    saving.append(signum)
+    time.sleep(1)  # the save
+    say("saved")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, on_term)
+say("started")
+time.sleep(30)  # a lost stop: the script sleeps this out and succeeds, unsaved
+say("slept")
+"""
+STORM = 200
+STORM_GAP_S = 0.01  # the storm lasts about 2 s: over the script's save and its interpreter's end
+
+
+def test_a_storm_of_sigterms_over_the_scripts_save_reaches_it_once_and_the_save_stands(tmp_path):
+    """Issue 62, case 6: 200 SIGTERMs sent to the entrypoint, one every 10 ms, from the moment
+    the script's handler is in place, over its save and its end. Before, each was forwarded
+    (about 100 of 200): the script's handler ran again during its save in 20 of 20 runs, and a
+    SIGTERM that came once it had saved and exited 0, while its interpreter ended (SIGTERM's
+    default action back), killed it in 15 and 16 of 20: exit 143, "killed by SIGTERM". A burst
+    of stops is one stop, forwarded once: the script gets its SIGTERM, saves, and the job ends
+    with its exit code 0."""
+    root = write_tree(tmp_path / "ml", script=SAVES_ON_TERM)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    events = marks / "events"
+    env = entrypoint_env(root, MARKS=str(marks), BYOC_RUNTIME_DIR=str(tmp_path / "run"))
+    proc, _, err = run_signalled_when(env, lambda _pid: events.exists() and "started" in events.read_text(),
+                                      signal.SIGTERM, STORM, STORM_GAP_S)
+    said = events.read_text().split()
+    context = f"exit {proc.returncode}, the script's events {said}\n{err[-3000:]}"
+    assert said == ["started", "term", "saved"], context  # its SIGTERM once, then its save; not slept out
+    assert proc.returncode == 0, context  # the script's own code after its save
+    assert (root / "output/success").exists() and not (root / "output/failure").exists(), context
 
 
 def test_a_sighup_during_start_up_ends_it_as_a_stop_with_exit_code_129(tmp_path):
