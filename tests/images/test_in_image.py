@@ -38,6 +38,12 @@ IN_IMAGE_TESTS = (
     "tests/entrypoint/rank/test_whole_lines.py",
     "tests/entrypoint/rank/test_rank_exit.py",
 )
+# Forked ranks stay the default only while these pass here too (issue 62): the image's own
+# torch, Python and runtime. A run of their own: their jobs start torchrun about 70 times.
+FORKED_RANK_TESTS = (
+    "tests/entrypoint/rank/test_forked_like_started.py",
+    "tests/entrypoint/rank/test_forked_ranks.py",
+)
 # pytest and what the tests import beyond the image's packages, at the project's pins.
 TEST_REQUIREMENTS = ("pytest==9.2.0", "hypothesis==6.170.15")
 
@@ -56,6 +62,14 @@ def _wheelhouse() -> Path:
 
 
 def test_entrypoint_tests_pass_inside_the_image(cpu_image):
+    run_tests_inside_the_image(cpu_image, IN_IMAGE_TESTS)
+
+
+def test_forked_ranks_are_started_ones_inside_the_image(cpu_image):
+    run_tests_inside_the_image(cpu_image, FORKED_RANK_TESTS)
+
+
+def run_tests_inside_the_image(cpu_image, tests) -> None:
     wheels = _wheelhouse()
     script = (
         "set -e; cd /tmp; "
@@ -63,7 +77,7 @@ def test_entrypoint_tests_pass_inside_the_image(cpu_image):
         "--target /tmp/test-deps " + " ".join(TEST_REQUIREMENTS) + "; "
         "python3 -c 'import sys; print(\"image python\", sys.version.split()[0])'; "
         "PYTHONPATH=/tmp/test-deps:/byoc exec python3 -m pytest -q -p no:cacheprovider "
-        "-c /byoc/pyproject.toml --rootdir /byoc -m 'not needs_package_index' " + " ".join(f"/byoc/{t}" for t in IN_IMAGE_TESTS)
+        "-c /byoc/pyproject.toml --rootdir /byoc -m 'not needs_package_index' " + " ".join(f"/byoc/{t}" for t in tests)
     )
     argv = build_run_argv(
         cpu_image.tag,

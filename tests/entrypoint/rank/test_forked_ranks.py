@@ -187,12 +187,12 @@ def test_a_hang_finds_a_forked_rank_by_its_name_and_names_where_it_waits(tmp_pat
               "print('started', flush=True)\nstuck_in_a_known_place()\n")
     host = socket.gethostname()
     root = write_tree(tmp_path / "hang", script=script, hosts=(host,), current_host=host, hyperparameters=TORCH)
-    # The hang clock runs from the last line of output, the job's start included: torchrun's
-    # import of torch wrote none for longer than 3 s on a loaded machine, and the question came
-    # before any rank was there ("No rank printed a Python stack": seen in 3 runs of 3 beside a
-    # fresh-root check). A line per import (torchrun's, the rank wrapper's) keeps the start-up
-    # talking, so the clock starts at 'started', the rank in place.
-    done = run_entrypoint(root, SM_NUM_CPUS="2", BYOC_HANG_TIMEOUT_S="3", PYTHONPROFILEIMPORTTIME="1", timeout=120)
+    # The hang clock runs from the last line of output, the job's start included: with 3 s,
+    # torchrun's start-up wrote nothing for longer on a loaded machine, and the question came
+    # before any rank was there ("No rank printed a Python stack": 3 runs of 3 beside a
+    # fresh-root check, and inside the image). A line per import (torchrun's, the rank
+    # wrapper's) keeps the start-up talking, and 15 s is past any silence left in it.
+    done = run_entrypoint(root, SM_NUM_CPUS="2", BYOC_HANG_TIMEOUT_S="15", PYTHONPROFILEIMPORTTIME="1", timeout=180)
     assert done.returncode == 124, done.stderr[-3000:]
     head = failure_text(root).split("\n")[0]
     assert "rank 0 in stuck_in_a_known_place (" in head, head
