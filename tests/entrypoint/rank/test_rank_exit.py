@@ -132,3 +132,18 @@ def test_torchrun_ends_as_python_would_but_for_the_teardown(tmp_path, ending, co
     assert done.stderr.endswith(tail)
     if code == 1 and "raise" in ending:
         assert done.stderr.startswith("Traceback (most recent call last):")
+
+
+@pytest.mark.parametrize("exit_arg, words", [
+    (None, None), (0, None), (False, None), (256, None),  # exit code 0: no failure
+    (True, "sys.exit(True): exit code 1"), (1, "sys.exit(1): exit code 1"), (3, "sys.exit(3): exit code 3"),
+    (127, "sys.exit(127): exit code 127"), (128, "sys.exit(128): exit code 128"),
+    (129, None), (143, None), (192, None),  # 128 + a signal's number: the answer to a stop
+    (193, "sys.exit(193): exit code 193"), (-1, "sys.exit(-1): exit code 255"),
+    ("no data", "with a message, exit code 1: no data"),
+])
+def test_a_failing_sys_exit_is_a_root_cause_but_the_answer_to_a_stop_is_not(exit_arg, words):
+    from entrypoint.rank.record_errors import describe_failing_exit
+
+    said = describe_failing_exit(exit_arg)
+    assert said == words if words is None else words in said
