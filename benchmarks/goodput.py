@@ -163,18 +163,25 @@ def training_span(job: dict) -> tuple[int, float]:
 STEADY_AFTER_S = 5.0  # after a resume's first step line, the steps are steady again
 
 
-def steady_step_s(job: dict) -> float:
-    """The failing run's own step time: its steps over its time, counted from 5 s after the
-    start and after each resume, up to the next kill (or the end)."""
+def steady_windows(job: dict) -> list[tuple[int, float]]:
+    """Each attempt's steady stretch, (steps, seconds): from 5 s after the start and after each
+    resume, up to the next kill (or the end). Attempt by attempt, they tell a slowdown that
+    comes with the restarts (the later attempts' ranks, forked from a torchrun started ahead)
+    from the machine's drift (every attempt alike)."""
     ends = [k["at"] for k in job["kills"]] + [float("inf")]
     starts = [job["steps"][0][1]] + [r[1] for r in job["resumes"]]
-    steps = time_s = 0.0
+    windows = []
     for begin, end in zip(starts, ends):
         window = [(s, t) for s, t in job["steps"] if begin + STEADY_AFTER_S <= t < end]
         if len(window) > 1:
-            steps += window[-1][0] - window[0][0]
-            time_s += window[-1][1] - window[0][1]
-    return time_s / steps
+            windows.append((window[-1][0] - window[0][0], window[-1][1] - window[0][1]))
+    return windows
+
+
+def steady_step_s(job: dict) -> float:
+    """The failing run's own step time: its steady stretches' steps over their time."""
+    windows = steady_windows(job)
+    return sum(t for _, t in windows) / sum(s for s, _ in windows)
 
 
 CLEAN_AFTER_S = 15.0  # a clean run's steps counted from this long after its first step line
@@ -198,6 +205,8 @@ def run_launcher(launcher: str, args) -> dict:
         failures = measure_failures(job)
         made, span = training_span(job)
         efficiency, own = step_s * made / span, steady_step_s(job) * made / span
+        print(f"  run {i + 1}: the steady step attempt by attempt, ms: "
+              + ", ".join(f"{t * 1000 / n:.1f}" for n, t in steady_windows(job) if n), flush=True)
         for f in failures:
             print(f"  run {i + 1}: rank {f['rank']} on {f['host']} killed at step {f['step']}, resumed from "
                   f"{f['resumed_from']}: crash cost {f['crash_cost_s']:.2f} s, {f['steps_redone']} steps redone",
