@@ -116,5 +116,12 @@ docker run --name "byoc-fresh-root-$$" --rm --network host --hostname fresh-root
 rc=${PIPESTATUS[0]}
 set -e
 echo "check-fresh-root: exit $rc after $((SECONDS - started)) s (log: $scratch/check.log)" >&2
+# The guard against a slow suite creeping in: the suite's total and its 10 slowest tests
+# (scripts/run-tests.sh asks pytest for them), again at the very end where they are seen.
+summary=$(sed -n '/slowest 10 durations/,/^=\+ .* in [0-9.]\+s/p' "$scratch/check.log" | grep -v '^SKIPPED' || :)
+if [ -n "$summary" ]; then
+    echo "check-fresh-root: the suite's slowest tests and its total time:" >&2
+    echo "$summary" >&2
+fi
 ((rc == 0)) || keep=1
 exit "$rc"

@@ -50,6 +50,11 @@ ensure_packages() {
 }
 
 start() {
+    # One start at a time: the test suite's parallel workers each ask for the engine, and two
+    # dockerd on one data root corrupt it. The lock goes with this script's process.
+    mkdir -p "$exec_root"
+    exec 9>"$exec_root/start.lock"
+    flock 9
     if [ -n "${DOCKER_HOST:-}" ] && answers "$DOCKER_HOST"; then
         echo "export DOCKER_HOST=$DOCKER_HOST"; return 0
     fi
@@ -65,14 +70,14 @@ start() {
         # Someone's socket that does not answer: leave it alone, use our own.
         host=unix://$exec_root/docker.sock
     fi
-    mkdir -p "$data_root" "$exec_root"
+    mkdir -p "$data_root"
     say "starting dockerd (data root $data_root, log $log_file)"
     # setsid: the engine outlives this script and the shell that started it.
     local extra=()
     read -r -a extra <<<"${BYOC_DOCKERD_ARGS:-}"
     setsid dockerd --iptables=false --ip-masq=false --data-root "$data_root" \
         --exec-root "$exec_root" --pidfile "$exec_root/dockerd.pid" -H "$host" "${extra[@]}" \
-        >>"$log_file" 2>&1 </dev/null &
+        >>"$log_file" 2>&1 </dev/null 9>&- &  # 9>&-: the engine must not hold the start lock
     echo $! >"$pid_file"
     echo "$host" >"$host_file"
     local deadline=$((SECONDS + 60))

@@ -1,8 +1,23 @@
 #!/usr/bin/env bash
-# The test command: sets up what is missing, then runs the whole suite.
-# Extra arguments go to pytest (e.g. scripts/run-tests.sh -k plan -x).
+# The test command: sets up what is missing, then runs the whole suite, in parallel.
+#   scripts/run-tests.sh            the whole suite (what CI runs)
+#   scripts/run-tests.sh --quick    the quick tier: pure layers and goldens (marker `quick`),
+#                                   for the edit-test loop (every commit passes it)
+# Extra arguments go to pytest (e.g. scripts/run-tests.sh -k plan -x; `-n 0` runs in one process).
+#
+# Parallel: pytest-xdist, BYOC_TEST_WORKERS workers (default 4 on this 2-core machine kind:
+# most of the suite waits on processes it started, hosts, containers). Tests that share a
+# machine-wide resource are grouped so they never run beside each other (tests/conftest.py).
+# The 10 slowest tests and the total time end the output (docs/development.md#test-times).
 set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo_root"
-bash scripts/bootstrap.sh
-exec .venv/bin/python -m pytest "$@"
+quick=0 args=()
+for arg in "$@"; do
+    if [ "$arg" = --quick ]; then quick=1; else args+=("$arg"); fi
+done
+bash scripts/bootstrap.sh  # seconds when everything is there
+if ((quick)); then
+    exec .venv/bin/python -m pytest -m quick -n "${BYOC_TEST_WORKERS:-2}" --durations=10 "${args[@]}"
+fi
+exec .venv/bin/python -m pytest -n "${BYOC_TEST_WORKERS:-4}" --dist loadgroup --durations=10 "${args[@]}"

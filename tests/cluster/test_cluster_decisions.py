@@ -11,6 +11,8 @@ from localcluster.registry import decide_stale
 from localcluster.requirements import ROOT_MESSAGE, build_requirement_problems
 from localcluster.rootless import build_reexec_argv, parse_uid_map_is_initial
 
+pytestmark = pytest.mark.quick  # the quick tier: scripts/run-tests.sh --quick
+
 
 @pytest.mark.parametrize(
     "codes, elapsed, timeout, fail_fast, expected",

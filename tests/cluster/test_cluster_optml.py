@@ -25,6 +25,8 @@ from localcluster.optml import (
     validate_job,
 )
 
+pytestmark = pytest.mark.quick  # the quick tier: scripts/run-tests.sh --quick
+
 HOSTS3 = ("algo-1", "algo-2", "algo-3")
 
 

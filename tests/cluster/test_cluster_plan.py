@@ -13,6 +13,8 @@ from localcluster.plan import (
     parse_host_names,
 )
 
+pytestmark = pytest.mark.quick  # the quick tier: scripts/run-tests.sh --quick
+
 
 def test_two_hosts_names_and_addresses():
     plan = build_cluster_plan("0a1b2c", ["algo-1", "algo-2"], "10.213.7.0/24")

@@ -15,6 +15,8 @@ import pytest
 from entrypoint.decide.settings import describe_default
 from entrypoint.settings import SETTINGS
 
+pytestmark = pytest.mark.quick  # the quick tier: scripts/run-tests.sh --quick
+
 REPO = Path(__file__).resolve().parents[2]
 DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 MAIN_TABLE = REPO / "docs" / "using.md"

@@ -5,6 +5,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.quick  # the quick tier: scripts/run-tests.sh --quick
+
 REPO = Path(__file__).resolve().parents[2]
 LIMITS = {REPO / "README.md": 150, **{doc: 300 for doc in sorted((REPO / "docs").glob("*.md"))}}
 

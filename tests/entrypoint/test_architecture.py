@@ -8,6 +8,9 @@ from __future__ import annotations
 import ast
 import sys
 from pathlib import Path
+import pytest
+
+pytestmark = pytest.mark.quick  # the quick tier: scripts/run-tests.sh --quick
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "entrypoint"

@@ -12,6 +12,9 @@ import os
 import re
 import tokenize
 from pathlib import Path
+import pytest
+
+pytestmark = pytest.mark.quick  # the quick tier: scripts/run-tests.sh --quick
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "entrypoint"

@@ -16,6 +16,8 @@ from typing import NamedTuple
 
 import pytest
 
+pytestmark = pytest.mark.quick  # the quick tier: scripts/run-tests.sh --quick
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from entrypoint.hosts.job_port import AttemptWord, HostDone, PeerLost, Word  # noqa: E402

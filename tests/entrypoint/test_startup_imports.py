@@ -8,6 +8,9 @@ editable install may point at another checkout)."""
 import subprocess
 import sys
 from pathlib import Path
+import pytest
+
+pytestmark = pytest.mark.quick  # the quick tier: scripts/run-tests.sh --quick
 
 REPO = Path(__file__).resolve().parents[2]
 # dataclasses brings inspect, ast, dis and tokenize (~12 ms) and each frozen dataclass costs

@@ -61,6 +61,11 @@ def build_run_argv(
     """`docker run` for one container, removed when it ends; OPTIONS are more of docker run's
     own (e.g. --shm-size=2g, -i)."""
     argv = ["docker", "run", "--rm", *options]
+    if "--network" not in options:
+        # Containers here have no route to the machine's resolver (the engine runs without
+        # NAT), so a name lookup waits out resolv.conf's timeouts: torchrun's c10d store looks
+        # up its client's name, 10 s a start. A resolver on the loopback refuses at once.
+        argv += ["--dns", "127.0.0.1"]
     if name:
         argv += ["--name", name]
     if hostname:

@@ -9,6 +9,7 @@ inside the container, so the image itself gains nothing."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import subprocess
 import sys
@@ -39,7 +40,7 @@ IN_IMAGE_TESTS = (
     "tests/entrypoint/rank/test_rank_exit.py",
 )
 # Forked ranks stay the default only while these pass here too (issue 62): the image's own
-# torch, Python and runtime. A run of their own: their jobs start torchrun about 70 times.
+# torch, Python and runtime.
 FORKED_RANK_TESTS = (
     "tests/entrypoint/rank/test_forked_like_started.py",
     "tests/entrypoint/rank/test_forked_ranks.py",
@@ -49,24 +50,25 @@ TEST_REQUIREMENTS = ("pytest==9.2.0", "hypothesis==6.170.15")
 
 
 def _wheelhouse() -> Path:
-    """Pure-Python wheels for the image's Python, downloaded once per pin set."""
+    """Pure-Python wheels for the image's Python, downloaded once per pin set (one download at a
+    time: the suite's parallel workers may ask at once)."""
     key = hashlib.sha256(" ".join(TEST_REQUIREMENTS).encode()).hexdigest()[:12]
     folder = Path.home() / ".cache" / "byoc-in-image-wheels" / key
-    if not (folder / ".complete").exists():
-        folder.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check",
-                        "--only-binary=:all:", "--python-version", "3.11", "--dest", str(folder),
-                        *TEST_REQUIREMENTS], check=True, timeout=600)
-        (folder / ".complete").touch()
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder.parent / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (folder / ".complete").exists():
+            subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check",
+                            "--only-binary=:all:", "--python-version", "3.11", "--dest", str(folder),
+                            *TEST_REQUIREMENTS], check=True, timeout=600)
+            (folder / ".complete").touch()
     return folder
 
 
-def test_entrypoint_tests_pass_inside_the_image(cpu_image):
-    run_tests_inside_the_image(cpu_image, IN_IMAGE_TESTS)
-
-
-def test_forked_ranks_are_started_ones_inside_the_image(cpu_image):
-    run_tests_inside_the_image(cpu_image, FORKED_RANK_TESTS)
+# One container a file: the suite's parallel workers share them out.
+@pytest.mark.parametrize("test_file", IN_IMAGE_TESTS + FORKED_RANK_TESTS, ids=lambda f: Path(f).stem)
+def test_entrypoint_tests_pass_inside_the_image(cpu_image, test_file):
+    run_tests_inside_the_image(cpu_image, (test_file,))
 
 
 def run_tests_inside_the_image(cpu_image, tests) -> None:

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.quick  # the quick tier: scripts/run-tests.sh --quick
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SHIMS = REPO_ROOT / "docker" / "rootfs" / "usr" / "local" / "byoc" / "sdk-v3" / "bin"
 

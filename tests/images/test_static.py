@@ -34,6 +34,8 @@ from tests.images.dockerfiles import (
     parse_versions,
 )
 
+pytestmark = pytest.mark.quick  # the quick tier: scripts/run-tests.sh --quick
+
 FLAVORS = sorted(DOCKERFILES)
 # The images that build Horovod export its wheel from a `wheelhouse` stage (docker/wheelhouse/).
 # The CPU image has its runtime (the venv, sshd) before Horovod's stage (`venv`), so that

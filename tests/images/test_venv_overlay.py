@@ -12,6 +12,9 @@ import sys
 from pathlib import Path
 
 from tests.images.image_harness import REPO_ROOT
+import pytest
+
+pytestmark = pytest.mark.quick  # the quick tier: scripts/run-tests.sh --quick
 
 SCRIPT = REPO_ROOT / "docker" / "scripts" / "venv-overlay.py"
 

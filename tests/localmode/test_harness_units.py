@@ -17,6 +17,8 @@ from localmode.harness import (
 from support.docker import decide_image_tag
 from support.docker import parse_engine_exports as parse_docker_engine_exports
 
+pytestmark = pytest.mark.quick  # the quick tier: scripts/run-tests.sh --quick
+
 
 def test_image_tag_from_environment_or_default():
     assert decide_image_tag({}) == "byoc-training:cpu-local"

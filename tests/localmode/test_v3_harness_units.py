@@ -13,6 +13,8 @@ from localmode.v3_harness import (
 )
 from support.docker import parse_engine_exports as parse_docker_engine_exports
 
+pytestmark = pytest.mark.quick  # the quick tier: scripts/run-tests.sh --quick
+
 
 def test_spec_is_what_the_driver_reads():
     spec = build_v3_spec(image="img", container_root=Path("/r"), source_dir=Path("/s"), entry_script="train.py",

@@ -9,6 +9,9 @@ import importlib.util
 import subprocess
 import sys
 from pathlib import Path
+import pytest
+
+pytestmark = pytest.mark.quick  # the quick tier: scripts/run-tests.sh --quick
 
 REPO = Path(__file__).resolve().parents[2]
 STAGES = REPO / "scripts" / "lib" / "stages.sh"

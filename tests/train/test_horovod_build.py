@@ -6,6 +6,9 @@ from __future__ import annotations
 import os
 import subprocess
 from pathlib import Path
+import pytest
+
+pytestmark = pytest.mark.quick  # the quick tier: scripts/run-tests.sh --quick
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "build-horovod-wheel.sh"
 

@@ -11,6 +11,8 @@ import pytest
 
 from jobs.main_job import load_digits_split
 
+pytestmark = pytest.mark.quick  # the quick tier: scripts/run-tests.sh --quick
+
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "training_scaling.py"
 
 

@@ -21,6 +21,8 @@ from train.records import RECORDIO_MAGIC, iter_recordio_payloads
 from train.ranks import RankInfo, parse_rank_info
 from train.schedule import build_lr, build_peak_lr, build_warmup_steps
 
+pytestmark = pytest.mark.quick  # the quick tier: scripts/run-tests.sh --quick
+
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "training.md"
 
 

@@ -8,6 +8,8 @@ import pytest
 from entrypoint.errors import JobDefinitionError
 from support.jobs import CPU, GPU4, GPU8_EFA, TRN1_EFA, make_job, plan_for
 
+pytestmark = pytest.mark.quick  # the quick tier: scripts/run-tests.sh --quick
+
 DEVICES = {"cpu": (CPU, 1), "gpu4": (GPU4, 4), "gpu8-efa": (GPU8_EFA, 8), "trn1-efa": (TRN1_EFA, 32)}
 HOST_COUNTS = (1, 2, 11)
 POSITIONS = ("leader", "other")

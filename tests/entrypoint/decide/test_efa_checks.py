@@ -24,6 +24,8 @@ from entrypoint.job.probe import (
 )
 from support.jobs import GPU8_EFA, TRN1_EFA, make_job, plan_for
 
+pytestmark = pytest.mark.quick  # the quick tier: scripts/run-tests.sh --quick
+
 VERSIONS = (("EFA_INSTALLER", "1.49.0"), ("LIBFABRIC", "2.4.0amzn5.0"), ("AWS_OFI_NCCL", "1.20.0"),
             ("NCCL", "2.29.7"), ("CUDA", "13.0.2"), ("TORCH", "2.13.0"))  # fmt: skip
 P4D = PreflightFacts(host="algo-1", instance_type="ml.p4d.24xlarge", shm_bytes=64 * 1024 * MIB, free_bytes=(),

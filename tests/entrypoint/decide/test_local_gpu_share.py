@@ -13,6 +13,8 @@ from entrypoint.errors import JobDefinitionError
 from entrypoint.job.probe import MachineFacts
 from support.jobs import CPU, GPU4, make_job, plan_for
 
+pytestmark = pytest.mark.quick  # the quick tier: scripts/run-tests.sh --quick
+
 TORCHRUN = {"sagemaker_torch_distributed_enabled": True}
 LOCAL_GPU = {"current_instance_type": "local_gpu"}
 

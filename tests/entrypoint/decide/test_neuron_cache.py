@@ -17,6 +17,8 @@ from entrypoint.job.config import CheckpointConfig
 from support.jobs import GPU8_EFA, PY, TRN1_EFA, make_job, plan_for
 from support.jobtree import run_entrypoint, write_tree
 
+pytestmark = pytest.mark.quick  # the quick tier: scripts/run-tests.sh --quick
+
 CKPT = CheckpointConfig(local_path="/opt/ml/checkpoints", s3_uri="s3://bucket/run-1/checkpoints")
 TORCH = {"sagemaker_torch_distributed_enabled": True}
 CACHE = "/opt/ml/checkpoints/neuron-compile-cache"

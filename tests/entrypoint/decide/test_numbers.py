@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
+pytestmark = pytest.mark.quick  # the quick tier: scripts/run-tests.sh --quick
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from support.jobtree import failure_text, run_entrypoint, write_tree  # noqa: E402

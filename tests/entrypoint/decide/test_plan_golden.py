@@ -9,6 +9,8 @@ from entrypoint.decide.plan import RECORD_ERRORS as RE
 from entrypoint.run.held import build_held_argv
 from support.jobs import CPU, GPU4, GPU8_EFA, PY, TRN1_EFA, make_job, plan_for
 
+pytestmark = pytest.mark.quick  # the quick tier: scripts/run-tests.sh --quick
+
 SCRIPT = "/opt/ml/code/train.py"
 FORK = ("--run-path", "--start-method", "fork")  # torchrun forks its ranks (BYOC_FORK_RANKS, on by default)
 MPI_FLAGS = (

@@ -13,6 +13,8 @@ from entrypoint.errors import EXIT_BAD_JOB
 from entrypoint.decide.preflight import MIB, PreflightFacts, decide_preflight, probe_preflight_facts
 from support.jobtree import PYTHON, entrypoint_env, failure_text, write_tree
 
+pytestmark = pytest.mark.quick  # the quick tier: scripts/run-tests.sh --quick
+
 HEALTHY = PreflightFacts(host="algo-1", instance_type="ml.p4d.24xlarge", shm_bytes=64 * 1024 * MIB,
                          free_bytes=(("/opt/ml/model", 100 * 1024 * MIB),), gpu_count=8, neuron_core_count=0,
                          efa=True, memlock_soft=None, processes_per_host=8)  # fmt: skip

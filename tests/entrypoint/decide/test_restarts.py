@@ -9,6 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
+pytestmark = pytest.mark.quick  # the quick tier: scripts/run-tests.sh --quick
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from support.jobtree import run_entrypoint, write_tree  # noqa: E402

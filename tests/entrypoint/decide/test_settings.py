@@ -12,6 +12,8 @@ from entrypoint.decide.settings import PARSERS, describe_default, parse_launch_s
 from entrypoint.errors import JobDefinitionError
 from entrypoint.settings import DEFAULTS, SETTINGS, SETTINGS_BY_FIELD, LaunchSettings
 
+pytestmark = pytest.mark.quick  # the quick tier: scripts/run-tests.sh --quick
+
 NUMBERS = [row for row in SETTINGS if row.kind in (int, float) and not row.parser]
 SWITCHES = [row for row in SETTINGS if row.kind is bool and not row.parser]
 

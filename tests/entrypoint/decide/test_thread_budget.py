@@ -10,6 +10,8 @@ from entrypoint.decide.threads import CpuFacts, decide_cores, decide_thread_budg
 from entrypoint.job.probe import MachineFacts, parse_cfs_quota, parse_cpu_max, probe_cpu_quota
 from support.jobs import CPU, make_job, plan_for
 
+pytestmark = pytest.mark.quick  # the quick tier: scripts/run-tests.sh --quick
+
 MPI = {"sagemaker_mpi_enabled": True}
 TORCH = {"sagemaker_torch_distributed_enabled": True}
 PS = {"sagemaker_parameter_server_enabled": True}

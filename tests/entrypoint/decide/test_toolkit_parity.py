@@ -8,6 +8,8 @@ import pytest
 
 from support.jobtree import PYTHON, entrypoint_env, run_entrypoint, write_tree
 
+pytestmark = pytest.mark.quick  # the quick tier: scripts/run-tests.sh --quick
+
 DUMP_ENV = """
 import json, os, sys
 with open(os.path.join(os.environ["SM_OUTPUT_DATA_DIR"], "env.json"), "w") as f:

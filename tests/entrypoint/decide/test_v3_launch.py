@@ -26,6 +26,8 @@ from entrypoint.job.v3_definition import (
 from support.jobs import PY as PYTHON
 from support.jobtree import failure_text, run_entrypoint, write_tree
 
+pytestmark = pytest.mark.quick  # the quick tier: scripts/run-tests.sh --quick
+
 # sm_train.sh's last part for each way v3 runs a job (templates.py of sagemaker-train 1.27).
 TRAIN_SH = {
     "script": "$SM_PYTHON_CMD /opt/ml/input/data/sm_drivers/distributed_drivers/basic_script_driver.py\n",

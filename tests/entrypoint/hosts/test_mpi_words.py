@@ -16,6 +16,8 @@ from entrypoint.hosts.job_port import (MAX_MESSAGE_BYTES, Ask, FollowRanks, JobO
                                        parse_record)
 from entrypoint.roles.mpi import KEYS_PER_MESSAGE, build_key_parts
 
+pytestmark = pytest.mark.quick  # the quick tier: scripts/run-tests.sh --quick
+
 KEY = "ssh-ed25519 " + "A" * 68
 NONCE = "0123456789abcdef" * 2
 OTHER = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIB" + "x" * 32

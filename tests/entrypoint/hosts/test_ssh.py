@@ -6,6 +6,8 @@ import pytest
 
 from entrypoint.hosts import ssh
 
+pytestmark = pytest.mark.quick  # the quick tier: scripts/run-tests.sh --quick
+
 
 def test_keyscan_output_to_public_key():
     out = "# algo-1:22 SSH-2.0-OpenSSH_9.2\nalgo-1 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIExample\n"

@@ -16,6 +16,8 @@ from hypothesis import strategies as st
 from entrypoint.job.archive import UnsafeArchiveError, decide_unsafe_member, extract_tar
 from support.jobtree import failure_text, run_entrypoint, write_tree
 
+pytestmark = pytest.mark.quick  # the quick tier: scripts/run-tests.sh --quick
+
 
 def _member(name: str, kind=tarfile.REGTYPE, linkname: str = "", mode: int = 0o644) -> tarfile.TarInfo:
     info = tarfile.TarInfo(name)

@@ -30,6 +30,8 @@ from entrypoint.job.paths import MlPaths
 from support.jobs import make_job
 from support.jobtree import PYTHON, entrypoint_env, failure_text, run_entrypoint, write_tree
 
+pytestmark = pytest.mark.quick  # the quick tier: scripts/run-tests.sh --quick
+
 
 def corrupt(root, name, text):
     (root / "input/config" / name).write_text(text)

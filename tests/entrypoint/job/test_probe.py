@@ -7,6 +7,8 @@ import pytest
 from entrypoint.job.probe import parse_neuron_ls_json, parse_nvidia_smi_list, probe_efa, probe_interfaces, probe_machine
 from entrypoint.decide.topology import choose_interface
 
+pytestmark = pytest.mark.quick  # the quick tier: scripts/run-tests.sh --quick
+
 
 def test_efa_from_sysfs_driver_link(tmp_path):
     dev = tmp_path / "sys/class/infiniband/rdmap16s27/device"

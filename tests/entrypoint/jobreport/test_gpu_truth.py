@@ -12,6 +12,9 @@ from pathlib import Path
 from entrypoint.jobreport.build import build_report
 from entrypoint.jobreport.figures import build_host_figures, load_rank_files
 from entrypoint.jobreport.gpu_truth import GPU_SOURCE
+import pytest
+
+pytestmark = pytest.mark.quick  # the quick tier: scripts/run-tests.sh --quick
 
 STEP_FIGURES = Path(__file__).resolve().parents[3] / "entrypoint" / "rank" / "step_figures.py"
 

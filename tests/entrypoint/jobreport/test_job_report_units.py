@@ -18,6 +18,8 @@ from entrypoint.jobreport.figures import fit_figures, parse_host_figures
 from entrypoint.jobreport.sampler import MAX_POINTS, halve_points
 from entrypoint.jobreport.stragglers import MIN_STEPS, STRAGGLER_PCT, decide_stragglers
 
+pytestmark = pytest.mark.quick  # the quick tier: scripts/run-tests.sh --quick
+
 KEY = "cd" * 32
 
 

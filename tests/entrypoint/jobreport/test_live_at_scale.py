@@ -18,6 +18,8 @@ from entrypoint.jobreport.live.loop import LiveLoop
 from entrypoint.jobreport.live.update import Notes, build_update, fit_update, parse_update
 from entrypoint.settings import DEFAULTS
 
+pytestmark = pytest.mark.quick  # the quick tier: scripts/run-tests.sh --quick
+
 T0 = 1_764_130_000.0
 SLOW_RANK = 37
 

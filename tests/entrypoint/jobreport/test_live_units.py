@@ -22,6 +22,8 @@ from entrypoint.jobreport.live.view import LiveView, build_rank_values, build_ta
 from entrypoint.decide.job_report import decide_tensorboard_dir
 from entrypoint.jobreport.live.status_line import FIELDS, RankNow, build_status_line, parse_status_line
 
+pytestmark = pytest.mark.quick  # the quick tier: scripts/run-tests.sh --quick
+
 HOSTILE_TEXT = "r\ud800 \x1b[31m\n\t/../x"
 
 

@@ -24,6 +24,8 @@ from entrypoint.errors import EXIT_BAD_JOB, JobDefinitionError
 from entrypoint.rank.record_errors import build_readable_text
 from support.jobtree import PYTHON, entrypoint_env, failure_text, run_entrypoint, write_tree
 
+pytestmark = pytest.mark.quick  # the quick tier: scripts/run-tests.sh --quick
+
 # Control characters a reader must see escaped (Unicode's category Cc but newline and tab).
 UNREADABLE = [chr(c) for c in (*range(0x00, 0x09), *range(0x0B, 0x20), *range(0x7F, 0xA0))]
 

@@ -23,6 +23,8 @@ from entrypoint.rank import record_errors
 from entrypoint.run.tagged_lines import MAX_PENDING_BYTES, TaggedLines
 from support.jobtree import PYTHON, run_entrypoint, write_tree
 
+pytestmark = pytest.mark.quick  # the quick tier: scripts/run-tests.sh --quick
+
 RECORD_ERRORS = record_errors.__file__  # this checkout's, or the image's installed one
 LINES = 3000
 PRINTER = f"""

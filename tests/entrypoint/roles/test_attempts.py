@@ -16,6 +16,8 @@ from entrypoint.hosts.job_port import (ATTEMPT, AttemptWord, Word, JobPort, Refu
 from entrypoint.loop import HostLoop
 from entrypoint.roles.attempts import AttemptBoard, Taken
 
+pytestmark = pytest.mark.quick  # the quick tier: scripts/run-tests.sh --quick
+
 KEY = "cd" * 32
 
 

@@ -28,6 +28,8 @@ from entrypoint.run.supervise import OutputCollector
 from support.jobs import make_job, plan_for
 from support.ports import free_port
 
+pytestmark = pytest.mark.quick  # the quick tier: scripts/run-tests.sh --quick
+
 LEADER, WORKER = "127.0.0.1", "127.0.0.2"  # the test's connections come from LEADER's address
 REFUSAL = "ignored a message on the job port from "
 COUNT = "the job port refused "

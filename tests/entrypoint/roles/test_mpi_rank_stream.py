@@ -20,6 +20,9 @@ from entrypoint.roles.mpi import MpiWorker
 from entrypoint.run.stop import Stop
 from entrypoint.run.supervise import OutputCollector
 from support.jobs import make_job, plan_for
+import pytest
+
+pytestmark = pytest.mark.quick  # the quick tier: scripts/run-tests.sh --quick
 
 LEADER, WORKER = "127.0.0.1", "127.0.0.2"
 

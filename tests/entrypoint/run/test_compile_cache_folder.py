@@ -23,6 +23,8 @@ from entrypoint.decide.compile_cache import CompileCache, decide_folder_env
 from entrypoint.run import compile_cache as keep
 from support.jobtree import run_entrypoint, write_tree
 
+pytestmark = pytest.mark.quick  # the quick tier: scripts/run-tests.sh --quick
+
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
 
 # What torch does with the folders it is given: make them, write in them. Each rank records

@@ -14,6 +14,8 @@ from entrypoint.run import rank_output
 from entrypoint.run.rank_output import MAX_PENDING_BYTES, build_lines, parse_rank_file
 from entrypoint.run.supervise import OutputCollector
 
+pytestmark = pytest.mark.quick  # the quick tier: scripts/run-tests.sh --quick
+
 
 @pytest.mark.parametrize("relative, expected", [
     ("1/rank.0/stdout", (b"[1,0]<stdout>:", "stdout")),

@@ -1,0 +1,46 @@
+"""The suite's parallel run (pytest-xdist, `scripts/run-tests.sh`): which tests never run beside
+each other, and which start first.
+
+- tests/localmode/ runs SageMaker local mode: its containers are the hosts algo-1, algo-2, ...
+  on the one Docker network both SDKs fix for every local-mode job (`sagemaker-local`), so two
+  such jobs at once would resolve each other's hosts. Its tests are one work unit: one worker
+  runs them all, in turn; the other workers share the rest test by test.
+- The work unit with the most tests starts first (xdist's order), then the tests marked `slow`,
+  then the rest: a slow test begun last would leave the other workers idle at the end.
+
+A run without workers (`-n 0`) keeps the usual order."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+SERIAL_FOLDERS = {"tests/localmode/": "sagemaker-local"}
+
+
+def decide_work_unit(nodeid: str) -> str:
+    """The work unit a test belongs to: its serial folder's name, or the test alone."""
+    for folder, unit in SERIAL_FOLDERS.items():
+        if nodeid.startswith(folder):
+            return unit
+    return nodeid
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """xdist's load-by-scope scheduler with decide_work_unit's units. Imported here: where the
+    suite runs without xdist (inside the image, tests/images/test_in_image.py) it is absent."""
+    if config.getoption("dist") not in ("load", "loadgroup"):
+        return None  # another --dist asked for on purpose: xdist's own
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SerialFoldersScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return decide_work_unit(nodeid)
+
+    return SerialFoldersScheduling(config, log)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # every worker orders alike: xdist checks that
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -1,0 +1,115 @@
+"""The suite's parallel run (issue 63): what its workers share is shared on purpose.
+
+- Every test that runs SageMaker local mode lives in tests/localmode/, and one worker runs that
+  folder's tests, in turn (tests/conftest.py).
+- The CPU image is built once per run, however many workers ask for it at once
+  (tests/support/docker.py's lock and record)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from conftest import decide_work_unit
+from support.docker import decide_build_stamp
+
+pytestmark = pytest.mark.quick
+REPO = Path(__file__).resolve().parents[2]
+TESTS = REPO / "tests"
+# What starts a local-mode job: the harnesses' runners, and the README's main job (whose
+# stand-in run, tests/setup/test_main_job_order.py, starts nothing).
+LOCAL_MODE_CALLS = re.compile(r"\b(run_v2_job|run_v3_job|start_v3_hosts)\(|\"run-main-job\.sh\"\)")
+
+
+def test_every_module_that_runs_local_mode_is_in_the_serial_folder():
+    modules = [p for p in sorted(TESTS.rglob("test_*.py"))
+               if LOCAL_MODE_CALLS.search(p.read_text()) and "STAND_IN" not in p.read_text()]
+    assert len(modules) >= 6, modules  # the v2 and v3 jobs, failures, compile cache, image, main job
+    outside = [str(p.relative_to(REPO)) for p in modules if not str(p).startswith(str(TESTS / "localmode"))]
+    assert outside == []
+
+
+def test_a_local_mode_test_is_one_unit_with_the_others_and_any_other_test_is_its_own():
+    assert decide_work_unit("tests/localmode/test_sdk_v2.py::test_a[x]") == "sagemaker-local"
+    assert decide_work_unit("tests/localmode/test_v3_jobs.py::test_b") == "sagemaker-local"
+    assert decide_work_unit("tests/multihost/test_jobs.py::test_c") == "tests/multihost/test_jobs.py::test_c"
+    assert decide_work_unit("tests/localmodel/test_x.py::test_d") == "tests/localmodel/test_x.py::test_d"
+
+
+def _write_suite(root: Path) -> None:
+    shutil.copy(TESTS / "conftest.py", root / "conftest.py")
+    (root / "pytest.ini").write_text("[pytest]\naddopts = --import-mode=importlib\nmarkers =\n    slow: slow\n")
+    for folder in ("tests/localmode", "tests/other"):
+        (root / folder).mkdir(parents=True)
+        for name in "abcd":
+            (root / folder / f"test_{name}.py").write_text(textwrap.dedent(f"""\
+                import os
+                import pytest
+
+                @pytest.mark.slow
+                def test_slow_{name}():
+                    with open({str(root / "log")!r}, "a") as log:
+                        log.write(__file__.split("/")[-2] + " slow " + os.environ["PYTEST_XDIST_WORKER"] + "\\n")
+
+                def test_{name}():
+                    with open({str(root / "log")!r}, "a") as log:
+                        log.write(__file__.split("/")[-2] + " quick " + os.environ["PYTEST_XDIST_WORKER"] + "\\n")
+                """))
+
+
+def test_one_worker_runs_the_serial_folder_and_the_slow_tests_start_first(tmp_path):
+    _write_suite(tmp_path)
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "3"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    lines = [line.split() for line in (tmp_path / "log").read_text().splitlines()]
+    assert len(lines) == 16
+    assert len({worker for folder, _, worker in lines if folder == "localmode"}) == 1
+    # Each worker's own order: every slow test before any quick one.
+    for worker in {w for _, _, w in lines}:
+        kinds = [kind for _, kind, w in lines if w == worker]
+        assert kinds == sorted(kinds, key=lambda k: k != "slow"), (worker, kinds)
+
+
+def test_a_build_is_marked_for_its_run_only():
+    assert decide_build_stamp("byoc-training:cpu-local", {}) is None  # no workers: no record
+    stamp = decide_build_stamp("t:1", {"PYTEST_XDIST_TESTRUNUID": "abc"})
+    assert stamp == "abc t:1" and stamp != decide_build_stamp("t:1", {"PYTEST_XDIST_TESTRUNUID": "abd"})
+    assert decide_build_stamp("t:2", {"PYTEST_XDIST_TESTRUNUID": "abc"}) != stamp
+
+
+BUILDER = """\
+import sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from support import docker
+docker.BUILD_STATE = Path(sys.argv[2])
+def build(tag, env, timeout_s):
+    with open(Path(sys.argv[2]) / "builds", "a") as log:
+        log.write(tag + "\\n")
+docker._build_image_now = build
+docker.run_build_image(sys.argv[3])
+"""
+
+
+def _build_at_once(tmp_path: Path, run_id: str, tags: list[str]) -> None:
+    env = {"PATH": "/usr/bin:/bin", "PYTEST_XDIST_TESTRUNUID": run_id}
+    procs = [subprocess.Popen([sys.executable, "-c", BUILDER, str(TESTS), str(tmp_path), tag], env=env)
+             for tag in tags]
+    assert [p.wait(timeout=120) for p in procs] == [0] * len(tags)
+
+
+def test_workers_asking_at_once_build_each_image_once_a_run(tmp_path):
+    _build_at_once(tmp_path, "run1", ["img:a"] * 4 + ["img:b"] * 2)
+    assert sorted((tmp_path / "builds").read_text().split()) == ["img:a", "img:b"]
+    # The next run builds again (Docker's cache makes that seconds when the tree is unchanged),
+    # and its record holds its own builds only.
+    _build_at_once(tmp_path, "run2", ["img:a"] * 3)
+    assert sorted((tmp_path / "builds").read_text().split()) == ["img:a", "img:a", "img:b"]
+    assert (tmp_path / "built-this-run").read_text().split("\n")[:-1] == ["run2 img:a"]
