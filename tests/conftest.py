@@ -27,6 +27,7 @@ def decide_work_unit(nodeid: str) -> str:
     return nodeid
 
 
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: unknown where xdist is absent
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     """xdist's load-by-scope scheduler with decide_work_unit's units. Imported here: where the
     suite runs without xdist (inside the image, tests/images/test_in_image.py) it is absent."""

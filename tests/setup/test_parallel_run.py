@@ -113,3 +113,11 @@ def test_workers_asking_at_once_build_each_image_once_a_run(tmp_path):
     _build_at_once(tmp_path, "run2", ["img:a"] * 3)
     assert sorted((tmp_path / "builds").read_text().split()) == ["img:a", "img:a", "img:b"]
     assert (tmp_path / "built-this-run").read_text().split("\n")[:-1] == ["run2 img:a"]
+
+
+def test_each_worker_has_its_own_entrypoint_ports_and_a_run_without_workers_the_default():
+    from support.ports import PORTS_PER_WORKER, decide_master_port
+
+    assert decide_master_port({}) == decide_master_port({"PYTEST_XDIST_WORKER": "gw0"}) == 7777
+    ports = [decide_master_port({"PYTEST_XDIST_WORKER": f"gw{n}"}) for n in range(8)]
+    assert len(set(ports)) == 8 and all(b - a == PORTS_PER_WORKER >= 3 for a, b in zip(ports, ports[1:]))

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from support.ports import decide_master_port
+
 REPO = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
 
@@ -57,6 +59,7 @@ def entrypoint_env(root: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SM_", "SAGEMAKER_", "BYOC_"))}
     env["SAGEMAKER_BASE_DIR"] = str(root)
     env["PYTHONPATH"] = str(REPO)
+    env["BYOC_MASTER_PORT"] = str(decide_master_port(os.environ))  # the job port and the health check's follow it
     env.update(extra)
     return env
 
