@@ -5,6 +5,7 @@ each other, and which start first.
   on the one Docker network both SDKs fix for every local-mode job (`sagemaker-local`), so two
   such jobs at once would resolve each other's hosts. Its tests are one work unit: one worker
   runs them all, in turn; the other workers share the rest test by test.
+- tests/multihost/ is one work unit too: one 2- or 3-host job at a time (below).
 - The work unit with the most tests starts first (xdist's order), then the tests marked `slow`,
   then the rest: a slow test begun last would leave the other workers idle at the end.
 
@@ -16,7 +17,9 @@ import os
 
 import pytest
 
-SERIAL_FOLDERS = {"tests/localmode/": "sagemaker-local"}
+# Emulated hosts' jobs run one at a time as well: their stops and restarts race each other's
+# load on 2 cores (seen beside the other workers: a stop's exit code 143 where 3 was kept).
+SERIAL_FOLDERS = {"tests/localmode/": "sagemaker-local", "tests/multihost/": "emulated-hosts"}
 
 
 def decide_work_unit(nodeid: str) -> str:

@@ -35,10 +35,11 @@ def test_every_module_that_runs_local_mode_is_in_the_serial_folder():
     assert outside == []
 
 
-def test_a_local_mode_test_is_one_unit_with_the_others_and_any_other_test_is_its_own():
+def test_a_local_mode_or_multihost_test_is_one_unit_with_its_folder_and_any_other_test_is_its_own():
     assert decide_work_unit("tests/localmode/test_sdk_v2.py::test_a[x]") == "sagemaker-local"
     assert decide_work_unit("tests/localmode/test_v3_jobs.py::test_b") == "sagemaker-local"
-    assert decide_work_unit("tests/multihost/test_jobs.py::test_c") == "tests/multihost/test_jobs.py::test_c"
+    assert decide_work_unit("tests/multihost/test_jobs.py::test_c") == "emulated-hosts"
+    assert decide_work_unit("tests/cluster/test_x.py::test_e") == "tests/cluster/test_x.py::test_e"
     assert decide_work_unit("tests/localmodel/test_x.py::test_d") == "tests/localmodel/test_x.py::test_d"
 
 

@@ -7,6 +7,7 @@ tests/localmode/test_v3_jobs.py."""
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from entrypoint.job.v3_definition import (
 )
 from support.jobs import PY as PYTHON
 from support.jobtree import failure_text, run_entrypoint, write_tree
+from support.ports import decide_master_port
 
 pytestmark = pytest.mark.quick  # the quick tier: scripts/run-tests.sh --quick
 
@@ -183,7 +185,8 @@ def test_torchrun_runs_as_our_torchrun_launch_with_v3s_environment(tmp_path):
     argv = plan["processes"][0]["argv"]
     assert argv[argv.index("--node_rank") + 1] == "1" and argv[-4:] == ["--epochs", "3", "--my-key", "x"]
     env = plan["env"]
-    assert env["SM_MASTER_ADDR"] == "algo-1" and env["SM_MASTER_PORT"] == "7777"
+    # The job's BYOC_MASTER_PORT: 7777 but in the suite's parallel workers (support/ports.py).
+    assert env["SM_MASTER_ADDR"] == "algo-1" and env["SM_MASTER_PORT"] == str(decide_master_port(os.environ))
     assert (env["SM_HOST_COUNT"], env["SM_CURRENT_HOST_RANK"]) == ("2", "1")
     assert env["SM_HP_MY_KEY"] == "x" and json.loads(env["SM_HPS"]) == {"epochs": 3, "my-key": "x"}
     assert json.loads(env["SM_DISTRIBUTED_CONFIG"]) == {"process_count_per_node": 2, "smp": None}
