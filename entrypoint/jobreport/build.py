@@ -36,8 +36,9 @@ def build_failure_costs(restarts: list[dict], attempts: list[dict], step_ms: flo
     written every few seconds, rank/step_figures.WRITE_EVERY_S); `lost_s`, the training time
     the failure took: from when the step the next attempt resumed from was done (the failed
     attempt's last figures, less or plus the steps between, at the job's step time) to the
-    next attempt's first step, so a stall before the failure (a hang) counts too. None where
-    the figures do not tell (no step after it; a script that did not say where it resumed)."""
+    next attempt's first step (never later than the failure: lost_s is at least to_first_step_s),
+    so a stall before the failure (a hang) counts too. None where the figures do not tell (no
+    step after it; a script that did not say where it resumed)."""
     by_attempt = {a["attempt"]: a for a in attempts}
     costed = []
     for r in restarts:
@@ -49,7 +50,11 @@ def build_failure_costs(restarts: list[dict], attempts: list[dict], step_ms: flo
         if reached is not None and resumed is not None:
             redone = max(0, int(reached - resumed))
             if to_first is not None and seen_at is not None and step_ms:
-                lost = round(max(0.0, first - seen_at + (reached - resumed) * step_ms / 1e3), 3)
+                # The resumed step was done no later than the failure: a surviving rank's last
+                # step may be seen just after it (the allreduce it finished with the rank that
+                # died), and the steps between may have been slower than the job's median step.
+                resumed_done_at = min(seen_at - (reached - resumed) * step_ms / 1e3, r["failed"])
+                lost = round(max(0.0, first - resumed_done_at), 3)
         costed.append({**r, "to_first_step_s": to_first, "steps_redone": redone, "lost_s": lost})
     return costed
 

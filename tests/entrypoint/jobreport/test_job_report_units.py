@@ -429,3 +429,25 @@ def test_a_ranks_file_keeps_each_earlier_attempts_summary_for_the_report(tmp_pat
     assert notes == []
     assert [(a["attempt"], a["steps"], a["resumed_step"]) for a in rank["attempts"]] == [(1, 6, 0), (2, 5, 4)]
     assert all(a["first_step_at"] <= a["last_step_at"] for a in rank["attempts"])
+
+
+@pytest.mark.parametrize("seen_after_failure_s, expected_lost_s", [
+    (-2.0, 7.5),   # the last figures 2 s before the failure, 1 step (0.5 s) redone: 5 + 2 + 0.5
+    (0.0, 5.5),    # at the failure: 5 s to the first step, plus the step redone
+    (0.25, 5.25),  # a surviving rank's step seen just after it: the step redone still ends by then
+    (2.0, 5.0),    # far after (slower steps than the median): never less than failure to first step
+])
+def test_the_time_a_failure_lost_is_never_less_than_the_failure_to_the_next_first_step(seen_after_failure_s,
+                                                                                    expected_lost_s):
+    """build_failure_costs: the resumed step was done no later than the failure, whatever the
+    figures say (a loaded mpirun job's surviving rank finished a step 0.25 s after its peer died:
+    lost_s 13.98 < to_first_step_s 14.23)."""
+    from entrypoint.jobreport.build import build_failure_costs
+
+    failed = 1000.0
+    restarts = [{"attempt": 1, "exit_code": 137, "cause": "x", "failed": failed, "next_started": failed + 1}]
+    attempts = [{"attempt": 1, "last_step_at": failed + seen_after_failure_s, "reached": 41},
+                {"attempt": 2, "first_step_at": failed + 5.0, "resumed_step": 40}]
+    (cost,) = build_failure_costs(restarts, attempts, step_ms=500.0)
+    assert cost["to_first_step_s"] == 5.0 and cost["steps_redone"] == 1
+    assert cost["lost_s"] == pytest.approx(expected_lost_s) and cost["lost_s"] >= cost["to_first_step_s"]

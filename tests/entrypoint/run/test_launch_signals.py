@@ -105,9 +105,9 @@ def test_a_rank_that_is_still_starting_is_passed_over_and_one_that_answers_is_as
     from entrypoint.run import processes
 
     wrapper = tmp_path / "record_errors.py"  # the rank wrapper's name, as the process table shows it
-    wrapper.write_text("import signal, sys, time\n"
+    wrapper.write_text("import os, signal, sys, time\n"
                        "if sys.argv[1] == 'answers':\n"
-                       "    signal.signal(signal.SIGUSR1, lambda s, f: print('asked', flush=True))\n"
+                       "    signal.signal(signal.SIGUSR1, lambda s, f: os.write(1, b'asked\\n'))\n"
                        "print('ready', flush=True)\n"
                        "time.sleep(30)\n")
     ranks = [subprocess.Popen([PYTHON, str(wrapper), kind], stdout=subprocess.PIPE, text=True)
