@@ -47,26 +47,45 @@ started=$SECONDS did=0
 
 apt_packages=(python3 python3-venv python3-dev python3-pip ca-certificates git
               openmpi-bin libopenmpi-dev openssh-server openssh-client iproute2 procps util-linux cmake g++ make
-              docker.io docker-compose docker-registry debootstrap "${test_apt[@]}")
-missing=()
-for pkg in "${apt_packages[@]}"; do
-    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
-done
-install_apt() {
-    apt-get update
-    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
+              docker.io docker-compose docker-registry debootstrap)
+find_missing() {  # find_missing PKG...: the Debian packages of these not installed
+    local pkg
+    for pkg in "$@"; do
+        dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || echo "$pkg"
+    done
 }
-if ((${#missing[@]})); then
+install_apt() {  # install_apt PKG...
+    apt-get update
+    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "$@"
+}
+need_root_for() {
     if [ "$(id -u)" -ne 0 ]; then
-        echo "bootstrap: need root (or sudo) to apt-get install: ${missing[*]}" >&2
+        echo "bootstrap: need root (or sudo) to apt-get install: $*" >&2
         exit 1
     fi
-    stage apt "Debian packages (${#missing[@]}: Python, Open MPI, OpenSSH, compilers, Docker${test_apt:+, chromium})" install_apt
-    did=1
+}
+mapfile -t missing < <(find_missing "${apt_packages[@]}")
+mapfile -t test_missing < <(find_missing "${test_apt[@]}")
+if ((${#missing[@]})); then  # the test-only ones with them: one apt run
+    need_root_for "${missing[@]}" "${test_missing[@]}"
+    stage apt "Debian packages (${#missing[@]}: Python, Open MPI, OpenSSH, compilers, Docker${test_apt:+, chromium})" \
+        install_apt "${missing[@]}" "${test_missing[@]}"
+    test_missing=() did=1
 fi
 
 if ((apt_only)); then
     exit 0
+fi
+
+# What waits on the network and touches nothing of the venv's install runs beside it
+# (stage_in_background, scripts/lib/stages.sh): the test-only Debian packages, Horovod's wheel,
+# the SDKs' venvs. A failed set-up leaves none of them running.
+trap stop_background_stages EXIT
+if ((${#test_missing[@]})); then
+    need_root_for "${test_missing[@]}"
+    stage_in_background apt-tests "Debian packages for the tests (${test_missing[*]}), in the background" \
+        install_apt "${test_missing[@]}"
+    did=1
 fi
 
 python_bin="${PYTHON:-python3}"
@@ -115,11 +134,6 @@ install_torch() {  # the stack extra's pins (torch, numpy): what Horovod's compi
 print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["stack"]))')
     pip_install .venv/bin/python -m pip install --disable-pip-version-check "${pins[@]}"
 }
-kill_tree() {  # kill_tree PID: the process and everything it started (pip, cmake, the compilers)
-    local child
-    for child in $(pgrep -P "$1" || :); do kill_tree "$child"; done
-    kill "$1" 2>/dev/null || :
-}
 # A wheel kept for this Horovod and this installer: cheap to tell (no torch import), and what
 # the image's build will most likely reuse (it checks all the facts itself).
 kept_wheel_for_this_installer() {
@@ -131,29 +145,23 @@ kept_wheel_for_this_installer() {
     done
     return 1
 }
-wheel_pid=
+wheel=0
 if [ "$horovod" = wheel ] && kept_wheel_for_this_installer; then
     :  # nothing to make
 elif [ "$horovod" != 0 ] && ! .venv/bin/python -c 'import horovod.torch' 2>/dev/null; then
     if ! .venv/bin/python -c 'import torch' 2>/dev/null; then
         stage torch "torch and numpy in .venv first (Horovod's compile needs them)" install_torch
     fi
-    stage horovod-wheel "Horovod's wheel (a kept one when it matches, else a compile of ~3-6 min), in the background" \
-        horovod_step wheel &
-    wheel_pid=$!
-    trap 'kill_tree "$wheel_pid"' EXIT  # a failed stage leaves no compile running
-    did=1
-fi
-
-if ! venv_current; then
-    stage venv "the development venv .venv: the project, torch and its stack (.[$extras])" install_venv
-    did=1
+    stage_in_background horovod-wheel \
+        "Horovod's wheel (a kept one when it matches, else a compile of ~3-6 min), in the background" horovod_step wheel
+    wheel=1 did=1
 fi
 
 # The SDKs' venvs: only the pinned sagemaker package (each major version in its own venv,
-# since both are the distribution `sagemaker`); reinstalled when its pin changes.
+# since both are the distribution `sagemaker`); reinstalled when its pin changes. In the
+# background: they download, beside the venv's install.
 for major in "${sdks[@]}"; do
-    pin=$(.venv/bin/python - "$major" <<'PY'
+    pin=$("$python_bin" - "$major" <<'PY'
 import sys, tomllib
 extras = tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]
 print(" ".join(extras["sdk-" + sys.argv[1]]))
@@ -167,17 +175,19 @@ PY
         echo "$pin" >"$venv/.installed"
     }
     if [ "$(cat "$venv/.installed" 2>/dev/null)" != "$pin" ]; then
-        stage "sdk-$major" "the SageMaker Python SDK $major in $venv ($pin)" install_sdk
+        stage_in_background "sdk-$major" "the SageMaker Python SDK $major in $venv ($pin), in the background" install_sdk
         did=1
     fi
 done
 
-if [ -n "$wheel_pid" ]; then
-    # A failed wheel stage has shown its log's tail; its exit code is the set-up's.
-    rc=0
-    wait "$wheel_pid" || rc=$?
-    trap - EXIT
-    ((rc == 0)) || exit "$rc"
+if ! venv_current; then
+    stage venv "the development venv .venv: the project, torch and its stack (.[$extras])" install_venv
+    did=1
+fi
+
+wait_background_stages  # the first that failed ends the set-up, with its exit code
+trap - EXIT
+if ((wheel)); then
     if [ "$horovod" = 1 ]; then
         stage horovod "Horovod in .venv (the wheel just kept)" horovod_step install
     fi

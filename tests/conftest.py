@@ -45,6 +45,16 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     return SerialFoldersScheduling(config, log)
 
 
+@pytest.hookimpl(trylast=True)  # after -m and -k have deselected what they do
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The forked-rank tests run once a session: inside the image where that copy is selected
+    and can run (root: tests/images/conftest.py), else here (support/in_image.py). Under
+    workers, the slow tests first."""
+    from support.in_image import decide_host_copies_left_out
+
+    left_out = decide_host_copies_left_out([item.nodeid for item in items], os.geteuid() == 0)
+    if left_out:
+        config.hook.pytest_deselected(items=[item for item in items if item.nodeid in left_out])
+        items[:] = [item for item in items if item.nodeid not in left_out]
     if os.environ.get("PYTEST_XDIST_WORKER"):  # every worker orders alike: xdist checks that
         items.sort(key=lambda item: item.get_closest_marker("slow") is None)

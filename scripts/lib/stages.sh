@@ -41,3 +41,42 @@ stage() {
         exit "$rc"
     fi
 }
+
+# Stages that wait on the network and touch nothing of each other's run beside what follows
+# (the set-up's SDK venvs beside its .venv): each keeps its own line and log.
+#   stage_in_background NAME "what it does" COMMAND [ARGS...]
+#   wait_background_stages   waits for them all; the first to fail (its log's tail shown)
+#                            ends the script with its exit code, at once, and the others are stopped
+BACKGROUND_STAGES=()
+
+stage_in_background() {
+    stage "$@" &
+    BACKGROUND_STAGES+=($!)
+}
+
+kill_tree() {  # kill_tree PID: the process and everything it started (pip, cmake, the compilers)
+    local child
+    for child in $(pgrep -P "$1" || :); do kill_tree "$child"; done
+    kill "$1" 2>/dev/null || :
+}
+
+stop_background_stages() {
+    local pid
+    for pid in "${BACKGROUND_STAGES[@]}"; do kill_tree "$pid"; done
+    BACKGROUND_STAGES=()
+}
+
+wait_background_stages() {
+    local pid rc kept p
+    while ((${#BACKGROUND_STAGES[@]})); do
+        rc=0
+        wait -n -p pid "${BACKGROUND_STAGES[@]}" || rc=$?  # whichever ends first
+        kept=()
+        for p in "${BACKGROUND_STAGES[@]}"; do [ "$p" = "$pid" ] || kept+=("$p"); done
+        BACKGROUND_STAGES=("${kept[@]}")
+        if ((rc != 0)); then
+            stop_background_stages
+            exit "$rc"
+        fi
+    done
+}

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from support.in_image import FORKED_RANK_TESTS  # their copies here are left out where these run (conftest)
 from tests.images.image_harness import REPO_ROOT, build_run_argv, run_docker
 
 pytestmark = pytest.mark.slow
@@ -38,12 +39,6 @@ IN_IMAGE_TESTS = (
     "tests/entrypoint/outcome/test_edges.py",
     "tests/entrypoint/rank/test_whole_lines.py",
     "tests/entrypoint/rank/test_rank_exit.py",
-)
-# Forked ranks stay the default only while these pass here too (issue 62): the image's own
-# torch, Python and runtime.
-FORKED_RANK_TESTS = (
-    "tests/entrypoint/rank/test_forked_like_started.py",
-    "tests/entrypoint/rank/test_forked_ranks.py",
 )
 # pytest and what the tests import beyond the image's packages, at the project's pins.
 TEST_REQUIREMENTS = ("pytest==9.2.0", "hypothesis==6.170.15")

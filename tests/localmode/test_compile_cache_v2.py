@@ -28,7 +28,11 @@ def compile_job(tmp_path, name: str, kept, environment: dict[str, str]) -> dict:
     return record
 
 
-def test_second_job_finds_the_first_jobs_compiled_graphs(tmp_path):
+def test_second_job_finds_the_first_jobs_compiled_graphs_and_with_the_cache_off_a_third_is_cold(tmp_path):
+    """Three jobs in a row on one kept folder: the first compiles, the second finds every graph
+    the first compiled. The control, a third with BYOC_COMPILE_CACHE=0: torch's default folder,
+    which dies with the container, so it compiles them all again, though the kept folder holds
+    them, and leaves that folder as it was."""
     kept = tmp_path / "kept"
     kept.mkdir()
     env = {"BYOC_COMPILE_CACHE_DIR": CACHE_IN_CONTAINER}
@@ -40,16 +44,8 @@ def test_second_job_finds_the_first_jobs_compiled_graphs(tmp_path):
     assert first["hit"] == 0 and first["miss"] > 0, first
     assert second["hit"] == first["miss"] and second["miss"] == 0, (first, second)
     assert any((kept / "fxgraph").iterdir())
-
-
-def test_with_the_cache_off_the_second_job_is_cold(tmp_path):
-    """The control: BYOC_COMPILE_CACHE=0 leaves torch's default folder, which dies with the
-    container, so the same two jobs both compile."""
-    kept = tmp_path / "kept"
-    kept.mkdir()
-    env = {"BYOC_COMPILE_CACHE_DIR": CACHE_IN_CONTAINER, "BYOC_COMPILE_CACHE": "0"}
-    first = compile_job(tmp_path, "first", kept, env)
-    second = compile_job(tmp_path, "second", kept, env)
-    assert first["inductor_cache_dir"] is None and first["miss"] > 0, first
-    assert second["hit"] == 0 and second["miss"] == first["miss"], (first, second)
-    assert not any(kept.iterdir())
+    before = sorted(str(p.relative_to(kept)) for p in kept.rglob("*"))
+    off = compile_job(tmp_path, "off", kept, {**env, "BYOC_COMPILE_CACHE": "0"})
+    assert off["inductor_cache_dir"] is None, off
+    assert off["hit"] == 0 and off["miss"] == first["miss"], (first, off)
+    assert sorted(str(p.relative_to(kept)) for p in kept.rglob("*")) == before

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -122,3 +123,34 @@ def test_each_worker_has_its_own_entrypoint_ports_and_a_run_without_workers_the_
     assert decide_master_port({}) == decide_master_port({"PYTEST_XDIST_WORKER": "gw0"}) == 7777
     ports = [decide_master_port({"PYTEST_XDIST_WORKER": f"gw{n}"}) for n in range(8)]
     assert len(set(ports)) == 8 and all(b - a == PORTS_PER_WORKER >= 3 for a, b in zip(ports, ports[1:]))
+
+
+def test_the_forked_rank_tests_run_once_a_session_in_the_image_where_that_copy_runs():
+    from support.in_image import FORKED_RANK_TESTS, decide_host_copies_left_out, decide_in_image_param
+
+    like, forked = FORKED_RANK_TESTS
+    here = [f"{like}::test_a[x]", f"{like}::test_b", f"{forked}::test_c", "tests/entrypoint/rank/test_rank_exit.py::t"]
+    in_image = [decide_in_image_param(like), decide_in_image_param(forked)]
+    assert in_image[0].endswith("test_entrypoint_tests_pass_inside_the_image[test_forked_like_started]")
+    assert decide_host_copies_left_out(here + in_image, True) == set(here[:3])
+    assert decide_host_copies_left_out(here + in_image[:1], True) == set(here[:2])  # only that file's copy runs there
+    assert decide_host_copies_left_out(here, True) == set()  # no in-image copy selected: every test here runs
+    assert decide_host_copies_left_out(here + in_image, False) == set()  # not root: the image's copy cannot run
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the image's copy runs as root only (tests/images/conftest.py): "
+                    "as another user both copies are kept, which the test above checks")
+def test_a_whole_session_leaves_the_forked_rank_copies_here_out_and_keeps_them_in_the_image():
+    """The real hook (tests/conftest.py), on a collection of both folders."""
+    from support.in_image import FORKED_RANK_TESTS
+
+    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                           *FORKED_RANK_TESTS, "tests/images/test_in_image.py"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    collected = [line for line in done.stdout.splitlines() if "::" in line]
+    assert [line for line in collected if line.startswith(FORKED_RANK_TESTS)] == []
+    assert "tests/images/test_in_image.py::test_entrypoint_tests_pass_inside_the_image[test_forked_ranks]" in collected
+    alone = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                            FORKED_RANK_TESTS[1]], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert len([line for line in alone.stdout.splitlines() if line.startswith(FORKED_RANK_TESTS[1])]) >= 10

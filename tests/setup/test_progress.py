@@ -97,3 +97,28 @@ def test_a_failing_stage_stops_at_its_first_error_and_shows_the_last_40_lines(tm
     assert "FAILED" in lines[1] and "the venv" in lines[1] and str(tmp_path / "venv.log") in lines[1]
     assert [line.strip() for line in lines[2:]] == [str(n) for n in range(61, 101)]
     assert "never reached" not in (tmp_path / "venv.log").read_text() and lines[-1].strip() == "100"
+
+
+def test_background_stages_run_side_by_side_and_the_first_failure_ends_the_script(tmp_path):
+    """stage_in_background (the set-up's SDK venvs beside its .venv): each stage waits for the
+    other's start, so they pass only side by side; one that fails ends the script at
+    wait_background_stages with its exit code, its log's tail shown, the other stopped."""
+    body = ('marks=$BYOC_SETUP_LOGS\n'
+            'meet() { touch "$marks/$1.started"; for _ in $(seq 100); do [ -e "$marks/$2.started" ] && return 0;'
+            ' sleep 0.1; done; return 9; }\n'
+            'stage_in_background one "the first" meet one two\n'
+            'stage_in_background two "the second" meet two one\n'
+            'wait_background_stages\necho "both done" >&2\n')
+    done = _run_stages(tmp_path, body)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines()[-2:] == ["both done", "after"]
+    failing = ('slow() { sleep 60; echo "slow ended"; }\n'
+               'fails() { echo "no network"; return 3; }\n'
+               'stage_in_background slow "the slow one" slow\n'
+               'stage_in_background fails "the failing one" fails\n'
+               'wait_background_stages\necho "never reached" >&2\n')
+    done = _run_stages(tmp_path / "f", failing)
+    assert done.returncode == 3, done.stderr
+    assert "FAILED" in done.stderr and "the failing one (exit code 3)" in done.stderr, done.stderr
+    assert "    no network" in done.stderr.splitlines() and "never reached" not in done.stderr
+    assert "slow ended" not in (tmp_path / "f" / "slow.log").read_text()

@@ -48,6 +48,20 @@ def run_signalled_at(tmp_path: Path, name: str, step: int, window: tuple[str, st
     return done, root, note.read_text().strip()
 
 
+def run_signalled_at_step(tmp_path: Path, step: int, window: tuple[str, str], signame: str,
+                          **env: str) -> tuple[subprocess.CompletedProcess, Path, str]:
+    """run_signalled_at with the signal sent at `step`. The window's path may be shorter in one
+    run than in the run that counted its steps (a wait that finds its event already there on a
+    loaded machine skips lines): then that run never reached the step, and it is run again, up
+    to 3 times; every step is signalled once or the test fails."""
+    for attempt in range(3):
+        done, root, note = run_signalled_at(tmp_path, f"step-{step}-{attempt}", step, window, signame, **env)
+        if note.startswith("sent at") or int(note.split()[1]) >= step:
+            break
+    assert note.startswith("sent at"), f"step {step}: {note} in each of 3 runs"
+    return done, root, note
+
+
 def assert_succeeded(done: subprocess.CompletedProcess, root: Path, context: str) -> None:
     context = f"{context}: exit {done.returncode}\n{done.stderr[-3000:]}"
     assert done.returncode == 0, context
@@ -65,8 +79,7 @@ def test_a_sigusr1_at_each_step_of_a_launch_never_kills_the_rank(tmp_path):
     steps = int(note.split()[1])
     assert steps > 100, note  # Popen's own lines are in the window
     for step in range(1, steps + 1):
-        done, root, note = run_signalled_at(tmp_path, f"step-{step}", step, LAUNCH, "SIGUSR1")
-        assert note.startswith("sent at"), note
+        done, root, note = run_signalled_at_step(tmp_path, step, LAUNCH, "SIGUSR1")
         assert_succeeded(done, root, f"SIGUSR1 at step {step}, {note}")
 
 
@@ -218,8 +231,7 @@ def test_a_stop_at_each_step_of_finishing_keeps_the_jobs_own_exit_code(tmp_path,
     steps = int(note.split()[1])
     assert steps >= 5, note
     for step in range(1, steps + 1):
-        done, root, note = run_signalled_at(tmp_path, f"step-{step}", step, window, "SIGTERM", SLEEP_S="0")
-        assert note.startswith("sent at"), note
+        done, root, note = run_signalled_at_step(tmp_path, step, window, "SIGTERM", SLEEP_S="0")
         assert_succeeded(done, root, f"SIGTERM at step {step} of finishing, {note}")
         assert "received SIGTERM" in done.stderr
 
