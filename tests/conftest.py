@@ -8,6 +8,8 @@ each other, and which start first.
 - tests/multihost/ is one work unit too: one 2- or 3-host job at a time (below).
 - The work unit with the most tests starts first (xdist's order), then the tests marked `slow`,
   then the rest: a slow test begun last would leave the other workers idle at the end.
+- The forked-rank test files run once a session: inside the image where that copy runs
+  (decide_host_copies_left_out).
 
 A run without workers (`-n 0`) keeps the usual order."""
 
@@ -20,6 +22,35 @@ import pytest
 # Emulated hosts' jobs run one at a time as well: their stops and restarts race each other's
 # load on 2 cores (seen beside the other workers: a stop's exit code 143 where 3 was kept).
 SERIAL_FOLDERS = {"tests/localmode/": "sagemaker-local", "tests/multihost/": "emulated-hosts"}
+
+# The forked-rank test files run on this machine and again inside the built image
+# (tests/images/test_in_image.py). Both run the same Python in CI and on a fresh root (Debian's
+# 3.11.2, the image's; torch at the same pin) and nothing in them skips in the image, so a
+# session that runs their in-image copy leaves their copy here out: one run, where it ships
+# (233 s of CPU a run, issue 63). Run alone (`pytest tests/entrypoint/rank/...`), or where the
+# in-image copy is not selected or cannot run (not root), the copy here runs.
+# Forked ranks stay the default only while these pass in the image too (issue 62): the
+# image's own torch, Python and runtime.
+FORKED_RANK_TESTS = (
+    "tests/entrypoint/rank/test_forked_like_started.py",
+    "tests/entrypoint/rank/test_forked_ranks.py",
+)
+IN_IMAGE_TEST = "tests/images/test_in_image.py::test_entrypoint_tests_pass_inside_the_image"
+
+
+def decide_in_image_param(test_file: str) -> str:
+    """The in-image test's node id for one file (its parameter is the file's stem)."""
+    return f"{IN_IMAGE_TEST}[{test_file.rsplit('/', 1)[-1].removesuffix('.py')}]"
+
+
+def decide_host_copies_left_out(nodeids: list[str], can_run_in_image: bool) -> set[str]:
+    """Of the selected node ids, the forked-rank tests whose file's in-image copy is selected
+    too: these are left out here."""
+    if not can_run_in_image:
+        return set()
+    selected = set(nodeids)
+    files = {f for f in FORKED_RANK_TESTS if decide_in_image_param(f) in selected}
+    return {n for n in nodeids if n.split("::", 1)[0] in files}
 
 
 def decide_work_unit(nodeid: str) -> str:
@@ -48,10 +79,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 @pytest.hookimpl(trylast=True)  # after -m and -k have deselected what they do
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The forked-rank tests run once a session: inside the image where that copy is selected
-    and can run (root: tests/images/conftest.py), else here (support/in_image.py). Under
+    and can run (root: tests/images/conftest.py), else here (decide_host_copies_left_out). Under
     workers, the slow tests first."""
-    from support.in_image import decide_host_copies_left_out
-
     left_out = decide_host_copies_left_out([item.nodeid for item in items], os.geteuid() == 0)
     if left_out:
         config.hook.pytest_deselected(items=[item for item in items if item.nodeid in left_out])

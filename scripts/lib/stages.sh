@@ -67,16 +67,22 @@ stop_background_stages() {
 }
 
 wait_background_stages() {
-    local pid rc kept p
+    local pid rc running
     while ((${#BACKGROUND_STAGES[@]})); do
-        rc=0
-        wait -n -p pid "${BACKGROUND_STAGES[@]}" || rc=$?  # whichever ends first
-        kept=()
-        for p in "${BACKGROUND_STAGES[@]}"; do [ "$p" = "$pid" ] || kept+=("$p"); done
-        BACKGROUND_STAGES=("${kept[@]}")
-        if ((rc != 0)); then
-            stop_background_stages
-            exit "$rc"
-        fi
+        running=()
+        for pid in "${BACKGROUND_STAGES[@]}"; do
+            if kill -0 "$pid" 2>/dev/null; then
+                running+=("$pid")
+                continue
+            fi
+            rc=0
+            wait "$pid" || rc=$?  # an ended child's status, which bash keeps
+            if ((rc != 0)); then
+                stop_background_stages
+                exit "$rc"
+            fi
+        done
+        BACKGROUND_STAGES=("${running[@]}")
+        if ((${#running[@]})); then sleep 0.2; fi  # not `wait -n`: it loses a job that ended before it
     done
 }

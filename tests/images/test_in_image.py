@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from support.in_image import FORKED_RANK_TESTS  # their copies here are left out where these run (conftest)
+from conftest import FORKED_RANK_TESTS  # their copies here are left out where these run
 from tests.images.image_harness import REPO_ROOT, build_run_argv, run_docker
 
 pytestmark = pytest.mark.slow

@@ -126,7 +126,7 @@ def test_each_worker_has_its_own_entrypoint_ports_and_a_run_without_workers_the_
 
 
 def test_the_forked_rank_tests_run_once_a_session_in_the_image_where_that_copy_runs():
-    from support.in_image import FORKED_RANK_TESTS, decide_host_copies_left_out, decide_in_image_param
+    from conftest import FORKED_RANK_TESTS, decide_host_copies_left_out, decide_in_image_param
 
     like, forked = FORKED_RANK_TESTS
     here = [f"{like}::test_a[x]", f"{like}::test_b", f"{forked}::test_c", "tests/entrypoint/rank/test_rank_exit.py::t"]
@@ -142,7 +142,7 @@ def test_the_forked_rank_tests_run_once_a_session_in_the_image_where_that_copy_r
                     "as another user both copies are kept, which the test above checks")
 def test_a_whole_session_leaves_the_forked_rank_copies_here_out_and_keeps_them_in_the_image():
     """The real hook (tests/conftest.py), on a collection of both folders."""
-    from support.in_image import FORKED_RANK_TESTS
+    from conftest import FORKED_RANK_TESTS
 
     done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
                            *FORKED_RANK_TESTS, "tests/images/test_in_image.py"],
