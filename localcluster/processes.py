@@ -80,6 +80,9 @@ class HostProcess:
         self.argv = list(argv)
         self._lines: list[str] = []
         self._lock = threading.Lock()
+        # Notified on each line read and when the process ends: wait_for_text waits on it.
+        self._changed = threading.Condition(self._lock)
+        self._reader_done = False  # the output's end read (after the exit, or the pipe closed)
         self._echo = echo
         self._on_exit = on_exit
         self._log = open(log_path, "a", encoding="utf-8") if log_path else None
@@ -107,6 +110,7 @@ class HostProcess:
                 if self._log is not None:
                     self._log.write(line)
                     self._log.flush()
+                self._changed.notify_all()
             if self._echo is not None:
                 self._echo.write(self.host, line)
         self._popen.stdout.close()
@@ -114,10 +118,14 @@ class HostProcess:
             if self._log is not None:
                 self._log.close()
                 self._log = None
+            self._reader_done = True
+            self._changed.notify_all()
 
     def _wait(self) -> None:
         self._popen.wait()
         self._ended = time.monotonic()
+        with self._changed:
+            self._changed.notify_all()
         if self._on_exit is not None:
             self._on_exit()
 
@@ -130,6 +138,22 @@ class HostProcess:
     def output(self) -> str:
         with self._lock:
             return "".join(self._lines)
+
+    def wait_for_text(self, text: str, timeout: float) -> bool:
+        """Whether the output holds `text` (within one line) by `timeout` seconds from now:
+        woken by each line read, not polling; False at once when its output has ended
+        without it."""
+        deadline = time.monotonic() + timeout
+        seen = 0  # lines already looked at: each is looked at once
+        with self._changed:
+            while True:
+                if any(text in line for line in self._lines[seen:]):
+                    return True
+                seen = len(self._lines)
+                left = deadline - time.monotonic()
+                if self._reader_done or left <= 0:
+                    return False
+                self._changed.wait(left)
 
     def lines_from(self, index: int) -> list[str]:
         """The output's lines from the index-th on, each as it was read (whole; the last one at

@@ -6,6 +6,8 @@ each other, and which start first.
   such jobs at once would resolve each other's hosts. Its tests are one work unit: one worker
   runs them all, in turn; the other workers share the rest test by test.
 - tests/multihost/ is one work unit too: one 2- or 3-host job at a time (below).
+- A module whose tests share a module- or class-scoped fixture is one work unit: the fixture
+  is made once, not once on each worker.
 - The work unit with the most tests starts first (xdist's order), then the tests marked `slow`,
   then the rest: a slow test begun last would leave the other workers idle at the end.
 - The forked-rank test files run once a session: inside the image where that copy runs
@@ -16,6 +18,8 @@ A run without workers (`-n 0`) keeps the usual order."""
 from __future__ import annotations
 
 import os
+import re
+from pathlib import Path
 
 import pytest
 
@@ -53,12 +57,25 @@ def decide_host_copies_left_out(nodeids: list[str], can_run_in_image: bool) -> s
     return {n for n in nodeids if n.split("::", 1)[0] in files}
 
 
-def decide_work_unit(nodeid: str) -> str:
-    """The work unit a test belongs to: its serial folder's name, or the test alone."""
+# A module- or class-scoped fixture is made once per worker that runs one of its tests: a
+# module whose tests share one (a whole training run, a 256-host report) is one work unit.
+SHARED_FIXTURE = re.compile(r"@pytest\.fixture\([^)]*scope=[\"'](module|class)[\"']")
+
+
+def find_shared_fixture_modules(root: Path) -> frozenset[str]:
+    """The test modules under root/tests (as node ids name them) with a shared fixture."""
+    return frozenset(str(path.relative_to(root)) for path in sorted((root / "tests").rglob("test_*.py"))
+                     if SHARED_FIXTURE.search(path.read_text(encoding="utf-8", errors="replace")))
+
+
+def decide_work_unit(nodeid: str, shared_fixture_modules: frozenset[str] = frozenset()) -> str:
+    """The work unit a test belongs to: its serial folder's name, its module where the module's
+    tests share a fixture, or the test alone."""
     for folder, unit in SERIAL_FOLDERS.items():
         if nodeid.startswith(folder):
             return unit
-    return nodeid
+    module = nodeid.split("::", 1)[0]
+    return module if module in shared_fixture_modules else nodeid
 
 
 @pytest.hookimpl(optionalhook=True)  # xdist's hook: unknown where xdist is absent
@@ -69,9 +86,11 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
         return None  # another --dist asked for on purpose: xdist's own
     from xdist.scheduler import LoadScopeScheduling
 
+    shared = find_shared_fixture_modules(Path(config.rootpath))
+
     class SerialFoldersScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return decide_work_unit(nodeid)
+            return decide_work_unit(nodeid, shared)
 
     return SerialFoldersScheduling(config, log)
 

@@ -4,7 +4,6 @@ cluster left nothing behind."""
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -123,12 +122,8 @@ def wait_for_text():
     """wait_for_text(host_process, text, timeout=10): until the process has printed text."""
 
     def wait(proc, text: str, timeout: float = 10.0) -> None:
-        deadline = time.monotonic() + timeout
-        while text not in proc.output:
-            if proc.poll() is not None:
-                raise AssertionError(f"{proc.host}: ended ({proc.poll()}) before printing {text!r}:\n{proc.output}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{proc.host}: no {text!r} within {timeout} s:\n{proc.output}")
-            time.sleep(0.01)
+        if not proc.wait_for_text(text, timeout):
+            ended = "" if proc.poll() is None else f" (it ended: {proc.poll()})"
+            raise AssertionError(f"{proc.host}: no {text!r} within {timeout} s{ended}:\n{proc.output}")
 
     return wait

@@ -77,8 +77,7 @@ def test_signal_all_reaches_every_main_process():
     with EmulatedCluster(["algo-1", "algo-2"]) as cluster:
         run = cluster.start_all(["sh", "-c", TRAP_TERM])
         for proc in run.procs.values():
-            while "started" not in proc.output:
-                time.sleep(0.01)
+            assert proc.wait_for_text("started", 60), proc.output
         cluster.signal_all(signal.SIGTERM)
         results = run.wait(timeout=10)
         assert {h: (r.returncode, r.output) for h, r in results.results.items()} == {
@@ -174,3 +173,21 @@ def test_a_killed_owner_is_cleaned_up(footprint, assert_no_leftovers):
     done = subprocess.run([PYTHON, "-m", "localcluster", "cleanup"], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
     assert_no_leftovers(fp)
+
+
+def test_waiting_for_a_hosts_text_wakes_on_its_line_and_ends_with_its_output():
+    """HostProcess.wait_for_text: woken by the line that holds the text (it comes after the
+    wait began), and False once the output has ended without it, however long the wait was
+    given (an hour here: a wait that ran to its limit would hang the test, not pass it)."""
+    from localcluster.processes import HostProcess
+
+    # SIGUSR1 blocked, then taken by sigwait: one sent before the wait begins is not lost.
+    script = ("import signal\nsignal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})\nprint('begun', flush=True)\n"
+              "signal.sigwait({signal.SIGUSR1})\nprint('the word', flush=True)\n")
+    proc = HostProcess("h", [sys.executable, "-c", script], dict(os.environ))
+    assert proc.wait_for_text("begun", 3600), proc.output
+    assert not proc.wait_for_text("the word", 0.0)  # not yet: it waits for the signal
+    os.kill(proc.pid, signal.SIGUSR1)
+    assert proc.wait_for_text("the word", 3600), proc.output
+    assert not proc.wait_for_text("never printed", 3600)  # its output ended
+    assert proc.wait(timeout=60).returncode == 0

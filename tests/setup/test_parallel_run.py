@@ -154,3 +154,20 @@ def test_a_whole_session_leaves_the_forked_rank_copies_here_out_and_keeps_them_i
     alone = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
                             FORKED_RANK_TESTS[1]], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert len([line for line in alone.stdout.splitlines() if line.startswith(FORKED_RANK_TESTS[1])]) >= 10
+
+
+def test_a_module_whose_tests_share_a_fixture_is_one_unit(tmp_path):
+    """Its module- or class-scoped fixture is made once, on the one worker that runs them all."""
+    from conftest import find_shared_fixture_modules
+
+    (tmp_path / "tests" / "a").mkdir(parents=True)
+    (tmp_path / "tests" / "a" / "test_shared.py").write_text('@pytest.fixture(scope="module")\ndef big(): ...\n')
+    (tmp_path / "tests" / "a" / "test_class.py").write_text("@pytest.fixture(autouse=True, scope='class')\n")
+    (tmp_path / "tests" / "a" / "test_own.py").write_text("@pytest.fixture\ndef small(): ...\n# scope=\"module\"\n")
+    shared = find_shared_fixture_modules(tmp_path)
+    assert shared == {"tests/a/test_shared.py", "tests/a/test_class.py"}
+    assert decide_work_unit("tests/a/test_shared.py::test_x[1]", shared) == "tests/a/test_shared.py"
+    assert decide_work_unit("tests/a/test_own.py::test_y", shared) == "tests/a/test_own.py::test_y"
+    assert decide_work_unit("tests/localmode/test_v3_jobs.py::t", shared | {"tests/localmode/test_v3_jobs.py"}) == \
+        "sagemaker-local"
+    assert "tests/train/test_resume.py" in find_shared_fixture_modules(REPO)  # its uninterrupted run
