@@ -14,6 +14,7 @@ Run: BYOC_IMAGE_TAG=byoc-training:<tag> .venv/bin/python -m pytest tests/localmo
 from __future__ import annotations
 
 import json
+import re
 import os
 import shutil
 
@@ -225,13 +226,30 @@ def test_an_mpi_job_carrying_np_runs_through_our_launcher_and_a_disagreeing_np_i
                          distributed={"kind": "mpi", "mpi_additional_options": ["-np", "3"]})
     _report("2 hosts, MPI() with -np 3", refused)
     assert not refused.ok and not refused.timed_out, refused.log_tail()
-    assert refused.exit_codes == {"algo-1": 2, "algo-2": 2}, refused.log_tail()
+    # Every host that reads the definition refuses it (exit code 2). Compose stops the others
+    # once the first has exited (--abort-on-container-exit): a host still starting then (a
+    # loaded fresh root saw algo-1 stopped before its first line) ends 143, having run nothing.
+    codes = refused.exit_codes
+    assert sorted(codes) == ["algo-1", "algo-2"] and 2 in codes.values(), refused.log_tail()
+    for host, code in codes.items():
+        said = host_lines(refused.log, host)
+        refusal = [line for line in said if "The training job definition is invalid: SDK v3's MPI" in line]
+        assert (code, bool(refusal)) in ((2, True), (143, False)), (host, code, said[-20:])
+        assert not any("running mpirun" in line or "launched by this image" in line for line in said), said
     failure = _failure(refused)
     assert failure.startswith("The training job definition is invalid: SDK v3's MPI.mpi_additional_options sets "
                               "-np 3, but this job runs 2 processes: 2 host(s) x 1 per host"), failure
     assert "or make it 2." in failure, failure
     assert "SDK v3's own drivers run this job" not in refused.log and "Running MPI Driver" not in refused.log
     assert refused.model_jsons("mpi-rank-") == []
+
+
+
+def host_lines(log: str, host: str) -> list[str]:
+    """One host's lines of a local-mode job's log, as compose prefixes them (`algo-1_1  | …`,
+    in colour): their text."""
+    prefix = re.compile(rf"^(?:\x1b\[[0-9;]*m)*(?:\S+_)?{re.escape(host)}_1\s+\|(?:\x1b\[[0-9;]*m)*\s?(.*)$")
+    return [m.group(1) for m in map(prefix.match, log.splitlines()) if m]
 
 
 @pytest.mark.parametrize(
