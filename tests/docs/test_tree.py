@@ -41,3 +41,20 @@ def test_no_binary_is_tracked_outside_the_wheelhouse():
         pytest.skip("not a git checkout (no tracked files to read)")
     outside = [n for n in names if not n.startswith(BINARIES_ALLOWED_UNDER)]
     assert find_binaries(REPO, outside) == []
+
+
+# The last commit whose subject ran over (issue 64's count: its detail belonged in the body).
+LAST_LONG_SUBJECT = "05230de"
+MAX_SUBJECT = 72
+
+
+def test_commit_subjects_since_the_rule_are_at_most_72_characters():
+    """`git log --oneline` reads as a list: a subject of at most 72 characters, the detail in
+    the body."""
+    known = subprocess.run(["git", "cat-file", "-e", f"{LAST_LONG_SUBJECT}^{{commit}}"], cwd=REPO, capture_output=True)
+    if known.returncode != 0:
+        pytest.skip(f"this clone lacks {LAST_LONG_SUBJECT} (a shallow clone): no history to read")
+    subjects = subprocess.run(["git", "log", "--format=%h %s", f"{LAST_LONG_SUBJECT}..HEAD"], cwd=REPO,
+                              capture_output=True, text=True, check=True).stdout.splitlines()
+    assert subjects, "no commit since the rule"
+    assert [s for s in subjects if len(s.split(" ", 1)[1]) > MAX_SUBJECT] == []
