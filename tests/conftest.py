@@ -12,6 +12,7 @@ each other, and which start first.
   then the rest: a slow test begun last would leave the other workers idle at the end.
 - The forked-rank test files run once a session: inside the image where that copy runs
   (decide_host_copies_left_out).
+- Each worker's processes get a TMPDIR of their own (worker_tmpdir): Open MPI's session folder.
 
 A run without workers (`-n 0`) keeps the usual order."""
 
@@ -19,6 +20,8 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -106,3 +109,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = [item for item in items if item.nodeid not in left_out]
     if os.environ.get("PYTEST_XDIST_WORKER"):  # every worker orders alike: xdist checks that
         items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def worker_tmpdir():
+    """Under workers, each worker's processes get a TMPDIR of their own. Open MPI makes its
+    session folder there (ompi.<host>.<uid>), and two mpiruns on this machine making /tmp's at
+    once race: `mkdir … File exists`, orte_init failed (seen beside the other workers). A short
+    path: Open MPI's sockets live under it."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if not worker:
+        yield None
+        return
+    folder = tempfile.mkdtemp(prefix=f"byoc-{worker}-", dir="/tmp")
+    before = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = folder
+    try:
+        yield folder
+    finally:
+        if before is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = before
+        shutil.rmtree(folder, ignore_errors=True)

@@ -38,8 +38,10 @@ FORMATS = {
 # names the file ("BadZipFile: File is not a zip file", "cannot reshape array of size ...").
 # A damaged .npy header can also fail numpy's header parser (tokenize), a damaged zip
 # directory the zip reader (struct, an unsupported method, an impossible offset).
+# RuntimeError: zipfile's "File ... is encrypted, password required" for a member whose
+# encrypted flag bit a damaged byte set (numpy never writes an encrypted member).
 _DAMAGE = (zipfile.BadZipFile, zlib.error, EOFError, ValueError, KeyError, UnicodeDecodeError, SyntaxError,
-           tokenize.TokenError, struct.error, NotImplementedError, OverflowError, OSError)
+           tokenize.TokenError, struct.error, NotImplementedError, OverflowError, OSError, RuntimeError)
 _NOT_DAMAGE = (FileNotFoundError, PermissionError, IsADirectoryError)  # these name the file already
 # An OSError with one of these is the storage or the path failing (a FastFile/FSx mount, a
 # network disk, a link loop, no file descriptors left), not the file's format. Any other errno

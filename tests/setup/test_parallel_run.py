@@ -171,3 +171,31 @@ def test_a_module_whose_tests_share_a_fixture_is_one_unit(tmp_path):
     assert decide_work_unit("tests/localmode/test_v3_jobs.py::t", shared | {"tests/localmode/test_v3_jobs.py"}) == \
         "sagemaker-local"
     assert "tests/train/test_resume.py" in find_shared_fixture_modules(REPO)  # its uninterrupted run
+
+
+def test_two_workers_mpiruns_make_their_session_folders_apart(tmp_path):
+    """Each worker's TMPDIR (tests/conftest.py worker_tmpdir), where Open MPI makes its session
+    folder: two workers' mpiruns never race to make the same one (seen: `mkdir /tmp/ompi.<host>.0:
+    File exists`, orte_init failed)."""
+    shutil.copy(TESTS / "conftest.py", tmp_path / "conftest.py")
+    (tmp_path / "pytest.ini").write_text("[pytest]\naddopts = --import-mode=importlib\nmarkers =\n    slow: slow\n")
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_tmp.py").write_text(textwrap.dedent(f"""\
+        import os, subprocess, sys
+
+        def test_one():
+            seen = subprocess.run([sys.executable, "-c", "import tempfile; print(tempfile.gettempdir())"],
+                                  capture_output=True, text=True, check=True).stdout.strip()
+            with open({str(tmp_path / "log")!r}, "a") as log:
+                log.write(os.environ["PYTEST_XDIST_WORKER"] + " " + seen + "\\n")
+
+        def test_two():
+            test_one()
+        """))
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "tests"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    seen = dict(line.split() for line in (tmp_path / "log").read_text().splitlines())
+    assert sorted(seen) == ["gw0", "gw1"] and len(set(seen.values())) == 2, seen
+    assert all(Path(folder).name.startswith(f"byoc-{worker}-") for worker, folder in seen.items()), seen
+    assert not any(Path(folder).exists() for folder in seen.values())  # removed with the session

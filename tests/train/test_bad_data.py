@@ -155,3 +155,17 @@ def test_a_damaged_zip_directory_that_makes_zipfile_seek_before_the_start_is_cor
     with pytest.raises(DataFileError) as err:
         load_table_file(str(path))
     assert_names_the_file(err.value, path, ".npz")
+
+
+def test_a_member_flagged_encrypted_by_a_damaged_byte_is_an_error_naming_the_file(tmp_path):
+    """A fresh root's hypothesis run found it: one flipped bit of the central directory's flags
+    marks `y.npy` encrypted, and zipfile raised RuntimeError ("password required"), not a
+    DataFileError naming the shard."""
+    damaged = bytearray(NPZ)
+    entry = damaged.index(b"PK\x01\x02")  # the first central directory entry
+    damaged[entry + 8] |= 0x01  # its general purpose flags: bit 0, encrypted
+    path = tmp_path / "part-0.npz"
+    path.write_bytes(bytes(damaged))
+    with pytest.raises(DataFileError) as err:
+        load_table_file(str(path))
+    assert_names_the_file(err.value, path, ".npz")
