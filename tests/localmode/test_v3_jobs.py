@@ -167,7 +167,7 @@ def test_one_host_plain_script_with_requirements_runs_through_our_launcher(image
 
 def test_one_host_plain_script_that_raises_names_the_exception(image, tmp_path):
     result = run_v3_job(tmp_path, image, {"train.py": PLAIN_SCRIPT}, hyperparameters={"fail": 1})
-    assert not result.ok and not result.timed_out, result.log_tail()
+    assert result.failed and not result.timed_out, result.log_tail()
     assert _failure(result).startswith("ValueError: boom-v3-plain"), result.log_tail()
 
 
@@ -225,7 +225,7 @@ def test_an_mpi_job_carrying_np_runs_through_our_launcher_and_a_disagreeing_np_i
     refused = run_v3_job(tmp_path / "disagrees", image, {"train.py": MPI_SCRIPT}, instance_count=2,
                          distributed={"kind": "mpi", "mpi_additional_options": ["-np", "3"]})
     _report("2 hosts, MPI() with -np 3", refused)
-    assert not refused.ok and not refused.timed_out, refused.log_tail()
+    assert refused.failed and not refused.timed_out, refused.log_tail()
     # Every host that reads the definition refuses it (exit code 2). Compose stops the others
     # once the first has exited (--abort-on-container-exit): a host still starting then (a
     # loaded fresh root saw algo-1 stopped before its first line) ends 143, having run nothing.
@@ -264,7 +264,7 @@ def test_a_rank_that_raises_is_named_with_its_exception_in_the_failure(image, tm
                         distributed={"kind": kind, "process_count_per_node": per_host},
                         hyperparameters={"fail_rank": failing}, timeout_s=240)
     _report(f"2 hosts, {kind}, rank raises", result)
-    assert not result.ok and not result.timed_out, result.log_tail()
+    assert result.failed and not result.timed_out, result.log_tail()
     head = _failure(result)[:1024]
     assert head.startswith(f"RuntimeError: {program} from rank {failing} on algo-2"), head
     assert f"First failure: rank {failing} on host algo-2" in head, head
@@ -279,7 +279,7 @@ def test_a_command_runs_under_our_launcher_and_its_failure_is_the_jobs(image, tm
     assert "SDK v3 ModelTrainer job (command=): launched by this image" in ok.log
     bad = run_v3_job(tmp_path / "bad", image, {"train.py": PLAIN_SCRIPT}, command="python train.py",
                      hyperparameters={"fail": 1})
-    assert not bad.ok, bad.log_tail()
+    assert bad.failed, bad.log_tail()
     assert "ValueError: boom-v3-plain" in _failure(bad), bad.log_tail()
 
 
@@ -287,7 +287,7 @@ def test_a_silent_script_is_caught_as_a_hang_naming_where_it_waits(image, tmp_pa
     result = run_v3_job(tmp_path, image, {"train.py": HANG_SCRIPT}, environment={"BYOC_HANG_TIMEOUT_S": "5"},
                         timeout_s=240)
     _report("1 host, hang", result)
-    assert not result.ok and not result.timed_out, result.log_tail()
+    assert result.failed and not result.timed_out, result.log_tail()
     assert result.exit_codes == {"algo-1": 124}, result.log_tail()
     head = _failure(result).splitlines()[0]
     assert head.startswith("Hang: no output from any process on algo-1 for 5 s (BYOC_HANG_TIMEOUT_S)"), head

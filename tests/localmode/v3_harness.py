@@ -133,6 +133,15 @@ class V3JobResult:
     timed_out: bool = False
     spec: dict = field(default_factory=dict)
 
+    @property
+    def failed(self) -> bool:
+        """The job failed: train() raised, or a container exited non-zero and compose lost it.
+        Debian 12's docker-compose 1.29 reads the first container to exit once, as it aborts
+        (compose/cli/main.py compute_exit_code): where dockerd has not recorded that exit yet,
+        `up` returns 0 and v3's train() returns (seen on a loaded fresh root: algo-1 exited 1,
+        "Local training job completed"). The container's exit code is the job's truth."""
+        return not self.ok or any(code != 0 for code in self.exit_codes.values())
+
     def model_json(self, relative: str) -> Any:
         if self.model_dir is None:
             raise AssertionError("the job produced no model.tar.gz")
