@@ -13,6 +13,8 @@ each other, and which start first.
 - The forked-rank test files run once a session: inside the image where that copy runs
   (decide_host_copies_left_out).
 - Each worker's processes get a TMPDIR of their own (worker_tmpdir): Open MPI's session folder.
+- Hypothesis judges no test by its speed (HYPOTHESIS_PROFILE): beside 3 other workers on 2
+  cores, the time an input takes to make says nothing about the code under test.
 
 A run without workers (`-n 0`) keeps the usual order."""
 
@@ -25,6 +27,19 @@ import tempfile
 from pathlib import Path
 
 import pytest
+
+try:
+    from hypothesis import HealthCheck, settings
+except ImportError:  # in the image, the tests run with the packages they were given
+    settings = None
+
+# The suite's hypothesis settings (a test's own @settings keeps them where it says nothing):
+# no deadline and no too-slow health check, both measures of wall time (seen in CI: "Input
+# generation is slow" for a list of 60 short strings, in the image beside the other workers).
+HYPOTHESIS_PROFILE = "byoc-suite"
+if settings is not None:
+    settings.register_profile(HYPOTHESIS_PROFILE, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    settings.load_profile(HYPOTHESIS_PROFILE)
 
 # Emulated hosts' jobs run one at a time as well: their stops and restarts race each other's
 # load on 2 cores (seen beside the other workers: a stop's exit code 143 where 3 was kept).

@@ -199,3 +199,13 @@ def test_two_workers_mpiruns_make_their_session_folders_apart(tmp_path):
     assert sorted(seen) == ["gw0", "gw1"] and len(set(seen.values())) == 2, seen
     assert all(Path(folder).name.startswith(f"byoc-{worker}-") for worker, folder in seen.items()), seen
     assert not any(Path(folder).exists() for folder in seen.values())  # removed with the session
+
+
+def test_hypothesis_judges_no_test_by_its_speed():
+    """The suite's profile (tests/conftest.py): a test's own @settings keeps it where it says
+    nothing of deadline or health checks (CI saw "Input generation is slow" under load)."""
+    from hypothesis import HealthCheck, settings
+
+    assert settings.default.deadline is None and HealthCheck.too_slow in settings.default.suppress_health_check
+    own = settings(max_examples=5)
+    assert own.deadline is None and HealthCheck.too_slow in own.suppress_health_check

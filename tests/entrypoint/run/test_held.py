@@ -22,16 +22,23 @@ LAUNCH_TORCHRUN = os.path.join(os.path.dirname(os.path.abspath(__import__("entry
 
 
 def write_launcher(tmp_path) -> str:
-    """Prints whether it was held and its attempt, then exits with its argv's code."""
+    """Prints whether it was held and its attempt, then exits with its argv's code. With
+    WAIT_FOR_HELD it first waits until its run has looked at starting the next attempt ahead
+    (Held): a run starts that only while its attempt runs on (seen in CI: under load, attempt 1
+    had ended before its run's first look, and nothing was held)."""
     path = tmp_path / "launcher.py"
     path.write_text(textwrap.dedent(f"""\
-        import os, sys
+        import os, sys, time
         args = sys.argv[1:]
         held = args[:1] == [{HOLD_FLAG!r}]
+        marker = os.environ["PID_FILE"] + ".held"
         if held:
             args = args[1:]
             if not sys.stdin.readline():
                 sys.exit(0)
+        elif os.environ.get("WAIT_FOR_HELD"):
+            while not os.path.exists(marker):
+                time.sleep(0.01)
         with open(os.environ["PID_FILE"], "a") as f:
             f.write(f"{{os.getpid()}}\\n")
         print(f"attempt {{os.environ['BYOC_ATTEMPT']}} held={{held}} args={{args}}", flush=True)
@@ -40,9 +47,22 @@ def write_launcher(tmp_path) -> str:
     return str(path)
 
 
-def spec(launcher: str, code: int, attempt: int, hold_at: int = 2) -> ProcessSpec:
-    return ProcessSpec("launcher", (sys.executable, launcher, str(code)), (("BYOC_ATTEMPT", str(attempt)),),
-                       hold_at=hold_at)
+class Held(HeldProcesses):
+    """HeldProcesses that leaves a mark for a WAIT_FOR_HELD launcher once it has started (or
+    passed over) the next attempt's processes."""
+
+    def __init__(self, tmp_path) -> None:
+        super().__init__()
+        self.marker = tmp_path / "pids.held"
+
+    def start_next(self) -> None:
+        super().start_next()
+        self.marker.touch()
+
+
+def spec(launcher: str, code: int, attempt: int, hold_at: int = 2, wait_for_held: bool = False) -> ProcessSpec:
+    env = (("BYOC_ATTEMPT", str(attempt)),) + ((("WAIT_FOR_HELD", "1"),) if wait_for_held else ())
+    return ProcessSpec("launcher", (sys.executable, launcher, str(code)), env, hold_at=hold_at)
 
 
 def run(tmp_path, processes, held, after_s: float = 0.0):
@@ -62,9 +82,9 @@ def test_build_held_argv_puts_the_flag_where_the_plan_says():
 def test_the_next_attempt_takes_the_process_started_ahead_and_it_runs_as_a_fresh_one(tmp_path, capfd):
     launcher = write_launcher(tmp_path)
     env = dict(os.environ, PID_FILE=str(tmp_path / "pids"))
-    held = HeldProcesses()
+    held = Held(tmp_path)
     held.expect(Next((spec(launcher, 0, 2),), env, str(tmp_path)))
-    first, _ = run(tmp_path, [spec(launcher, 3, 1)], held)  # attempt 1 fails; attempt 2's held meanwhile
+    first, _ = run(tmp_path, [spec(launcher, 3, 1, wait_for_held=True)], held)  # attempt 1 fails; attempt 2's held meanwhile
     assert first.exit_code == 3
     assert len(held.held) == 1 and held.next is None
     waiting = next(iter(held.held.values()))
@@ -83,9 +103,9 @@ def test_the_next_attempt_takes_the_process_started_ahead_and_it_runs_as_a_fresh
 def test_a_held_process_that_is_not_exactly_the_start_is_not_taken_and_stop_ends_it(tmp_path, capfd):
     launcher = write_launcher(tmp_path)
     env = dict(os.environ, PID_FILE=str(tmp_path / "pids"))
-    held = HeldProcesses()
+    held = Held(tmp_path)
     held.expect(Next((spec(launcher, 0, 2),), {**env, "OTHER": "1"}, str(tmp_path)))  # another environment
-    run(tmp_path, [spec(launcher, 1, 1)], held)
+    run(tmp_path, [spec(launcher, 1, 1, wait_for_held=True)], held)
     (waiting,) = held.held.values()
     second, _ = run(tmp_path, [spec(launcher, 0, 2)], held)
     assert second.exit_code == 0 and held.taken == 0
@@ -98,9 +118,9 @@ def test_a_held_process_that_is_not_exactly_the_start_is_not_taken_and_stop_ends
 def test_a_held_process_that_died_while_held_is_replaced_by_a_fresh_start(tmp_path, capfd):
     launcher = write_launcher(tmp_path)
     env = dict(os.environ, PID_FILE=str(tmp_path / "pids"))
-    held = HeldProcesses()
+    held = Held(tmp_path)
     held.expect(Next((spec(launcher, 0, 2),), env, str(tmp_path)))
-    run(tmp_path, [spec(launcher, 1, 1)], held)
+    run(tmp_path, [spec(launcher, 1, 1, wait_for_held=True)], held)
     (waiting,) = held.held.values()
     waiting.kill()
     waiting.wait()
@@ -112,10 +132,10 @@ def test_a_held_process_that_died_while_held_is_replaced_by_a_fresh_start(tmp_pa
 def test_only_a_process_its_plan_marks_is_started_ahead_and_only_once_the_attempt_is_under_way(tmp_path):
     launcher = write_launcher(tmp_path)
     env = dict(os.environ, PID_FILE=str(tmp_path / "pids"))
-    held = HeldProcesses()
+    held = Held(tmp_path)
     held.expect(Next((spec(launcher, 0, 2, hold_at=0),), env, str(tmp_path)))
-    run(tmp_path, [spec(launcher, 1, 1)], held)
-    assert held.held == {}  # not marked: never started ahead
+    run(tmp_path, [spec(launcher, 1, 1, wait_for_held=True)], held)
+    assert held.held == {} and held.next is None  # looked at, not marked: never started ahead
     held.expect(Next((spec(launcher, 0, 2),), env, str(tmp_path)))
     run(tmp_path, [spec(launcher, 1, 1)], held, after_s=3600.0)  # ended before its start-up was past
     assert held.held == {} and held.next is not None
