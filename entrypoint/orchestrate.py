@@ -37,7 +37,7 @@ import time
 
 from entrypoint.decide.plan import LaunchPlan
 from entrypoint.decide.specs import ProcessSpec
-from entrypoint.decide.restarts import build_attempt_processes, build_restart_line
+from entrypoint.decide.restarts import RunEnding, build_attempt_processes, build_restart_line, decide_restart
 from entrypoint.job.paths import MlPaths
 from entrypoint.log import log
 from entrypoint.loop import StopRequested
@@ -49,7 +49,7 @@ from entrypoint.outcome.stops import (decide_stop_exit_code, describe_capacity_o
 from entrypoint.outcome.writer import clear_previous_outcome
 from entrypoint.run import runtime_dirs
 from entrypoint.run.held import HeldProcesses, Next
-from entrypoint.roles.base import HostRole
+from entrypoint.roles.base import HostRole, describe_host_failure
 from entrypoint.roles.choose import choose_role
 from entrypoint.run.stop import SayStop, Stop
 from entrypoint.run.supervise import OutputCollector, RunHooks, RunResult, run_processes
@@ -72,22 +72,36 @@ BEFORE_THE_ROLE = (HostState.STARTING, HostState.INSTALLING, HostState.CHECKING,
 
 
 class Host:
-    """The state machine's one value: its state, and what the steps made on the way."""
+    """The state machine's one value, and the one owner of this host's state: the plan and the
+    processes' environment, the stop, the output, the attempt (one number), the current run's
+    supervisor, the report's parts. The role (roles/) holds only what its own launch family adds
+    (its peers, its words) and is handed this value by every lifecycle method, as torch's agent
+    hands its methods the worker group."""
 
     def __init__(self, plan: LaunchPlan, env: dict[str, str], role: HostRole, paths: MlPaths, stop: Stop,
-                 collector: OutputCollector) -> None:
+                 collector: OutputCollector, what: str = "the job", relaunchable: bool = False) -> None:
         self.state = HostState.STARTING
         self.plan = plan
         self.env = env  # the processes' environment (the container's and the plan's)
         self.role = role
+        self.what = what  # the job in a few words, for the log and the outcome
+        self.relaunchable = relaunchable  # a crash may be restarted in place here (restarts.py)
         self.paths = paths
         self.stop = stop  # the job's one stop token (run/stop.py)
         self.collector = collector  # the processes' output: the tail and root causes, for the failure's words
         self.keeper = None  # run/compile_cache.CacheKeeper, once RESTORING made one
         self.ran = False  # RUNNING was reached: the ranks ran (the keeper writes the caches back)
         self.started_at: float | None = None  # when this host's processes began (None: they are not its own)
-        self.run: RunResult | None = None  # the last attempt's
+        self.attempt = 1  # the attempt this host's processes belong to: the one place it is kept
+        self.supervisor = None  # the current run's (run/supervise.Supervisor), once its processes started
+        self.run: RunResult | Outcome | None = None  # the last attempt's
         self.earlier: list[str] = []  # the failures of the attempts restarted so far, in order
+        self.restarts: list[dict] = []  # each failed attempt that was restarted, for the job report
+        self.lost: str | None = None  # why another host was lost during the run
+        self.peer_failed: str | None = None  # a worker host's part failed while this host's ran
+        self.report = None  # this host's part of the job report (jobreport/host.HostReport), when on
+        self.report_notes: list[str] = []  # lines for the job report's notes (the compile cache's)
+        self.resolved = False  # every host's name resolved: from then on the others may wait on this one
         self.outcome: Outcome | None = None
         self.say_stop = SayStop(stop.loop)  # WAITING on: a stop said without "during start-up"
         self.held = HeldProcesses()  # the next attempt's launchers, started ahead (run/held.py)
@@ -96,14 +110,23 @@ class Host:
     def loop(self):
         return self.stop.loop
 
+    def mark(self, phase: str, when: float | None = None) -> None:
+        """A phase of this host's start, run or restart, in the report's timeline."""
+        if self.report is not None:
+            self.report.mark(phase, when)
+
+    def next_attempt(self) -> int:
+        """The next attempt begins: its number, from here on this host's."""
+        self.attempt += 1
+        return self.attempt
 
 class Launch:
     """What cli.main closes once the outcome is written, whatever happened before: this
-    host's role, once chosen, and the job's runtime folders, once made."""
+    host (its role's last steps), once made, and the job's runtime folders, once made."""
 
     def __init__(self, stop: Stop, secrets: tuple[str, ...] = ()) -> None:
         self.stop = stop  # the job's one stop token (run/stop.py)
-        self.role: HostRole | None = None
+        self.host: Host | None = None
         self.folders: tuple[str, ...] = ()
         # What writer.render_reason masks in the outcome: the environment's secrets, then
         # (cli.run, once the plan exists) those of the environment the plan built too.
@@ -112,10 +135,10 @@ class Launch:
     def report(self, outcome: Outcome) -> None:
         """The job report (jobreport/), after the outcome is written: a report that cannot be
         made is logged, never the job's failure."""
-        if self.role is None:
+        if self.host is None:
             return
         try:
-            self.role.job_report(outcome)
+            self.host.role.job_report(self.host, outcome)
         except Exception as exc:  # noqa: BLE001 - the report is a bonus (a stop while finishing cuts it: finishing.py)
             log(f"job report: not written: {type(exc).__name__}: {exc}")
 
@@ -126,21 +149,41 @@ class Launch:
             self.remove_folders()
 
     def close_role(self, outcome: Outcome) -> None:
-        if self.role is not None:
-            self.role.close(outcome)
+        if self.host is not None:
+            self.host.role.close(self.host, outcome)
 
     def remove_folders(self) -> None:
         for folder in self.folders:
             runtime_dirs.remove_job_folder(folder)
 
 
+def build_host(plan: LaunchPlan, paths: MlPaths, environ: dict[str, str], stop: Stop) -> Host:
+    """This host's one value, with the role its launch family names (roles/choose.py)."""
+    env = {**environ, **plan.env_dict}
+    role, what, relaunchable = choose_role(plan)
+    return Host(plan, env, role, paths, stop, OutputCollector(secret_values(env)), what, relaunchable)
+
+
 def run_plan(plan: LaunchPlan, paths: MlPaths, environ: dict[str, str], launch: Launch) -> Outcome:
     """This host's part of the job; returns its outcome, written by the caller."""
-    env = {**environ, **plan.env_dict}
-    collector = OutputCollector(secret_values(env))
-    role = launch.role = choose_role(plan, collector, env, paths, launch.stop)
-    role.start_report()
-    return run_host(Host(plan, env, role, paths, launch.stop, collector))
+    host = launch.host = build_host(plan, paths, environ, launch.stop)
+    start_report(host)
+    return run_host(host)
+
+
+def start_report(host: Host) -> None:
+    """Sampling starts as soon as the plan is decided, so the report shows the start-up too."""
+    if host.plan.report is None:
+        return
+    from entrypoint.jobreport.host import HostReport  # only when the report is on
+
+    try:
+        host.report = HostReport(host.plan.report, host.plan.current_host)
+    except Exception as exc:  # noqa: BLE001 - no report, never a failed job
+        log(f"job report: not started: {type(exc).__name__}: {exc}")
+        return
+    host.collector.on_line = host.report.throughput.take
+    host.role.start_live(host)
 
 
 def run_host(host: Host) -> Outcome:
@@ -151,7 +194,7 @@ def run_host(host: Host) -> Outcome:
     finally:
         end_host(host)
     if host.outcome.exit_code == 0 and host.started_at is not None:
-        log(f"{host.plan.current_host}: {host.role.what} succeeded in {time.monotonic() - host.started_at:.1f} s")
+        log(f"{host.plan.current_host}: {host.what} succeeded in {time.monotonic() - host.started_at:.1f} s")
     return host.outcome
 
 
@@ -167,7 +210,7 @@ def end_host(host: Host) -> None:
         keeper.close()  # no rank ran: nothing new to keep
         return
     keeper.end(host.plan.settings.thread_join_s)
-    host.role.add_report_notes(keeper.lines)
+    host.report_notes.extend(keeper.lines)
 
 
 def end_with(host: Host, outcome: Outcome, then: HostState = HostState.DONE) -> HostState:
@@ -237,13 +280,13 @@ def step_waiting(host: Host) -> HostState:
     if done is not None:
         return done
     host.loop.on({StopRequested: host.say_stop})
-    failed = host.role.start()
+    failed = host.role.start(host)
     if failed is not None:
         return end_with(host, failed)
     done = stopped(host)
     if done is not None:
         return done
-    host.started_at = host.role.begin_running()
+    host.started_at = host.role.begin_running(host)
     host.ran = True
     return HostState.RUNNING
 
@@ -253,22 +296,29 @@ def step_running(host: Host) -> HostState:
     run = host.run = run_attempt(host)
     if isinstance(run, Outcome):  # a part that is not this host's processes (an MPI worker's)
         return end_with(host, run, HostState.SETTLING)
-    role = host.role
-    why_not = role.decide_restart(run, len(host.earlier))
+    why_not = decide_restart(host.relaunchable, host.plan.settings.max_restarts, host.attempt - 1,
+                             build_ending(host, run))
     if why_not is None:
         return HostState.RESTARTING
-    role.end_attempts()
-    return end_with(host, build_run_outcome(role, run, host.earlier), HostState.SETTLING)
+    host.role.end_attempts(host)
+    return end_with(host, build_run_outcome(host, run), HostState.SETTLING)
+
+
+def build_ending(host: Host, run: RunResult) -> RunEnding:
+    """How a run ended, as decide_restart reads it: with another host lost or failed, too."""
+    return RunEnding(run.exit_code, run.stopped_by, run.launch_error, host.lost or host.peer_failed)
 
 
 def run_attempt(host: Host) -> RunResult | Outcome:
-    keeper, plan, restarted = host.keeper, host.plan, len(host.earlier)
+    """One attempt: the role runs it (roles/base.py) with the run's settings made here."""
+    keeper, plan, restarted = host.keeper, host.plan, host.attempt - 1
     # What the next attempt would start, while a restart is left: its launchers may be started
     # ahead during this one (run/held.py).
-    host.held.expect(Next(build_attempt_processes(plan.processes, restarted + 2), host.env, plan.cwd)
+    host.held.expect(Next(build_attempt_processes(plan.processes, host.attempt + 1), host.env, plan.cwd)
                      if restarted < plan.settings.max_restarts else None)
-    return host.role.run_attempt(host.env, build_stop_at(plan), keeper.note_stop if keeper is not None else None,
-                                 host.held)
+    hooks = RunHooks(plan.settings, plan.current_host, plan.settings.hang_timeout_s, stop_at=build_stop_at(plan),
+                     on_stopping=keeper.note_stop if keeper is not None else None, held=host.held)
+    return host.role.run_attempt(host, hooks)
 
 
 def step_restarting(host: Host) -> HostState:
@@ -278,16 +328,17 @@ def step_restarting(host: Host) -> HostState:
     cause = first_root_cause(host.collector.root_causes)
     summary = describe_root_cause(cause) if cause else describe_exit_code(run.exit_code, run.oom_kills,
                                                                            signaled=run.signaled)
-    why_not = role.restart(build_restart_line(len(host.earlier), plan.settings.max_restarts, role.what, run.exit_code,
-                                              summary), run.exit_code, summary, cause.time if cause else time.time())
+    note_restart(host, run.exit_code, summary, cause.time if cause else time.time())
+    why_not = role.restart(host, build_restart_line(host.attempt - 1, plan.settings.max_restarts, host.what,
+                                                    run.exit_code, summary))
     if why_not is not None and host.loop.stopped():
-        role.end_attempts()
+        role.end_attempts(host)
         return end_with(host, build_stop_outcome(host.state, host.loop.stop_signum, host.earlier + [summary]),
                         HostState.SETTLING)
     if why_not is not None:
         log(f"{plan.current_host}: not started again: {why_not}")
-        role.end_attempts()
-        return end_with(host, build_run_outcome(role, run, host.earlier), HostState.SETTLING)
+        role.end_attempts(host)
+        return end_with(host, build_run_outcome(host, run), HostState.SETTLING)
     host.earlier.append(summary)
     # The next attempt's failure, if any, is reported on its own: what this one printed
     # stays in the log, and a failure file the script wrote is not the job's outcome.
@@ -296,8 +347,16 @@ def step_restarting(host: Host) -> HostState:
     return HostState.RUNNING
 
 
+def note_restart(host: Host, exit_code: int, cause: str, failed_at: float) -> None:
+    """A failed attempt that may be started again: its end in the report's timeline and its cost
+    (failed_at, epoch s: its first root cause, or its processes' end) in report.json."""
+    host.mark(f"attempt {host.attempt} failed (exit code {exit_code})", failed_at)
+    host.restarts.append({"attempt": host.attempt, "exit_code": exit_code, "cause": cause, "failed": failed_at,
+                          "next_started": None})
+
+
 def step_settling(host: Host) -> HostState:
-    return end_with(host, host.role.settle(host.outcome))
+    return end_with(host, host.role.settle(host, host.outcome))
 
 
 STEPS = {HostState.STARTING: step_starting, HostState.INSTALLING: step_installing,
@@ -325,9 +384,8 @@ def start_compile_cache(host: Host):
             env.pop(name, None)
         env.update(plan_env)
         host.plan = plan._replace(env=tuple(plan_env.items()), compile_cache=keeper.cache)
-        host.role.use_plan(host.plan)
     if plan.compile_cache.archive is not None:  # a phase of its own only where archives are unpacked
-        host.role.mark("compile cache restored")
+        host.mark("compile cache restored")
     return keeper
 
 
@@ -356,7 +414,7 @@ def run_install_steps(host: Host) -> Outcome | None:
         if run.launch_error:
             return Outcome(run.exit_code, f"{what}: {run.launch_error}")
         if run.exit_code != 0:
-            return Outcome(run.exit_code, host.role.describe_failure(what, run))
+            return Outcome(run.exit_code, describe_host_failure(host, what, run))
     return None
 
 
@@ -377,7 +435,8 @@ def build_stop_at(plan: LaunchPlan) -> tuple[float, str] | None:
                                                          settings.grace_period_s)
 
 
-def build_run_outcome(role: HostRole, run: RunResult, earlier: list[str]) -> Outcome:
+def build_run_outcome(host: Host, run: RunResult) -> Outcome:
+    what, earlier = host.what, host.earlier
     if run.stopped_by and not run.started:  # none of this attempt's processes ran: the stop's outcome
         return build_stop_outcome(HostState.RUNNING, run.stopped_by, earlier)
     if run.stop_reason and not run.launch_error:
@@ -387,9 +446,9 @@ def build_run_outcome(role: HostRole, run: RunResult, earlier: list[str]) -> Out
         if run.exit_code == 0:
             log(f"{run.stop_reason.splitlines()[0]} The processes ended with exit code 0 after the stop.")
             return SUCCESS
-        return Outcome(run.exit_code, f"{run.stop_reason}\n\n{role.describe_failure(role.what, run)}")
+        return Outcome(run.exit_code, f"{run.stop_reason}\n\n{describe_host_failure(host, what, run)}")
     if run.launch_error:
-        return Outcome(run.exit_code, f"{role.what}: {run.launch_error}")
+        return Outcome(run.exit_code, f"{what}: {run.launch_error}")
     if run.exit_code != 0:
-        return Outcome(run.exit_code, describe_job_failure(role.describe_failure(role.what, run), run.hang, earlier))
+        return Outcome(run.exit_code, describe_job_failure(describe_host_failure(host, what, run), run.hang, earlier))
     return SUCCESS

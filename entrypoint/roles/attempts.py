@@ -16,8 +16,10 @@ A word about another attempt than the one a host is in is stale: dropped. So a r
 attempt N never meets a peer of attempt N-1: when any host starts N, no process of N-1 is
 left on any host.
 
-AttemptBoard is the attempt's state: the role's handlers of these words (on the host's loop,
-main thread) change it, and its waits between attempts are the loop's (roles/job_port.py).
+AttemptBoard is what was heard about the attempt this host is in (its number is the host's,
+orchestrate.Host.attempt, handed to each call): the role's handlers of these words (on the
+host's loop, main thread) change it, and its waits between attempts are the loop's
+(roles/job_port.py).
 """
 
 from __future__ import annotations
@@ -36,10 +38,9 @@ class Taken(enum.Enum):
 
 
 class AttemptBoard:
-    """The attempt this host is in and the words heard about it (main thread only)."""
+    """The words heard about the attempt this host is in (main thread only)."""
 
     def __init__(self) -> None:
-        self.attempt = 1
         self.ended: dict[str, int] = {}  # the leader's: worker -> how its processes of this attempt ended
         self.word: AttemptWord | None = None  # a worker's: the leader's word on what follows this attempt
         self.running = False  # this attempt's processes started
@@ -47,26 +48,27 @@ class AttemptBoard:
         self.next_stop_why: str | None = None  # the same for the next attempt, heard before it began
         self.over = False  # the leader's: no attempt follows this one
 
-    def take_ended(self, word: AttemptWord) -> Taken:
-        """The leader's: a worker's `ended`."""
-        if word.attempt != self.attempt:
+    def take_ended(self, word: AttemptWord, attempt: int) -> Taken:
+        """The leader's, in attempt: a worker's `ended`."""
+        if word.attempt != attempt:
             return Taken.STALE
         self.ended.setdefault(word.host, word.exit_code)
         return Taken.OVER if self.over else Taken.TAKEN
 
-    def take_leader_word(self, word: AttemptWord) -> str | None:
-        """A worker's: the leader's `stop`, `start` or `end`. Why this attempt's run must stop
-        now, when the word says so; None otherwise (a word about another attempt is dropped)."""
-        if word.word is Word.START and word.attempt == self.attempt + 1 or \
-                word.word is Word.END and word.attempt == self.attempt:
+    def take_leader_word(self, word: AttemptWord, attempt: int) -> str | None:
+        """A worker's, in attempt: the leader's `stop`, `start` or `end`. Why this attempt's run
+        must stop now, when the word says so; None otherwise (a word about another attempt is
+        dropped)."""
+        if word.word is Word.START and word.attempt == attempt + 1 or \
+                word.word is Word.END and word.attempt == attempt:
             self.word = self.word or word
             return None
         why = f"the leader stops attempt {word.attempt} to start the job again"
         if word.word is Word.STOP and self.word is not None and word.attempt == self.word.attempt == \
-                self.attempt + 1 and self.word.word is Word.START:
+                attempt + 1 and self.word.word is Word.START:
             self.next_stop_why = why  # the attempt it just said to start failed already
             return None
-        return why if word.word is Word.STOP and word.attempt == self.attempt else None
+        return why if word.word is Word.STOP and word.attempt == attempt else None
 
     def stop(self, why: str) -> None:
         """This attempt's run ends: now (the caller stops it) or once its processes start."""
@@ -77,9 +79,7 @@ class AttemptBoard:
         self.running = True
         return self.stop_why
 
-    def next(self) -> int:
+    def next(self) -> None:
         """The next attempt begins: what was heard about this one is forgotten."""
-        self.attempt += 1
         self.ended, self.word, self.running = {}, None, False
         self.stop_why, self.next_stop_why = self.next_stop_why, None
-        return self.attempt

@@ -12,9 +12,9 @@ from entrypoint.decide.plan import LaunchPlan
 from entrypoint.roles.base import HostRole
 
 
-def choose_role(plan: LaunchPlan, collector, env: dict[str, str], paths, stop) -> HostRole:
+def choose_role(plan: LaunchPlan) -> tuple[HostRole, str, bool]:
+    """This host's role, the job in a few words, and whether a crash may be restarted in place."""
     family = find_family_of_role(plan.role)
     module, name, options = family.decide_role(plan)
     role_class = getattr(importlib.import_module(module), name)
-    return role_class(plan, collector, env, paths, stop, family.describe(plan), family.decide_relaunched(plan),
-                      **options)
+    return role_class(**options), family.describe(plan), family.decide_relaunched(plan)

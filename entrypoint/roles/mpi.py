@@ -33,8 +33,8 @@ from dataclasses import dataclass
 
 from entrypoint.decide.plan import LaunchPlan
 from entrypoint.hosts import job_port, ssh
-from entrypoint.hosts.job_port import (Ask, FollowRanks, HostFigures, JobOutcome, LeaderAsk, MpiReady, PeerKeys,
-                                       PeerLost, PeerWatch)
+from entrypoint.hosts.job_port import (Ask, FollowRanks, HostFigures, HostLive, JobOutcome, LeaderAsk, MpiReady,
+                                       PeerKeys, PeerLost, PeerWatch)
 from entrypoint.hosts.net import can_connect, resolve_addresses
 from entrypoint.log import log
 from entrypoint.loop import Burst, StacksRequested, Waited
@@ -42,7 +42,8 @@ from entrypoint.outcome.hosts import describe_job_outcome, describe_worker_failu
 from entrypoint.outcome.records import SUCCESS, Outcome
 from entrypoint.outcome.stops import decide_stop_exit_code
 from entrypoint.outcome.writer import load_failure_file, render_reason
-from entrypoint.roles.job_port import NOBODY_WAITS, JobPortRole
+from entrypoint.roles.base import HostRole, begin_run, write_job_report
+from entrypoint.roles.peers import Peers, start_problem, take_worker_figures, take_worker_live
 from entrypoint.run import processes
 
 # Every host's key in messages of at most this many (PEER-KEYS): ~130 bytes each, so one
@@ -119,158 +120,174 @@ def forward_stop_to_ranks(signal_name: str, log) -> None:
     log(f"forwarded {signal_name} to {len(groups)} rank(s) on this host")
 
 
-class MpiRole(JobPortRole):
-    """What both MPI hosts share: the job port (opened by JobPortRole.start_beside, signed with
-    the plan's job_key), this host's fresh key and SSH configuration, and its environment for
-    the ranks mpirun starts here."""
-
-    def start_beside(self) -> Outcome | None:
-        problem = super().start_beside()
-        if problem is not None:
-            return problem
-        files = self.plan.files.ssh
-        ssh.write_host_key_and_configs(files, self.plan.settings.ssh_port)
-        write_host_env(self.plan)
-        return self.start_ssh()
-
-    def start_ssh(self) -> Outcome | None:
-        return None
+def prepare_mpi_host(host) -> None:
+    """What both MPI hosts make once the job port is open: this host's fresh key and SSH
+    configuration, and its environment for the ranks mpirun starts here."""
+    ssh.write_host_key_and_configs(host.plan.files.ssh, host.plan.settings.ssh_port)
+    write_host_env(host.plan)
 
 
-class MpiLeader(MpiRole):
-    def __init__(self, *args) -> None:
-        super().__init__(*args)
+class MpiLeader(HostRole):
+    """start: every worker's key, then every host's to every worker, then their trust; run:
+    mpirun; close: the outcome to every worker."""
+
+    def __init__(self) -> None:
+        self.peers = Peers()
         self.keys: dict[str, str] = {}  # each worker's public key, from its MPI-READY
         self.trusted: set[str] = set()  # the workers that authorized every host's key
         self.ready = False  # every worker trusts every host: mpirun may start
+        self.worker_figures: dict[str, dict] = {}  # each worker's figures, as they arrive
 
-    def start_ssh(self) -> Outcome | None:
+    def start(self, host) -> Outcome | None:
+        return self.peers.start(host, self.take_words, self.start_ssh)
+
+    def take_words(self, host) -> None:
+        peers = self.peers
+        host.loop.on({MpiReady: self.on_ready,
+                      HostFigures: lambda figures: take_worker_figures(host, peers, self.worker_figures, figures),
+                      HostLive: lambda live: take_worker_live(host, peers, live)})
+
+    def start_ssh(self, host) -> Outcome | None:
         """Every worker's key (MPI-READY), then every host's to every worker (PEER-KEYS), then
         every worker's word that it trusts them: within BYOC_PEER_WAIT_TIMEOUT_S."""
-        plan, settings = self.plan, self.plan.settings
-        self.loop.on({MpiReady: self.on_ready})
+        plan, settings = host.plan, host.plan.settings
+        prepare_mpi_host(host)
         workers = list(plan.peers)
         started = time.monotonic()
         deadline = started + settings.peer_wait_timeout_s
         log(f"waiting for {len(workers)} worker(s) to serve SSH")
-        problem = self.wait_for_workers_to(lambda h: h in self.keys, "say they serve SSH", deadline)
+        problem = self.wait_for_workers_to(host, lambda h: h in self.keys, "say they serve SSH", deadline)
         if problem is None:
             keys = [(plan.current_host, tuple(resolve_addresses(plan.current_host)), ssh.public_key(plan.files.ssh)),
-                    *((h, tuple(self.peer_addresses(h)), self.keys[h]) for h in workers)]
+                    *((h, tuple(self.peers.peer_addresses(h)), self.keys[h]) for h in workers)]
             ssh.write_job_keys(plan.files.ssh, keys, settings.ssh_port, authorized=())
-            parts = build_key_parts(keys)
-            for part in parts:
-                taken = self.send_to_each_host(workers, lambda _h, part=part: part, settings.peer_wait_timeout_s)
+            for part in build_key_parts(keys):
+                taken = self.peers.send_to_each_host(host, workers, lambda _h, part=part: part,
+                                                     settings.peer_wait_timeout_s)
                 missed = [h for h in workers if not taken.get(h)]
                 if missed:
                     problem = f"host(s) {', '.join(missed)} could not be sent the job's SSH keys"
                     break
         if problem is None:
-            problem = self.wait_for_workers_to(lambda h: h in self.trusted, "trust the job's SSH keys", deadline)
+            problem = self.wait_for_workers_to(host, lambda h: h in self.trusted, "trust the job's SSH keys", deadline)
         if problem is not None:
-            return self.start_problem(problem, self.loop.stop_name)
+            return start_problem(host, problem, host.loop.stop_name)
         self.ready = True
         log(f"every worker is ready ({len(workers)} host(s), {time.monotonic() - started:.2f} s)")
         return None
 
-    def wait_for_workers_to(self, done, what: str, deadline: float) -> str | None:
+    def wait_for_workers_to(self, host, done, what: str, deadline: float) -> str | None:
         """Until done(host) for every worker: None, or why not (a stop, the deadline)."""
-        workers = self.plan.peers  # a property that builds the tuple: once, not at every event
-        waited = self.loop.wait(lambda: all(done(h) for h in workers), deadline)
+        workers = host.plan.peers  # a property that builds the tuple: once, not at every event
+        waited = host.loop.wait(lambda: all(done(h) for h in workers), deadline)
         if waited is Waited.DONE:
             return None
-        if self.loop.stopped():
-            return f"stopped by {self.loop.stop_name} while waiting for the workers to {what}"
+        if host.loop.stopped():
+            return f"stopped by {host.loop.stop_name} while waiting for the workers to {what}"
         pending = [h for h in workers if not done(h)]
-        return (f"host(s) {', '.join(pending)} did not {what} within {self.plan.settings.peer_wait_timeout_s:g} s "
+        return (f"host(s) {', '.join(pending)} did not {what} within {host.plan.settings.peer_wait_timeout_s:g} s "
                 f"(BYOC_PEER_WAIT_TIMEOUT_S)")
 
     def on_ready(self, ready: MpiReady) -> None:
-        host = ready.host
-        if ready.sender not in self.peer_addresses(host):  # no addresses: not one of this leader's workers
-            self.refuse(ready.sender, f"an MPI worker's readiness for {host!r}: not one of this leader's workers")
+        worker = ready.host
+        if not self.peers.is_from(ready.sender, worker):  # no addresses: not one of this leader's workers
+            self.peers.refuse(ready.sender, f"an MPI worker's readiness for {worker!r}: not one of this leader's "
+                                            f"workers")
             return
         if ready.trusted:
-            if self.keys.get(host) == ready.public_key:
-                self.trusted.add(host)
+            if self.keys.get(worker) == ready.public_key:
+                self.trusted.add(worker)
             return
-        self.keys.setdefault(host, ready.public_key)  # the first key stands: a replay cannot change it
+        self.keys.setdefault(worker, ready.public_key)  # the first key stands: a replay cannot change it
 
-    def start_watches(self) -> list[PeerWatch]:
-        plan, settings = self.plan, self.plan.settings
+    def start_watches(self, host) -> list[PeerWatch]:
+        plan, settings = host.plan, host.plan.settings
         # seen_at_start: every worker has just said it is ready.
         return [PeerWatch(plan.peers, settings.job_port, settings.host_lost_timeout_s, settings.peer_wait_timeout_s,
-                          self.loop.post, seen_at_start=True, settings=settings, job_hosts=len(plan.hosts))]
+                          host.loop.post, seen_at_start=True, settings=settings, job_hosts=len(plan.hosts))]
 
-    def before_processes_start(self, supervisor) -> None:
+    def build_run_hooks(self, host, hooks):
+        """mpirun's run: a SIGUSR1 or a hang asks every worker's ranks too (ask_other_hosts), and
+        each run's workers stream their ranks' lines here (before_start)."""
+        return super().build_run_hooks(host, hooks)._replace(
+            ask_other_hosts=lambda: self.ask_other_hosts(host),
+            before_start=lambda supervisor: self.follow_worker_output(host, supervisor))
+
+    def on_processes_started(self, host, supervisor) -> None:
+        begin_run(host, supervisor)
+        self.peers.watch(host, supervisor, self.start_watches)
+
+    def follow_worker_output(self, host, supervisor) -> None:
         """Each run's workers stream their ranks' files here from before mpirun starts to after
         it ended (hosts/worker_output.py): their lines then count here as this host's ranks' do."""
-        folder = self.plan.processes[0].rank_output if self.plan.processes else ""
-        if folder and self.plan.peers:
+        plan = host.plan
+        folder = plan.processes[0].rank_output if plan.processes else ""
+        if folder and plan.peers:
             from entrypoint.hosts.worker_output import start_worker_output
 
             sinks = {"stdout": sys.stdout.buffer, "stderr": sys.stderr.buffer}
-            addresses = {host: frozenset(self.peer_addresses(host)) for host in self.plan.peers}
-            supervisor.followers.append(start_worker_output(self.plan, self.collector, self.loop, sinks, log,
-                                                            self.ask_each_worker, addresses, self.job_key))
+            addresses = {peer: frozenset(self.peers.peer_addresses(peer)) for peer in plan.peers}
+            ask = lambda message_of, within_s: self.peers.send_to_each_host(host, plan.peers, message_of,  # noqa: E731
+                                                                            within_s)
+            supervisor.add_follower(start_worker_output(plan, host.collector, host.loop, sinks, log, ask, addresses,
+                                                        self.peers.key))
 
-    def ask_each_worker(self, message_of, within_s: float) -> dict[str, bool]:
-        return self.send_to_each_host(self.plan.peers, message_of, within_s)
-
-    def ask_other_hosts(self) -> None:
+    def ask_other_hosts(self, host) -> None:
         """Each worker's entrypoint (LEADER-ASK) has its ranks print their stacks, which reach
-        this host's log through their rank-output streams (hosts/worker_output.py), or
-        mpirun's own forwarding under a user's output option. Sent off the loop, to every
-        worker at once; nobody waits for it."""
-        plan = self.plan
-        job_port.send_to_each(plan.peers, plan.settings.job_port, self.job_key, lambda _h: LeaderAsk(Ask.STACKS),
-                              plan.settings.host_done_failed_send_s, self.loop, NOBODY_WAITS, plan.settings)
+        this host's log through their rank-output streams (hosts/worker_output.py), or mpirun's
+        own forwarding under a user's output option. Sent off the loop, to every worker at once;
+        nobody waits for it."""
+        self.peers.send_off_the_loop(host, host.plan.peers, lambda _h: LeaderAsk(Ask.STACKS),
+                                     host.plan.settings.host_done_failed_send_s)
 
-    def job_report(self, outcome: Outcome) -> None:
+    def job_report(self, host, outcome: Outcome) -> None:
         """The workers' figures (LEADER-ASK figures, each answering with HOST-FIGURES), while
         they still serve: before close tells them the outcome. Not when the workers were never
         all ready or one was lost; a bounded wait (settings.report_wait_s) for the rest."""
-        if self.report_part is None:
+        if host.report is None:
             return
-        plan, settings = self.plan, self.plan.settings
-        if self.ready and self.lost is None and plan.peers:
-            self.send_to_each_host(plan.peers, lambda _h: LeaderAsk(Ask.FIGURES), settings.host_done_failed_send_s)
-            self.loop.wait(lambda: all(h in self.worker_figures for h in plan.peers),
+        plan, settings = host.plan, host.plan.settings
+        if self.ready and host.lost is None and plan.peers:
+            self.peers.send_to_each_host(host, plan.peers, lambda _h: LeaderAsk(Ask.FIGURES),
+                                         settings.host_done_failed_send_s)
+            host.loop.wait(lambda: all(h in self.worker_figures for h in plan.peers),
                            time.monotonic() + settings.report_wait_s)
-        self.write_job_report(outcome, dict(self.worker_figures))
+        write_job_report(host, outcome, dict(self.worker_figures))
 
-    def close(self, outcome: Outcome) -> None:
+    def close(self, host, outcome: Outcome) -> None:
         """The outcome is written here first: a worker exits as soon as it has the outcome, and
         SDK v2 local mode then stops this container. Workers are told what this host reports:
         the script's own failure file if it wrote one, else ours."""
-        self.close_watches()
+        self.peers.close_watches()
         try:
-            if self.resolved and self.port is not None:
-                reason = (load_failure_file(self.paths) or outcome.reason) if outcome.exit_code else None
-                self.tell_workers(outcome.exit_code, render_reason(reason, self.collector.secrets) if reason else "")
+            if host.resolved and self.peers.port is not None:
+                reason = (load_failure_file(host.paths) or outcome.reason) if outcome.exit_code else None
+                self.tell_workers(host, outcome.exit_code,
+                                  render_reason(reason, host.collector.secrets) if reason else "")
         finally:
-            ssh.remove_private_key(self.plan.files.ssh)
-            super().close(outcome)
+            ssh.remove_private_key(host.plan.files.ssh)
+            self.peers.close()
 
-    def tell_workers(self, exit_code: int, report: str) -> None:
-        """The outcome to every worker at once, each tried until its deadline; one that cannot
-        be told is named (it notices this host go)."""
-        settings = self.plan.settings
+    def tell_workers(self, host, exit_code: int, report: str) -> None:
+        """The outcome to every worker at once, each tried until its deadline; one that cannot be
+        told is named (it notices this host go)."""
+        settings = host.plan.settings
         message = job_port.build_job_outcome(exit_code, report)
-        taken = self.send_to_each_host(self.plan.peers, lambda _h: message,
-                                       settings.host_done_send_s if exit_code == 0 else settings.host_done_failed_send_s)
-        for host in self.plan.peers:
-            if not taken.get(host):
-                log(f"could not tell {host} the outcome (it has ended, or is unreachable)")
+        taken = self.peers.send_to_each_host(host, host.plan.peers, lambda _h: message,
+                                             settings.host_done_send_s if exit_code == 0 else
+                                             settings.host_done_failed_send_s)
+        for peer in host.plan.peers:
+            if not taken.get(peer):
+                log(f"could not tell {peer} the outcome (it has ended, or is unreachable)")
 
 
-class MpiWorker(MpiRole):
+class MpiWorker(HostRole):
     """start: serve SSH with every host's key authorized (from the leader, on the job port);
     run: until the leader's outcome (mpirun on the leader starts this host's ranks over SSH);
     close: stop sshd."""
 
-    def __init__(self, *args) -> None:
-        super().__init__(*args)
+    def __init__(self) -> None:
+        self.peers = Peers()
         self.sshd: subprocess.Popen | None = None
         self.stack_requests = Burst()  # the leader's asks: a burst asks the ranks once
         self.key_parts: dict[int, tuple] = {}  # PEER-KEYS so far: part -> its keys
@@ -278,131 +295,140 @@ class MpiWorker(MpiRole):
         self.told: WorkerOutcome | None = None  # the leader's JOB-OUTCOME
         self.rank_stream = None  # run/rank_stream.RankStream: this run's ranks' lines to the leader
 
-    def start_live(self) -> None:
+    def start_live(self, host) -> None:
         """None here: an MPI worker's figures reach the leader at the end only."""
 
-    def start(self) -> Outcome | None:
-        log(f"{self.plan.current_host}: MPI worker for the leader {self.plan.leader}")
-        return super().start()
+    def start(self, host) -> Outcome | None:
+        log(f"{host.plan.current_host}: MPI worker for the leader {host.plan.leader}")
+        return self.peers.start(host, self.take_words, self.start_ssh)
 
-    def start_ssh(self) -> Outcome | None:
+    def take_words(self, host) -> None:
+        host.loop.on({PeerKeys: lambda keys: self.on_keys(host, keys),
+                      LeaderAsk: lambda asked: self.on_leader_asked(host, asked),
+                      JobOutcome: lambda told: self.on_outcome(host, told),
+                      FollowRanks: lambda asked: self.on_follow_ranks(host, asked)})
+
+    def start_ssh(self, host) -> Outcome | None:
         """Serve SSH, tell the leader this host's key, and authorize every host's once the
         leader sends them: (None), or why this host's part ended before it began."""
-        plan, settings = self.plan, self.plan.settings
-        self.loop.on({PeerKeys: self.on_keys, LeaderAsk: self.on_leader_asked, JobOutcome: self.on_outcome,
-                      FollowRanks: self.on_follow_ranks})
+        plan, settings = host.plan, host.plan.settings
+        prepare_mpi_host(host)
         processes.become_subreaper()
         self.sshd = start_sshd(plan.files.ssh)
-        not_serving = self.wait_for_sshd()
+        not_serving = self.wait_for_sshd(host)
         if not_serving is not None:
-            return self.ended_before_start(not_serving)
+            return self.ended_before_start(host, not_serving)
         key = ssh.public_key(plan.files.ssh)
-        if not self.send(plan.leader, MpiReady(plan.current_host, key), settings.peer_wait_timeout_s, until_open=True):
-            return self.ended_before_start(f"the leader {plan.leader} did not answer on its job port (port "
-                                           f"{settings.job_port}) within {settings.peer_wait_timeout_s:g} s "
-                                           f"(BYOC_PEER_WAIT_TIMEOUT_S)")
+        if not self.peers.send(host, plan.leader, MpiReady(plan.current_host, key), settings.peer_wait_timeout_s,
+                               until_open=True):
+            return self.ended_before_start(host, f"the leader {plan.leader} did not answer on its job port (port "
+                                                 f"{settings.job_port}) within {settings.peer_wait_timeout_s:g} s "
+                                                 f"(BYOC_PEER_WAIT_TIMEOUT_S)")
         # The leader took our key, so its own wait for the workers began before now and ends by
         # now + BYOC_PEER_WAIT_TIMEOUT_S; then it sends the keys, or why it gives up, within
         # host_done_failed_send_s. Waiting that long, this host never gives up first.
         deadline = time.monotonic() + settings.peer_wait_timeout_s + settings.host_done_failed_send_s
-        waited = self.loop.wait(lambda: self.told is not None or self.has_every_key(), deadline)
+        waited = host.loop.wait(lambda: self.told is not None or self.has_every_key(), deadline)
         if self.told is not None:
-            return self.build_outcome(self.told)
+            return self.build_outcome(host, self.told)
         if waited is not Waited.DONE:
-            return self.ended_before_start(f"the leader {plan.leader} did not send the job's SSH keys within "
-                                           f"{settings.peer_wait_timeout_s:g} s (BYOC_PEER_WAIT_TIMEOUT_S)")
+            return self.ended_before_start(host, f"the leader {plan.leader} did not send the job's SSH keys within "
+                                                 f"{settings.peer_wait_timeout_s:g} s (BYOC_PEER_WAIT_TIMEOUT_S)")
         # The leader's addresses as this host resolves them (its words came from one of them),
         # not as the leader resolved its own name: that may be a loopback address of its own.
-        leader = tuple(self.peer_addresses(plan.leader))
-        keys = [(host, leader if host == plan.leader and leader else addresses, key)
-                for part in sorted(self.key_parts) for host, addresses, key in self.key_parts[part]]
+        leader = tuple(self.peers.peer_addresses(plan.leader))
+        keys = [(peer, leader if peer == plan.leader and leader else addresses, key)
+                for part in sorted(self.key_parts) for peer, addresses, key in self.key_parts[part]]
         ssh.write_job_keys(plan.files.ssh, keys, settings.ssh_port, authorized=set(plan.hosts) - {plan.current_host})
-        if not self.send(plan.leader, MpiReady(plan.current_host, key, True), settings.peer_wait_timeout_s):
-            return self.ended_before_start(f"the leader {plan.leader} could not be told this host trusts the job's "
-                                           f"SSH keys")
+        if not self.peers.send(host, plan.leader, MpiReady(plan.current_host, key, True), settings.peer_wait_timeout_s):
+            return self.ended_before_start(host, f"the leader {plan.leader} could not be told this host trusts the "
+                                                 f"job's SSH keys")
         log(f"serving SSH to the leader {plan.leader} and {len(keys) - 2} other host(s)"
             if len(keys) > 2 else f"serving SSH to the leader {plan.leader}")
         return None
 
-    def wait_for_sshd(self) -> str | None:
+    def wait_for_sshd(self, host) -> str | None:
         """Until this host's sshd accepts connections: only then may the leader hear that it
         serves (sshd binds its port a moment after it starts: a session opened before is
         refused). None, or why not (a stop says None: the caller words it)."""
-        settings = self.plan.settings
+        settings = host.plan.settings
         deadline = time.monotonic() + settings.peer_wait_timeout_s
         while not can_connect("127.0.0.1", settings.ssh_port, settings.peer_probe_timeout_s):
             if self.sshd.poll() is not None:
                 return (f"sshd exited with code {self.sshd.returncode} before it served "
-                        f"(its log: {os.path.join(self.plan.files.ssh.folder, 'sshd.log')})")
+                        f"(its log: {os.path.join(host.plan.files.ssh.folder, 'sshd.log')})")
             if time.monotonic() >= deadline:
                 return f"sshd did not serve on port {settings.ssh_port} within {settings.peer_wait_timeout_s:g} s"
-            if not self.loop.pause(settings.wait_poll_s):
+            if not host.loop.pause(settings.wait_poll_s):
                 return "stopped"
         return None
 
-    def ended_before_start(self, why: str) -> Outcome:
-        if self.loop.stopped():
-            return self.build_outcome(WorkerOutcome(decide_stop_exit_code(self.loop.stop_signum), f"stopped by {self.loop.stop_name} "
-                                                    f"before the leader {self.plan.leader} started"))
-        return self.build_outcome(WorkerOutcome(1, why))
+    def ended_before_start(self, host, why: str) -> Outcome:
+        loop = host.loop
+        if loop.stopped():
+            return self.build_outcome(host, WorkerOutcome(decide_stop_exit_code(loop.stop_signum),
+                                                          f"stopped by {loop.stop_name} before the leader "
+                                                          f"{host.plan.leader} started"))
+        return self.build_outcome(host, WorkerOutcome(1, why))
 
-    def from_leader(self, sender: str, what: str) -> bool:
-        if sender in self.peer_addresses(self.plan.leader):
+    def from_leader(self, host, sender: str, what: str) -> bool:
+        if self.peers.is_from(sender, host.plan.leader):
             return True
-        self.refuse(sender, f"{what}: not from this host's leader")
+        self.peers.refuse(sender, f"{what}: not from this host's leader")
         return False
 
     def has_every_key(self) -> bool:
         return self.key_parts_expected > 0 and len(self.key_parts) == self.key_parts_expected
 
-    def on_keys(self, keys: PeerKeys) -> None:
-        if not self.from_leader(keys.sender, "the job's SSH keys") or keys.part in self.key_parts:
+    def on_keys(self, host, keys: PeerKeys) -> None:
+        if not self.from_leader(host, keys.sender, "the job's SSH keys") or keys.part in self.key_parts:
             return
         self.key_parts_expected = keys.parts
         self.key_parts[keys.part] = keys.keys
 
-    def on_outcome(self, told: JobOutcome) -> None:
-        if self.told is None and self.from_leader(told.sender, "the job's outcome"):
+    def on_outcome(self, host, told: JobOutcome) -> None:
+        if self.told is None and self.from_leader(host, told.sender, "the job's outcome"):
             self.told = WorkerOutcome(told.exit_code, None, (told.report or None) if told.exit_code else None)
 
-    def begin_running(self) -> None:
+    def begin_running(self, host) -> None:
         """Nothing to say: this host's ranks are mpirun's, started from the leader (no success
         line of its own either: the leader reports the job's)."""
         return None
 
-    def run_attempt(self, env: dict[str, str], stop_at, on_stopping, held=None) -> Outcome:
+    def run_attempt(self, host, hooks) -> Outcome:
         """Not the plan's processes: serve SSH until the leader's outcome; a stop goes to this
-        host's ranks; a SIGUSR1 here, or the leader's ask (on_leader_asked), asks them for their stacks."""
-        handlers = self.loop.on({StacksRequested: lambda event: self.ask_ranks_for_stacks(event.at)})
+        host's ranks; a SIGUSR1 here, or the leader's ask (on_leader_asked), asks them for their
+        stacks."""
+        handlers = host.loop.on({StacksRequested: lambda event: self.ask_ranks_for_stacks(host, event.at)})
         try:
-            return self.build_outcome(self.wait_for_outcome())
+            return self.build_outcome(host, self.wait_for_outcome(host))
         finally:
-            self.loop.off(handlers)
+            host.loop.off(handlers)
 
-    def wait_for_outcome(self) -> WorkerOutcome:
-        plan, settings = self.plan, self.plan.settings
+    def wait_for_outcome(self, host) -> WorkerOutcome:
+        plan, settings = host.plan, host.plan.settings
         lost: list[str] = []  # the PeerWatch's PeerLost, taken on the loop
-        handlers = self.loop.on({PeerLost: lambda event: lost.append(event.reason)})
+        handlers = host.loop.on({PeerLost: lambda event: lost.append(event.reason)})
         watch = PeerWatch([plan.leader], settings.job_port, settings.host_lost_timeout_s, settings.host_lost_timeout_s,
-                          self.loop.post, seen_at_start=True, settings=settings, job_hosts=len(plan.hosts))
+                          host.loop.post, seen_at_start=True, settings=settings, job_hosts=len(plan.hosts))
         try:
-            outcome = self.serve_until_outcome(lost)
+            outcome = self.serve_until_outcome(host, lost)
         finally:
             watch.close()
-            self.loop.off(handlers)
+            host.loop.off(handlers)
         if outcome.reason is None:
             # mpirun has ended before the leader tells the outcome; the SSH sessions of this
             # host's daemon (its parent's, and its own to its children) may still be closing.
             processes.wait_for_descendants_to_end(self.sshd.pid, settings.ssh_session_close_wait_s, settings.wait_poll_s)
         return outcome
 
-    def serve_until_outcome(self, lost: list[str]) -> WorkerOutcome:
-        plan, settings, sshd = self.plan, self.plan.settings, self.sshd
+    def serve_until_outcome(self, host, lost: list[str]) -> WorkerOutcome:
+        plan, settings, sshd, loop = host.plan, host.plan.settings, self.sshd, host.loop
         stopping, stop_deadline = None, None
         while self.told is None:
             now = time.monotonic()
             if stopping is None:
-                stopping = self.loop.stop_name
+                stopping = loop.stop_name
                 if stopping is None and plan.capacity_stop_at is not None and time.time() >= plan.capacity_stop_at:
                     log(f"{plan.current_host}: stopping this host's ranks before the training plan's capacity ends")
                     stopping = "SIGTERM"  # as if the platform had stopped the job: its ranks checkpoint
@@ -421,75 +447,76 @@ class MpiWorker(MpiRole):
             # sshd is Popen's to collect (poll), and an exited one must not block the others.
             sshd.poll()
             processes.reap_orphans(set() if sshd.returncode is not None else {sshd.pid})
-            self.loop.take(settings.wait_poll_s)  # the outcome is an event; orphans are looked at each tick
+            loop.take(settings.wait_poll_s)  # the outcome is an event; orphans are looked at each tick
         return self.told
 
-    def on_leader_asked(self, asked: LeaderAsk) -> None:
-        if not self.from_leader(asked.sender, f"an ask for {asked.ask.value}"):
+    def on_leader_asked(self, host, asked: LeaderAsk) -> None:
+        if not self.from_leader(host, asked.sender, f"an ask for {asked.ask.value}"):
             return
         if asked.ask is Ask.STACKS:
-            self.ask_ranks_for_stacks(time.monotonic())
-        elif self.report_part is not None:
-            self.send_figures()
+            self.ask_ranks_for_stacks(host, time.monotonic())
+        elif host.report is not None:
+            self.send_figures(host)
 
-    def on_follow_ranks(self, asked: FollowRanks) -> None:
+    def on_follow_ranks(self, host, asked: FollowRanks) -> None:
         """A run's start: stream this host's ranks' lines to the leader, at the address the ask
         came from (hosts/worker_output.py). An earlier run's stream ends first: its files are
         cleared for the new run. The folder is this host's plan's (the leader asks only when its
         mpirun writes the ranks' files there: no output option of the user's)."""
-        folder = self.plan.files.rank_output
-        if not self.from_leader(asked.sender, "an ask to stream its ranks' output"):
+        plan = host.plan
+        if not self.from_leader(host, asked.sender, "an ask to stream its ranks' output"):
             return
         from entrypoint.hosts.worker_output import build_opening
         from entrypoint.run.rank_stream import RankStream
 
-        self.end_rank_stream()
-        opening = build_opening(self.job_key, self.plan.current_host, asked.nonce, time.time())
-        self.rank_stream = RankStream(folder, asked.sender, asked.port, opening, log, self.plan.settings).start()
+        self.end_rank_stream(host)
+        opening = build_opening(self.peers.key, plan.current_host, asked.nonce, time.time())
+        self.rank_stream = RankStream(plan.files.rank_output, asked.sender, asked.port, opening, log,
+                                      plan.settings).start()
 
-    def end_rank_stream(self) -> None:
+    def end_rank_stream(self, host) -> None:
         if self.rank_stream is not None:
-            self.rank_stream.end(self.plan.settings.ssh_session_close_wait_s)
+            self.rank_stream.end(host.plan.settings.ssh_session_close_wait_s)
             self.rank_stream = None
 
-    def build_outcome(self, ended: WorkerOutcome) -> Outcome:
+    def build_outcome(self, host, ended: WorkerOutcome) -> Outcome:
+        plan = host.plan
         if ended.exit_code == 0:
-            log(f"{self.plan.current_host}: the leader reports success")
+            log(f"{plan.current_host}: the leader reports success")
             return SUCCESS
         return Outcome(ended.exit_code, describe_job_outcome(describe_worker_failure(
-            self.plan.current_host, self.plan.leader, ended.exit_code, ended.reason, ended.leader_failure)))
+            plan.current_host, plan.leader, ended.exit_code, ended.reason, ended.leader_failure)))
 
-    def ask_ranks_for_stacks(self, at: float | None = None) -> None:
+    def ask_ranks_for_stacks(self, host, at: float | None = None) -> None:
         """The ranks mpirun started here (under orted, which we adopted as subreaper) that can
         answer; a burst of asks is one (at: when the ask came)."""
-        said = self.stack_requests.take(self.plan.settings.signal_burst_s, at)
+        said = self.stack_requests.take(host.plan.settings.signal_burst_s, at)
         if said is None:
             return
         asked = processes.signal_ranks_below([os.getpid()], signal.SIGUSR1)
-        log(f"SIGUSR1{said}: asked {len(asked.asked)} rank process(es) on {self.plan.current_host} for their "
+        log(f"SIGUSR1{said}: asked {len(asked.asked)} rank process(es) on {host.plan.current_host} for their "
             f"Python stacks" + (f"; not asked, still starting: {', '.join(asked.starting)}" if asked.starting else ""))
 
-    def send_figures(self) -> None:
+    def send_figures(self, host) -> None:
         """This host's figures so far, to the leader, off the loop (nobody here waits for it)."""
-        plan, settings = self.plan, self.plan.settings
+        plan, settings = host.plan, host.plan.settings
         try:
-            _, text = self.report_part.build_figures(settings.report_figures_bytes)
+            _, text = host.report.build_figures(settings.report_figures_bytes)
         except Exception as exc:  # noqa: BLE001 - the leader reports this host's figures missing
             log(f"job report: could not make this host's figures: {type(exc).__name__}: {exc}")
             return
-        job_port.send_to_each([plan.leader], settings.job_port, self.job_key,
-                              lambda _h: HostFigures(plan.current_host, text), settings.host_done_failed_send_s,
-                              self.loop, NOBODY_WAITS, settings)
+        self.peers.send_off_the_loop(host, [plan.leader], lambda _h: HostFigures(plan.current_host, text),
+                                     settings.host_done_failed_send_s)
 
-    def job_report(self, outcome: Outcome) -> None:
+    def job_report(self, host, outcome: Outcome) -> None:
         """Never written here: the leader asked for this host's figures before it told the outcome."""
-        if self.report_part is not None:
-            self.report_part.sampler.stop()
-            self.report_part.stop_live()
+        if host.report is not None:
+            host.report.sampler.stop()
+            host.report.stop_live()
 
-    def close(self, outcome: Outcome) -> None:
+    def close(self, host, outcome: Outcome) -> None:
         try:
-            self.end_rank_stream()
-            stop_worker(self.plan, self.sshd)
+            self.end_rank_stream(host)
+            stop_worker(host.plan, self.sshd)
         finally:
-            super().close(outcome)  # JobPortRole's: the watches, then the port
+            self.peers.close()

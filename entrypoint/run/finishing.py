@@ -94,8 +94,8 @@ def end_finish(finish: Finish) -> None:
 def run_finish(finish: Finish, launch, outcome) -> None:
     """The role's report and close (orchestrate.Launch), each bounded; the folders removed last;
     then a stop that came as they ended is said (end_finish)."""
-    role = launch.role
-    settings = role.plan.settings if role is not None else DEFAULTS
+    host = launch.host
+    settings = host.plan.settings if host is not None else DEFAULTS
     finish.grace_s = settings.finish_after_stop_s
     try:
         finish.step("job report", settings.finish_report_s, launch.report, outcome)

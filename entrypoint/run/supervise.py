@@ -327,6 +327,20 @@ class Supervisor:
             log(f"{why}; stopping the other processes")
         self.signal_all(signal.SIGTERM)
 
+    def stop_unless_stopping(self, why: str) -> bool:
+        """Another host's word ends this run: only a run still going, and not already being
+        stopped (SIGTERM to every host, or a failure here), whose end is then this word's.
+        Whether it was."""
+        if self.kill_at is not None or not self.is_running():
+            return False
+        self.stop_after_failure(why)
+        return True
+
+    def add_follower(self, follower) -> None:
+        """What must run from before the processes to after them (a role's: the MPI leader's
+        streams of its workers' rank output), stopped with the run's own followers."""
+        self.followers.append(follower)
+
     def ask_ranks_for_stacks(self, gap_s: float = 0.0) -> list[str]:
         """SIGUSR1 to every Python rank below our children that can answer it (each prints its
         stack); the ranks' labels in the order they were asked. One still starting is said."""

@@ -232,8 +232,8 @@ def role_members_read(tree: ast.Module) -> set[str]:
 # What orchestrate.py may use of a role: the lifecycle's calls (roles/base.py) and what it
 # reads for the failure's words and the log. A member more is a back-and-forth the state
 # machine was built to end: it goes in the role protocol, or the role does it itself.
-ROLE_PROTOCOL = {"start_report", "start", "begin_running", "run_attempt", "decide_restart", "restart", "end_attempts",
-                 "settle", "job_report", "close", "describe_failure", "use_plan", "mark", "add_report_notes", "what"}
+ROLE_PROTOCOL = {"start", "start_live", "begin_running", "run_attempt", "restart", "end_attempts", "settle",
+                 "job_report", "close"}
 
 
 def test_the_orchestrator_uses_only_the_role_protocol():
@@ -242,7 +242,7 @@ def test_the_orchestrator_uses_only_the_role_protocol():
     used = role_members_read(ast.parse((PACKAGE / "orchestrate.py").read_text()))
     assert used <= ROLE_PROTOCOL, used - ROLE_PROTOCOL
     assert "relaunchable" not in used and "run" not in used  # the attempt loop is the state machine's, not a callback
-    assert not used & {"plan", "stop", "collector", "loop", "started_at"}  # the host's own values: Host holds them
+    assert not used & {"plan", "stop", "collector", "loop", "started_at", "what", "attempt"}  # Host holds them
 
 
 # --- launcher families: one module each, one registry ----------------------------------------

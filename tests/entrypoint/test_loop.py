@@ -176,8 +176,9 @@ def make_roles(tmp_path, monkeypatch, current: str):
     from entrypoint.job.config import load_job
     from entrypoint.job.paths import build_paths
     from entrypoint.job.probe import probe_machine
+    from entrypoint.orchestrate import Host
     from entrypoint.roles import job_port as role_module
-    from entrypoint.run.supervise import OutputCollector
+    from entrypoint.run.supervise import OutputCollector, RunResult
 
     for name in list(os.environ):
         if name.startswith(("SM_", "SAGEMAKER_", "BYOC_")):
@@ -195,16 +196,20 @@ def make_roles(tmp_path, monkeypatch, current: str):
     kind = role_module.JobPortLeader if plan.is_leader else role_module.JobPortWorker
 
     def make():
-        role = kind(plan, OutputCollector(), dict(environ), paths, Stop(), "torchrun", True)
-        sent: list = []
-        role.send_word = lambda host, word, attempt, exit_code=0, within_s=None: sent.append((host, word, attempt)) or True
-        role.send_word_to_each = lambda hosts, word, attempt, within_s: {
-            host: role.send_word(host, word, attempt, within_s=within_s) for host in hosts}
-        role.peer_addresses = lambda host: ["10.0.0." + host[-1]]
-        role.loop.on({HostDone: role.on_host_done, AttemptWord: role.on_attempt_word, PeerLost: role.on_peer_lost})
-        role.watches = [StandInWatch()]  # the peers are being watched: a PeerLost counts
-        role.supervisor = StandInRun()
-        return role, sent
+        host = Host(plan, dict(environ), kind(), paths, Stop(), OutputCollector(), "torchrun", True)
+        role, peers, sent = host.role, host.role.peers, []
+        peers.send_word = lambda _host, to, word, attempt, exit_code=0, within_s=None: \
+            sent.append((to, word, attempt)) or True
+        peers.send_word_to_each = lambda _host, hosts, word, attempt, within_s: {
+            to: peers.send_word(_host, to, word, attempt, within_s=within_s) for to in hosts}
+        peers.peer_addresses = lambda peer: ["10.0.0." + peer[-1]]
+        host.loop.on({HostDone: lambda done: role.on_host_done(host, done),
+                      AttemptWord: lambda word: role.on_attempt_word(host, word),
+                      PeerLost: lambda lost: peers.on_peer_lost(host, lost)})
+        peers.watches = [StandInWatch()]  # the peers are being watched: a PeerLost counts
+        host.supervisor = StandInRun()
+        host.run = RunResult(1)  # attempt 1's processes failed here
+        return host, sent
 
     return make
 
@@ -224,17 +229,23 @@ class StandInWatch:
         pass
 
 
+def restart(host, line: str, cause: str):
+    """The orchestrator's restart step (orchestrate.step_restarting): the failure noted, then the
+    role's part."""
+    from entrypoint.orchestrate import note_restart
+
+    note_restart(host, 1, cause, time.time())
+    return host.role.restart(host, line)
+
+
 class StandInRun:
     """The run of attempt 1 on this host: its processes have ended."""
-
-    kill_at = None
-    stopped_by = None
 
     def __init__(self) -> None:
         self.stopped: list[str] = []
 
-    def is_running(self) -> bool:
-        return False
+    def stop_unless_stopping(self, why: str) -> bool:
+        return False  # its processes have ended: nothing to stop
 
     def stop_after_failure(self, why: str) -> None:
         self.stopped.append(why)
@@ -274,10 +285,10 @@ def test_the_leaders_restart_answers_by_its_rules_whatever_the_order_of_what_it_
     checked = 0
     for size in range(len(EVENTS) + 1):
         for order in itertools.permutations(EVENTS, size):
-            role, sent = make()
+            host, sent = make()
             for event in order:
-                role.loop.post(event)
-            why = role.restart("attempt 1 failed", 1, "rank 0: exit code 1", time.time())
+                host.loop.post(event)
+            why = restart(host, "attempt 1 failed", "rank 0: exit code 1")
             expected, context = decide_expected(order), [type(e).__name__ for e in order]
             if expected == "silent":
                 assert why is not None and "did not say their processes of attempt 1" in why, (context, why)
@@ -285,7 +296,7 @@ def test_the_leaders_restart_answers_by_its_rules_whatever_the_order_of_what_it_
                 assert why == expected, (context, why)
             starts = [s for s in sent if s[1] == "start"]
             assert starts == ([("algo-2", "start", 2), ("algo-3", "start", 2)] if expected is None else []), context
-            assert role.attempt == (2 if expected is None else 1), context
+            assert host.attempt == (2 if expected is None else 1), context
             checked += 1
     assert checked == 13700
 
@@ -294,12 +305,12 @@ def test_the_leaders_restart_answers_by_its_rules_whatever_the_order_of_what_it_
 def test_a_stop_at_every_point_of_the_leaders_restart_ends_it_and_starts_no_attempt(leader, at):
     """The stop posted before, between or after the workers' `ended`: no attempt starts."""
     make, _ = leader
-    role, sent = make()
+    host, sent = make()
     words = [ENDED_2, ENDED_3]
     for event in words[:at] + [STOP] + words[at:]:
-        role.loop.post(event)
-    assert role.restart("attempt 1 failed", 1, "rank 0: exit code 1", time.time()) == "a stop signal came"
-    assert not [s for s in sent if s[1] == "start"] and role.attempt == 1
+        host.loop.post(event)
+    assert restart(host, "attempt 1 failed", "rank 0: exit code 1") == "a stop signal came"
+    assert not [s for s in sent if s[1] == "start"] and host.attempt == 1
 
 
 START_2 = AttemptWord(Word.START, 2, "algo-1", 0, "10.0.0.1")
@@ -332,14 +343,14 @@ def test_a_workers_restart_answers_by_its_rules_whatever_the_order_of_what_it_he
     checked = 0
     for size in range(len(WORKER_EVENTS) + 1):
         for order in itertools.permutations(WORKER_EVENTS, size):
-            role, sent = worker()
+            host, sent = worker()
             for event in order:
-                role.loop.post(event)
-            why = role.restart("attempt 1 failed", 1, "rank 3: exit code 1", time.time())
+                host.loop.post(event)
+            why = restart(host, "attempt 1 failed", "rank 3: exit code 1")
             context = [f"{type(e).__name__}:{getattr(e, 'word', '')}" for e in order]
             assert why == decide_worker_expected(order), (context, why)
             assert sent == [("algo-1", "ended", 1)], context
-            assert role.attempt == (2 if why is None else 1), context
+            assert host.attempt == (2 if why is None else 1), context
             checked += 1
     assert checked == 13700
 
@@ -397,11 +408,11 @@ def test_what_is_posted_as_the_processes_end_is_taken_before_the_run_returns(tmp
 
 def test_a_host_lost_while_a_restarts_processes_start_stops_them(leader):
     make, _ = leader
-    role, _ = make()
-    role.loop.post(LOST_3)
-    role.loop.handle_pending()  # taken between two attempts: the old run is over
+    host, _ = make()
+    host.loop.post(LOST_3)
+    host.loop.handle_pending()  # taken between two attempts: the old run is over
     new_run = StandInRun()
-    role.on_processes_started(new_run)
+    host.role.on_processes_started(host, new_run)
     assert new_run.stopped == [f"{LOST_3.reason}: the job cannot go on"]
 
 

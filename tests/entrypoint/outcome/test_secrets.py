@@ -276,18 +276,17 @@ def test_the_one_rendering_masks_then_makes_readable():
 def test_an_mpi_leader_tells_its_workers_the_reason_masked(tmp_path, monkeypatch):
     """The leader's word to its workers (JOB-OUTCOME) goes through render_reason: never the raw reason."""
     from entrypoint.roles import mpi
-    from entrypoint.roles.choose import choose_role
+    from entrypoint.orchestrate import build_host
     from entrypoint.run.stop import Stop
     from support.jobs import make_job, plan_for
 
     environ = {"MY_API_TOKEN": SECRET}
     plan = plan_for(make_job(hosts=("algo-1", "algo-2"), hps={"sagemaker_mpi_enabled": True}, environ=environ))
     env = {**environ, **plan.env_dict}
-    role = choose_role(plan, OutputCollector(secret_values(env)), env, build_paths({"SAGEMAKER_BASE_DIR": str(tmp_path)}),
-                       Stop())
+    host = build_host(plan, build_paths({"SAGEMAKER_BASE_DIR": str(tmp_path)}), env, Stop())
     told = []
-    monkeypatch.setattr(mpi.MpiLeader, "tell_workers", lambda _role, code, report: told.append((code, report)))
-    role.resolved = True  # its workers' names resolved: they wait for its word
-    role.port = SimpleNamespace(close=lambda: None)  # its job port is open (tell_workers is the test's)
-    role.close(Outcome(1, f"RuntimeError: {SECRET}\n"))
+    monkeypatch.setattr(mpi.MpiLeader, "tell_workers", lambda _role, _host, code, report: told.append((code, report)))
+    host.resolved = True  # its workers' names resolved: they wait for its word
+    host.role.peers.port = SimpleNamespace(close=lambda: None)  # its job port is open (tell_workers is the test's)
+    host.role.close(host, Outcome(1, f"RuntimeError: {SECRET}\n"))
     assert told == [(1, "RuntimeError: ****\n")]

@@ -72,40 +72,41 @@ def test_every_word_survives_its_round_trip_and_odd_host_text_too():
 
 
 def test_the_board_takes_words_only_for_the_attempt_it_is_in():
-    board = AttemptBoard()
-    assert board.take_leader_word(AttemptWord(Word.START, 3, "algo-1")) is None and board.word is None  # two ahead
-    assert board.take_leader_word(AttemptWord(Word.END, 2, "algo-1")) is None and board.word is None  # another's end
-    assert board.take_ended(AttemptWord(Word.ENDED, 2, "algo-2", 1)) is Taken.STALE
-    assert board.take_ended(AttemptWord(Word.ENDED, 1, "algo-2", 1)) is Taken.TAKEN
+    board = AttemptBoard()  # the attempt is the host's, handed to each call: 1, then 2
+    assert board.take_leader_word(AttemptWord(Word.START, 3, "algo-1"), 1) is None and board.word is None  # two ahead
+    assert board.take_leader_word(AttemptWord(Word.END, 2, "algo-1"), 1) is None and board.word is None  # another's end
+    assert board.take_ended(AttemptWord(Word.ENDED, 2, "algo-2", 1), 1) is Taken.STALE
+    assert board.take_ended(AttemptWord(Word.ENDED, 1, "algo-2", 1), 1) is Taken.TAKEN
     assert board.ended == {"algo-2": 1}
-    assert board.next() == 2 and board.ended == {}  # what was heard of attempt 1 is forgotten
-    assert board.take_ended(AttemptWord(Word.ENDED, 1, "algo-3", 1)) is Taken.STALE  # late word of attempt 1
+    board.next()
+    assert board.ended == {}  # what was heard of attempt 1 is forgotten
+    assert board.take_ended(AttemptWord(Word.ENDED, 1, "algo-3", 1), 2) is Taken.STALE  # late word of attempt 1
     board.over = True
-    assert board.take_ended(AttemptWord(Word.ENDED, 2, "algo-3", 1)) is Taken.OVER
+    assert board.take_ended(AttemptWord(Word.ENDED, 2, "algo-3", 1), 2) is Taken.OVER
 
 
 def test_the_leaders_start_or_end_is_the_word_a_worker_waits_for_and_the_first_stands():
     board = AttemptBoard()
-    assert board.take_leader_word(AttemptWord(Word.START, 2, "algo-1")) is None
-    assert board.take_leader_word(AttemptWord(Word.END, 1, "algo-1")) is None
+    assert board.take_leader_word(AttemptWord(Word.START, 2, "algo-1"), 1) is None
+    assert board.take_leader_word(AttemptWord(Word.END, 1, "algo-1"), 1) is None
     assert board.word == AttemptWord(Word.START, 2, "algo-1")
 
 
 def test_a_stop_that_comes_before_the_attempts_processes_started_stops_them_once_they_have():
     board = AttemptBoard()
-    why = board.take_leader_word(AttemptWord(Word.STOP, 1, "algo-1"))
+    why = board.take_leader_word(AttemptWord(Word.STOP, 1, "algo-1"), 1)
     assert why == "the leader stops attempt 1 to start the job again"
     board.stop(why)
     assert board.started() == why
-    assert board.take_leader_word(AttemptWord(Word.STOP, 2, "algo-1")) is None  # not this attempt's: stale
+    assert board.take_leader_word(AttemptWord(Word.STOP, 2, "algo-1"), 1) is None  # not this attempt's: stale
 
 
 def test_a_stop_for_the_attempt_just_started_that_comes_before_it_began_here_is_kept():
     """The leader said `start 2`, and attempt 2 failed elsewhere before this host moved to it:
     its `stop 2` stops this host's attempt 2 as soon as its processes start, not dropped as stale."""
     board = AttemptBoard()
-    assert board.take_leader_word(AttemptWord(Word.START, 2, "algo-1")) is None
-    assert board.take_leader_word(AttemptWord(Word.STOP, 2, "algo-1")) is None  # kept for attempt 2
-    assert board.next() == 2
+    assert board.take_leader_word(AttemptWord(Word.START, 2, "algo-1"), 1) is None
+    assert board.take_leader_word(AttemptWord(Word.STOP, 2, "algo-1"), 1) is None  # kept for attempt 2
+    board.next()
     assert board.started() == "the leader stops attempt 2 to start the job again"
-    assert AttemptBoard().take_leader_word(AttemptWord(Word.STOP, 2, "algo-1")) is None  # no start 2 heard: stale
+    assert AttemptBoard().take_leader_word(AttemptWord(Word.STOP, 2, "algo-1"), 1) is None  # no start 2 heard: stale

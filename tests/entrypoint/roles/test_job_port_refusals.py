@@ -1,4 +1,4 @@
-"""What a host's log says of the messages its job port refuses (roles/job_port.JobPortRole.refuse):
+"""What a host's log says of the messages its job port refuses (roles/peers.Peers.refuse):
 the first MAX_REFUSED_LOGGED a line each, then one line with the exact count when the port
 closes, whatever the kind, however many connections carried them (issue 62: 60 KB of unsigned
 BYOC-HOST-DONE lines on one connection added 1,203 lines to the leader's log). Through the real
@@ -18,13 +18,12 @@ from entrypoint.hosts.job_port import (HOST_DONE, AttemptWord, HostDone, HostFig
                                        MpiReady, Sent, Word, build_record, build_signed_line, send_message)
 from entrypoint.job.paths import build_paths
 from entrypoint.loop.events import Ask
-from entrypoint.outcome.failure import secret_values
 from entrypoint.outcome.records import Outcome
 from entrypoint.rank.record_errors import MARKER
-from entrypoint.roles.choose import choose_role
-from entrypoint.roles.job_port import MAX_REFUSED_LOGGED, JobPortLeader, JobPortRole, JobPortWorker, build_refusal_line
+from entrypoint.orchestrate import build_host
+from entrypoint.roles.job_port import JobPortLeader, JobPortWorker
+from entrypoint.roles.peers import MAX_REFUSED_LOGGED, build_refusal_line
 from entrypoint.run.stop import Stop
-from entrypoint.run.supervise import OutputCollector
 from support.jobs import make_job, plan_for
 from support.ports import free_port
 
@@ -37,19 +36,17 @@ OTHER_KEY = "ef" * 32
 
 
 def build_role(tmp_path, capfd, current: str):
-    """The real torchrun role of `current` in a job of LEADER and WORKER, its job port open on a
-    free port (start_beside: the port, the peers' addresses, the handlers); what start-up logged
-    is not the test's to count."""
+    """The host `current` in a job of LEADER and WORKER with its real torchrun role, started: its
+    job port open on a free port (roles/peers.Peers.start: the port, the peers' addresses, the
+    handlers); what start-up logged is not the test's to count."""
     job = make_job(hosts=(LEADER, WORKER), current=current, hps={"sagemaker_torch_distributed_enabled": True},
                    environ={"BYOC_JOB_PORT": str(free_port())})
     plan = plan_for(job)._replace(files=RuntimeFiles(str(tmp_path / "run" / "job")))
-    env = {**plan.env_dict}
-    role = choose_role(plan, OutputCollector(secret_values(env)), env, build_paths({"SAGEMAKER_BASE_DIR": str(tmp_path)}),
-                       Stop())
-    assert isinstance(role, JobPortLeader if current == LEADER else JobPortWorker) and role.job_key
-    assert role.start_beside() is None
+    host = build_host(plan, build_paths({"SAGEMAKER_BASE_DIR": str(tmp_path)}), {}, Stop())
+    assert isinstance(host.role, JobPortLeader if current == LEADER else JobPortWorker)
+    assert host.role.start(host) is None and host.role.peers.key
     capfd.readouterr()
-    return role
+    return host
 
 
 def say(role, text: bytes) -> bytes:
@@ -78,7 +75,7 @@ def build_bad_line(role, n: int) -> bytes:
     another key, a replay, a forged sender, a word this host does not take, text that is no
     message at all, control characters, bytes that are not UTF-8, and a line past the port's
     length limit. Each is one refusal, wherever it falls in the cycle."""
-    key, now = role.job_key, time.time()
+    key, now = role.role.peers.key, time.time()
 
     def signed(message, key_hex: str = key, made: float = now) -> bytes:
         return build_signed_line(key_hex, build_record(message, made)).encode()
@@ -117,8 +114,8 @@ SIGNED_ONCE_AT = time.time()
 def closed_log(role, capfd, close=None) -> list[str]:
     """The role closed (its port, then the count), and every line the log holds since it started.
     close: the role's own (the leader's); a worker's tells its leader first, here this very port,
-    so its test runs the part every job-port role's close runs (JobPortRole.close)."""
-    (close or type(role).close)(role, Outcome(0))
+    so its test runs the part every job-port role's close runs (Peers.close)."""
+    role.role.close(role, Outcome(0)) if close is None else close()
     return capfd.readouterr().err.splitlines()
 
 
@@ -138,9 +135,10 @@ def check_log(lines: list[str], refused: int, outcomes: int | None = None) -> No
 
 
 def check_still_takes_a_workers_outcome(role) -> None:
-    assert send_message(LEADER, role.plan.settings.job_port, role.job_key, HostDone(WORKER, 3)) is Sent.DELIVERED
+    assert send_message(LEADER, role.plan.settings.job_port, role.role.peers.key, HostDone(WORKER, 3)) is \
+        Sent.DELIVERED
     role.loop.handle_pending()
-    assert role.worker_outcomes == {WORKER: 3}
+    assert role.role.worker_outcomes == {WORKER: 3}
 
 
 @pytest.mark.parametrize("lines", [4, 5, 6, pytest.param(0, id="60KB")])  # 0: as many as 60 KB holds
@@ -160,7 +158,7 @@ def test_unsigned_host_outcomes_on_one_connection_log_five_lines_then_one_count(
         lines_logged = closed_log(leader, capfd)
     check_log(lines_logged, refused, outcomes=refused)
     assert "a host's outcome, not signed" in lines_logged[0]
-    assert leader.refused_messages == leader.refused_outcomes == refused
+    assert leader.role.peers.refused_messages == leader.role.peers.refused_outcomes == refused
 
 
 @pytest.mark.parametrize("connections", [4, 5, 6, 45])
@@ -175,7 +173,7 @@ def test_many_connections_each_with_one_bad_line_of_any_kind_are_counted_togethe
         lines = closed_log(leader, capfd)
     outcomes = sum(1 for n in range(connections) if n % CYCLE in CLAIMS_AN_OUTCOME)
     check_log(lines, connections, outcomes)
-    assert (leader.refused_messages, leader.refused_outcomes) == (connections, outcomes)
+    assert (leader.role.peers.refused_messages, leader.role.peers.refused_outcomes) == (connections, outcomes)
 
 
 def test_a_flood_of_every_kind_on_one_connection_and_one_line_each_on_many_are_one_count(tmp_path, capfd):
@@ -200,7 +198,7 @@ def test_a_flood_of_every_kind_on_one_connection_and_one_line_each_on_many_are_o
         lines = closed_log(leader, capfd)
     assert len(lines) == MAX_REFUSED_LOGGED + 1
     assert lines[-1].startswith(f"[entrypoint] {COUNT}{refused + 30} message(s) in all")
-    assert leader.refused_messages == refused + 30
+    assert leader.role.peers.refused_messages == refused + 30
 
 
 def test_a_worker_counts_its_refusals_the_same_way_and_still_takes_a_root_cause(tmp_path, capfd):
@@ -208,18 +206,18 @@ def test_a_worker_counts_its_refusals_the_same_way_and_still_takes_a_root_cause(
     flood = b""
     while len(flood) < 60_000:
         flood += build_unsigned_outcome(flood.count(b"\n"))
-    signed_outcome = build_signed_line(worker.job_key, build_record(HostDone(WORKER, 0), time.time())).encode()
+    signed_outcome = build_signed_line(worker.role.peers.key, build_record(HostDone(WORKER, 0), time.time())).encode()
     refused = flood.count(b"\n") + 1  # and a signed outcome: a worker takes none
     try:
         say(worker, flood + signed_outcome)
         record = MARKER + json.dumps({"host": LEADER, "rank": "0", "type": "E", "message": "kept", "time": time.time()})
-        assert say(worker, build_signed_line(worker.job_key, record).encode()) == b"BYOC-TAKEN\n"
+        assert say(worker, build_signed_line(worker.role.peers.key, record).encode()) == b"BYOC-TAKEN\n"
         worker.loop.handle_pending()
         assert [cause.message for cause in worker.collector.root_causes] == ["kept"]
     finally:
-        lines = closed_log(worker, capfd, JobPortRole.close)
+        lines = closed_log(worker, capfd, worker.role.peers.close)
     check_log(lines, refused, outcomes=refused)
-    assert worker.refused_messages == refused
+    assert worker.role.peers.refused_messages == refused
 
 
 @pytest.mark.parametrize("why", ["line\nforged", "\x1b[2J\x00\r", "h\ud800st \udcff", "\u2028tab\there", "x" * 300])

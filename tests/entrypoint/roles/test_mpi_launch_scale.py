@@ -20,13 +20,12 @@ from entrypoint.decide.specs import RuntimeFiles
 from entrypoint.hosts import job_port
 from entrypoint.job.paths import build_paths
 from entrypoint.loop import Waited
-from entrypoint.outcome.failure import secret_values
 from entrypoint.outcome.records import Outcome
-from entrypoint.roles import job_port as job_port_role
-from entrypoint.roles.choose import choose_role
+from entrypoint.roles import peers as peers_role
+from entrypoint.orchestrate import build_host
+from entrypoint.roles.peers import decide_job_key
 from entrypoint.roles.mpi import MpiLeader
 from entrypoint.run.stop import Stop
-from entrypoint.run.supervise import OutputCollector
 from support.jobs import make_job, plan_for
 from support.mpi_stand_ins import stand_in_address, stand_in_key
 from support.ports import free_port
@@ -35,14 +34,13 @@ STAND_INS = Path(__file__).resolve().parents[2] / "support" / "mpi_stand_ins.py"
 LEADER = "127.0.0.1"
 
 
-def build_leader(tmp_path, workers: list[str], environ: dict[str, str]) -> MpiLeader:
+def build_leader(tmp_path, workers: list[str], environ: dict[str, str]):
     job = make_job(hosts=(LEADER, *workers), current=LEADER, hps={"sagemaker_mpi_enabled": True}, environ=environ)
     plan = plan_for(job)._replace(files=RuntimeFiles(str(tmp_path / "run" / "job")))
     env = {**environ, **plan.env_dict}
-    role = choose_role(plan, OutputCollector(secret_values(env)), env, build_paths({"SAGEMAKER_BASE_DIR": str(tmp_path)}),
-                       Stop())
-    assert isinstance(role, MpiLeader)
-    return role
+    host = build_host(plan, build_paths({"SAGEMAKER_BASE_DIR": str(tmp_path)}), env, Stop())
+    assert isinstance(host.role, MpiLeader)
+    return host
 
 
 class ThreadPeak:
@@ -73,30 +71,30 @@ def leader_port(monkeypatch):
     loopback address they use)."""
     port = free_port()
     real = job_port.JobPort
-    monkeypatch.setattr(job_port_role, "JobPort", lambda _port, *args, **kwargs: real(port, *args, **kwargs))
+    monkeypatch.setattr(peers_role, "JobPort", lambda _port, *args, **kwargs: real(port, *args, **kwargs))
     return port
 
 
 def test_255_workers_are_ready_keyed_asked_and_told_at_once_by_a_leader_of_at_most_16_threads(tmp_path, leader_port):
     count, worker_port = 255, free_port()
     workers = [stand_in_address(i) for i in range(count)]
-    role = build_leader(tmp_path, workers, {"BYOC_JOB_PORT": str(worker_port), "BYOC_PEER_WAIT_TIMEOUT_S": "120"})
+    host = build_leader(tmp_path, workers, {"BYOC_JOB_PORT": str(worker_port), "BYOC_PEER_WAIT_TIMEOUT_S": "120"})
     stand_ins = subprocess.Popen([sys.executable, str(STAND_INS), str(count), str(leader_port), str(worker_port),
-                                  role.job_key], stdout=subprocess.PIPE, text=True)
+                                  decide_job_key(host.plan)], stdout=subprocess.PIPE, text=True)
     try:
         assert stand_ins.stdout.readline() == "listening\n"
         peak = ThreadPeak()
-        assert role.start() is None, role.collector.tail
-        assert role.ready
+        assert host.role.start(host) is None, host.collector.tail
+        assert host.role.ready
         leader_key = (tmp_path / "run" / "job" / "ssh" / "host_ed25519_key.pub").read_text().split()[:2]
         known_hosts = (tmp_path / "run" / "job" / "ssh" / "known_hosts").read_text()
         asked: list = []
-        handlers = role.loop.on({job_port.Delivered: asked.append})
-        role.ask_other_hosts()  # off the loop, as a hang's ask is; every worker takes it
-        assert role.loop.wait(lambda: len(asked) == count, time.monotonic() + 120) is Waited.DONE
-        role.loop.off(handlers)
+        handlers = host.loop.on({job_port.Delivered: asked.append})
+        host.role.ask_other_hosts(host)  # off the loop, as a hang's ask is; every worker takes it
+        assert host.loop.wait(lambda: len(asked) == count, time.monotonic() + 120) is Waited.DONE
+        host.loop.off(handlers)
         assert all(d.delivered for d in asked)
-        role.close(Outcome(1, "RuntimeError: boom on rank 7\n"))
+        host.role.close(host, Outcome(1, "RuntimeError: boom on rank 7\n"))
         threads = peak.stop()
         report = json.loads(stand_ins.stdout.readline())
     finally:
@@ -120,17 +118,17 @@ def test_a_worker_that_never_says_it_is_ready_is_named_at_the_deadline_and_the_o
     count, worker_port = 20, free_port()
     workers = [stand_in_address(i) for i in range(count)]
     silent = stand_in_address(count)  # in the job, served by nobody
-    role = build_leader(tmp_path, [*workers, silent], {"BYOC_JOB_PORT": str(worker_port), "BYOC_PEER_WAIT_TIMEOUT_S": "3"})
+    host = build_leader(tmp_path, [*workers, silent], {"BYOC_JOB_PORT": str(worker_port), "BYOC_PEER_WAIT_TIMEOUT_S": "3"})
     stand_ins = subprocess.Popen([sys.executable, str(STAND_INS), str(count), str(leader_port), str(worker_port),
-                                  role.job_key], stdout=subprocess.PIPE, text=True)
+                                  decide_job_key(host.plan)], stdout=subprocess.PIPE, text=True)
     try:
         assert stand_ins.stdout.readline() == "listening\n"
-        outcome = role.start()
+        outcome = host.role.start(host)
         assert outcome is not None and outcome.exit_code == 1
         said = f"host(s) {silent} did not say they serve SSH within 3 s (BYOC_PEER_WAIT_TIMEOUT_S)"
-        assert said in role.collector.tail, role.collector.tail
-        assert not role.ready
-        role.close(outcome)
+        assert said in host.collector.tail, host.collector.tail
+        assert not host.role.ready
+        host.role.close(host, outcome)
         report = json.loads(stand_ins.stdout.readline())
     finally:
         stand_ins.kill()
@@ -145,22 +143,21 @@ def test_a_worker_whose_leader_never_opens_its_port_fails_at_its_deadline_naming
     and no longer than BYOC_PEER_WAIT_TIMEOUT_S; its sshd and key are gone after."""
     own_port = free_port()
     real = job_port.JobPort
-    monkeypatch.setattr(job_port_role, "JobPort", lambda _port, *args, **kwargs: real(own_port, *args, **kwargs))
+    monkeypatch.setattr(peers_role, "JobPort", lambda _port, *args, **kwargs: real(own_port, *args, **kwargs))
     worker = stand_in_address(0)
     environ = {"BYOC_JOB_PORT": str(free_port()), "BYOC_PEER_WAIT_TIMEOUT_S": "2", "BYOC_SSH_PORT": str(free_port())}
     job = make_job(hosts=(LEADER, worker), current=worker, hps={"sagemaker_mpi_enabled": True}, environ=environ)
     plan = plan_for(job)._replace(files=RuntimeFiles(str(tmp_path / "run" / "job")))
     env = {**environ, **plan.env_dict}
-    role = choose_role(plan, OutputCollector(secret_values(env)), env, build_paths({"SAGEMAKER_BASE_DIR": str(tmp_path)}),
-                       Stop())
+    host = build_host(plan, build_paths({"SAGEMAKER_BASE_DIR": str(tmp_path)}), env, Stop())
     started = time.monotonic()
-    outcome = role.start()
+    outcome = host.role.start(host)
     assert time.monotonic() - started >= 2  # tried until its deadline, not given up on the first refusal
     assert outcome is not None and outcome.exit_code == 1
     assert f"the leader {LEADER} did not answer on its job port" in outcome.reason and "within 2 s" in outcome.reason
-    assert role.sshd is not None and role.sshd.poll() is None  # it served SSH while it waited
-    role.close(outcome)
-    assert role.sshd.poll() is not None
+    assert host.role.sshd is not None and host.role.sshd.poll() is None  # it served SSH while it waited
+    host.role.close(host, outcome)
+    assert host.role.sshd.poll() is not None
     assert not (tmp_path / "run" / "job" / "ssh" / "host_ed25519_key").exists()
 
 
@@ -174,7 +171,7 @@ def test_a_worker_says_it_serves_ssh_only_once_its_sshd_accepts_connections(tmp_
 
     own_port, leader_port, ssh_port = free_port(), free_port(), free_port()
     real = job_port.JobPort
-    monkeypatch.setattr(job_port_role, "JobPort", lambda _port, *args, **kwargs: real(own_port, *args, **kwargs))
+    monkeypatch.setattr(peers_role, "JobPort", lambda _port, *args, **kwargs: real(own_port, *args, **kwargs))
     late_sshd = f"import socket, time; time.sleep(1); s = socket.create_server(('', {ssh_port})); time.sleep(600)"
     monkeypatch.setattr(mpi_role, "start_sshd", lambda files: subprocess.Popen([sys.executable, "-c", late_sshd]))
     worker = stand_in_address(0)
@@ -182,18 +179,17 @@ def test_a_worker_says_it_serves_ssh_only_once_its_sshd_accepts_connections(tmp_
     job = make_job(hosts=(LEADER, worker), current=worker, hps={"sagemaker_mpi_enabled": True}, environ=environ)
     plan = plan_for(job)._replace(files=RuntimeFiles(str(tmp_path / "run" / "job")))
     env = {**environ, **plan.env_dict}
-    role = choose_role(plan, OutputCollector(secret_values(env)), env, build_paths({"SAGEMAKER_BASE_DIR": str(tmp_path)}),
-                       Stop())
+    host = build_host(plan, build_paths({"SAGEMAKER_BASE_DIR": str(tmp_path)}), env, Stop())
     heard: list = []
     leader = real(leader_port, lambda message: heard.append((type(message).__name__,
                                                              can_connect("127.0.0.1", ssh_port))),
-                  job_key=role.job_key)
+                  job_key=decide_job_key(host.plan))
     try:
-        outcome = role.start()  # no keys ever come: it ends at its deadline
+        outcome = host.role.start(host)  # no keys ever come: it ends at its deadline
     finally:
         leader.close()
-        if role.sshd is not None:
-            role.sshd.kill()
-            role.sshd.wait()
+        if host.role.sshd is not None:
+            host.role.sshd.kill()
+            host.role.sshd.wait()
     assert outcome is not None and outcome.exit_code == 1
     assert heard[:1] == [("MpiReady", True)], heard  # told only once its SSH port accepted

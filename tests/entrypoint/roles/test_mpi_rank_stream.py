@@ -14,8 +14,8 @@ from entrypoint.hosts.job_port import FollowRanks
 from entrypoint.hosts.worker_output import start_worker_output
 from entrypoint.job.paths import build_paths
 from entrypoint.loop import HostLoop
-from entrypoint.outcome.failure import secret_values
-from entrypoint.roles.choose import choose_role
+from entrypoint.orchestrate import build_host
+from entrypoint.roles.peers import decide_job_key
 from entrypoint.roles.mpi import MpiWorker
 from entrypoint.run.stop import Stop
 from entrypoint.run.supervise import OutputCollector
@@ -39,15 +39,16 @@ class Sink:
         pass
 
 
-def build_worker(tmp_path) -> MpiWorker:
+def build_worker(tmp_path):
+    """The host WORKER with its real MPI worker role, its leader's address as its start resolves it."""
     job = make_job(hosts=(LEADER, WORKER), current=WORKER, hps={"sagemaker_mpi_enabled": True})
     plan = plan_for(job)._replace(files=RuntimeFiles(str(tmp_path / "run" / "job")))
     env = {**plan.env_dict}
-    role = choose_role(plan, OutputCollector(secret_values(env)), env, build_paths({"SAGEMAKER_BASE_DIR": str(tmp_path)}),
-                       Stop())
-    assert isinstance(role, MpiWorker) and role.plan.processes == ()
-    role.addresses = {LEADER: [LEADER]}  # as start_beside resolves them
-    return role
+    host = build_host(plan, build_paths({"SAGEMAKER_BASE_DIR": str(tmp_path)}), env, Stop())
+    assert isinstance(host.role, MpiWorker) and host.plan.processes == ()
+    host.role.peers.addresses = {LEADER: [LEADER]}  # as Peers.open resolves them
+    host.role.peers.key = decide_job_key(plan)
+    return host
 
 
 def leader_plan(worker_plan):
@@ -63,7 +64,7 @@ def test_a_worker_streams_its_own_plans_folder_to_the_leader_that_asked(tmp_path
         f.write(b"an earlier run's line\n")  # cleared before the stream opens
 
     def ask_each(message_of, within_s):
-        worker.on_follow_ranks(message_of(WORKER)._replace(sender=LEADER))
+        worker.role.on_follow_ranks(worker, message_of(WORKER)._replace(sender=LEADER))
         return {WORKER: True}
 
     sinks, said = {"stdout": Sink(), "stderr": Sink()}, []
@@ -80,11 +81,11 @@ def test_a_worker_streams_its_own_plans_folder_to_the_leader_that_asked(tmp_path
         assert time.monotonic() < deadline, "the worker's line never came"
         time.sleep(0.01)
     output.stop(30.0)
-    worker.end_rank_stream()
+    worker.role.end_rank_stream(worker)
     assert sinks["stdout"].data == b"[1,1]<stdout>:hello from the worker's rank\n"
 
 
 def test_a_worker_takes_the_ask_only_from_its_leader(tmp_path):
     worker = build_worker(tmp_path)
-    worker.on_follow_ranks(FollowRanks(1, "0" * 32, sender="10.9.9.9"))
-    assert worker.rank_stream is None and worker.refused_messages == 1
+    worker.role.on_follow_ranks(worker, FollowRanks(1, "0" * 32, sender="10.9.9.9"))
+    assert worker.role.rank_stream is None and worker.role.peers.refused_messages == 1

@@ -20,7 +20,7 @@ from support.jobtree import write_tree  # noqa: E402
 
 from entrypoint import cli  # noqa: E402
 from entrypoint.outcome.records import SUCCESS  # noqa: E402
-from entrypoint.roles import base, job_port as job_port_role, mpi as mpi_role  # noqa: E402
+from entrypoint.roles import mpi as mpi_role, peers as peers_role  # noqa: E402
 from entrypoint import orchestrate  # noqa: E402
 from entrypoint.hosts import job_port  # noqa: E402
 from entrypoint.hosts.job_port import HostFigures  # noqa: E402
@@ -41,7 +41,7 @@ def host(tmp_path, monkeypatch):
             monkeypatch.delenv(name)
     monkeypatch.setenv("BYOC_RUNTIME_DIR", str(tmp_path / "run"))
     monkeypatch.setenv("BYOC_COMPILE_CACHE", "0")
-    monkeypatch.setattr(base, "wait_for_hosts", lambda hosts, timeout_s, loop: [])  # every name resolves
+    monkeypatch.setattr(peers_role, "wait_for_hosts", lambda hosts, timeout_s, loop: [])  # every name resolves
     root = tmp_path / "ml"
     events: list = []
 
@@ -79,16 +79,16 @@ def mpi_worker(host, monkeypatch):
         def close(self):
             events.append("close the job port")
 
-    def start_ssh(self):
+    def start_ssh(self, host):
         events.append(("start sshd", written()))
         self.sshd = "sshd"
         return None
 
-    def wait_for_outcome(self):
+    def wait_for_outcome(self, host):
         events.append(("serve until the outcome", self.sshd))
         return mpi_role.WorkerOutcome(0)
 
-    monkeypatch.setattr(job_port_role, "JobPort", StandInPort)
+    monkeypatch.setattr(peers_role, "JobPort", StandInPort)
     monkeypatch.setattr(mpi_role.MpiWorker, "start_ssh", start_ssh)
     monkeypatch.setattr(mpi_role.MpiWorker, "wait_for_outcome", wait_for_outcome)
     monkeypatch.setattr(mpi_role, "stop_worker", lambda plan, sshd: events.append(("stop sshd", sshd, written())))
@@ -105,10 +105,10 @@ def test_an_mpi_worker_serves_ssh_from_start_and_stops_it_only_after_its_outcome
 def test_an_mpi_worker_stopped_while_its_leader_has_not_started_still_stops_sshd(mpi_worker, monkeypatch):
     main, events, written = mpi_worker
 
-    def start_ssh(self):
-        saw = sigterm_then_wait(self.loop)
+    def start_ssh(self, host):
+        saw = sigterm_then_wait(host.loop)
         events.append(("start: saw the stop", saw))
-        return self.ended_before_start("never reached")
+        return self.ended_before_start(host, "never reached")
 
     monkeypatch.setattr(mpi_role.MpiWorker, "start_ssh", start_ssh)
     assert main("algo-2", MPI) == 143
@@ -127,15 +127,15 @@ def test_an_mpi_leader_tells_its_workers_after_its_outcome_is_written_then_close
         def close(self):
             events.append("close the job port")
 
-    def start_ssh(self):
+    def start_ssh(self, host):
         events.append("workers ready")
         self.ready = True
 
-    monkeypatch.setattr(job_port_role, "JobPort", StandInPort)
+    monkeypatch.setattr(peers_role, "JobPort", StandInPort)
     monkeypatch.setattr(mpi_role.MpiLeader, "start_ssh", start_ssh)
     monkeypatch.setattr(orchestrate, "run_attempt", lambda *args: events.append("mpirun") or SUCCESS)
     monkeypatch.setattr(mpi_role.MpiLeader, "tell_workers",
-                        lambda self, code, report: events.append(("tell the workers", code, written())))
+                        lambda self, host, code, report: events.append(("tell the workers", code, written())))
     assert main("algo-1", MPI) == 0
     assert events == ["workers ready", "mpirun", ("tell the workers", 0, ["success"]), "close the job port"]
 
@@ -153,7 +153,7 @@ def job_port_worker(host, monkeypatch):
         def close(self):
             events.append("close the job port")
 
-    monkeypatch.setattr(job_port_role, "JobPort", StandInPort)
+    monkeypatch.setattr(peers_role, "JobPort", StandInPort)
     monkeypatch.setattr(orchestrate, "run_attempt", lambda *args: events.append("torchrun") or SUCCESS)
     return main, events, written
 
@@ -166,7 +166,7 @@ def test_a_torchrun_worker_sends_its_figures_then_its_outcome_then_waits_for_the
         return True
 
     monkeypatch.setattr(job_port, "deliver", deliver)
-    monkeypatch.setattr(job_port_role.JobPortWorker, "wait_until_closed",
+    monkeypatch.setattr(peers_role.Peers, "wait_until_closed",
                         lambda self, *a, **k: events.append("wait for the leader"))
     assert main("algo-2", TORCH) == 0
     assert events == ["open the job port", "torchrun", ("figures", ["success"]), ("outcome", 0), "wait for the leader",
@@ -187,7 +187,7 @@ def test_a_sigterm_taken_while_a_worker_sends_its_figures_is_still_seen_by_its_c
         return False
 
     monkeypatch.setattr(job_port, "deliver", deliver)
-    monkeypatch.setattr(job_port_role.JobPortWorker, "wait_until_closed",
+    monkeypatch.setattr(peers_role.Peers, "wait_until_closed",
                         lambda self, *a, **k: events.append("wait for the leader"))
     assert main("algo-2", TORCH) == 0  # the outcome was written before the stop: it stands
     assert ("outcome: stopped already", True) in events

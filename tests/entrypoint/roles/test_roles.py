@@ -28,47 +28,46 @@ from entrypoint.roles.base import HostRole  # noqa: E402
 class StandIn(HostRole):
     """Records each step; start and finish may end the job their own way."""
 
-    def __init__(self, *args, events: list, root: Path, start_outcome=None, finish_outcome=None, relaunch=False,
-                 report_action=None, close_action=None, settings=None):
-        super().__init__(*args)
+    def __init__(self, events: list, root: Path, start_outcome=None, finish_outcome=None, report_action=None,
+                 close_action=None, settings=None):
         self.events, self.root = events, root
         self.start_outcome, self.finish_outcome = start_outcome, finish_outcome
-        self.relaunchable = relaunch
         # What the report and close steps do beside recording (a leader's read of its workers'
         # figures, a word to another host): here, something that blocks.
         self.report_action, self.close_action = report_action, close_action
-        if settings:
-            self.plan = self.plan._replace(settings=self.plan.settings._replace(**settings))
+        self.settings = settings
 
-    def start(self):
+    def start(self, host):
         self.events.append("start")
+        if self.settings:  # the test's deadlines for the last steps
+            host.plan = host.plan._replace(settings=host.plan.settings._replace(**self.settings))
         return self.start_outcome
 
-    def begin_running(self):
-        started = super().begin_running()
+    def begin_running(self, host):
+        started = super().begin_running(host)
         self.events.append("run")
         return started
 
-    def run_attempt(self, env, stop_at, on_stopping, held=None):
-        ran = super().run_attempt(env, stop_at, on_stopping, held)
+    def run_attempt(self, host, hooks):
+        ran = super().run_attempt(host, hooks)
         self.events.append(("ran", ran.exit_code))
         return ran
 
-    def on_processes_started(self, supervisor):
-        super().on_processes_started(supervisor)
+    def on_processes_started(self, host, supervisor):
+        super().on_processes_started(host, supervisor)
         self.events.append("processes started")
 
-    def settle(self, outcome):
+    def settle(self, host, outcome):
         self.events.append(("settle", outcome.exit_code))
         return self.finish_outcome or outcome
 
-    def job_report(self, outcome):
+    def job_report(self, host, outcome):
         if self.report_action is not None:
             self.events.append("report")
             self.report_action()
             self.events.append("reported")
 
-    def close(self, outcome):
+    def close(self, host, outcome):
         # What an MPI leader relies on: the outcome is on disk before it tells anyone.
         written = [name for name in ("success", "failure") if (self.root / "output" / name).exists()]
         self.events.append(("close", outcome.exit_code, written))
@@ -94,10 +93,10 @@ def job(tmp_path, monkeypatch):
         monkeypatch.setenv("SAGEMAKER_BASE_DIR", str(root))
         for name, value in role_options.pop("env", {}).items():
             monkeypatch.setenv(name, value)
+        relaunch = role_options.pop("relaunch", False)
         options.update(role_options, root=root)
         monkeypatch.setattr(orchestrate, "choose_role",
-                            lambda plan, collector, env, paths, stop: StandIn(plan, collector, env, paths, stop, "the script",
-                                                                              False, events=events, **options))
+                            lambda plan: (StandIn(events=events, **options), "the script", relaunch))
         return cli.main(["train"])
 
     yield start, events, tmp_path / "ml"
@@ -234,47 +233,47 @@ class StoppedAt(StandIn):
 
     WAIT_S = 60.0  # a peer that never answers: only a stop ends the wait before this
 
-    def __init__(self, *args, stop_at_step: str, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, stop_at_step: str, **kwargs):
+        super().__init__(**kwargs)
         self.stop_at_step = stop_at_step
 
-    def wait_for_a_peer(self, step: str) -> None:
+    def wait_for_a_peer(self, host, step: str) -> None:
         if step == self.stop_at_step:
             os.kill(os.getpid(), signal.SIGTERM)
-        if self.loop.wait(deadline=time.monotonic() + self.WAIT_S) is Waited.STOPPED:
+        if host.loop.wait(deadline=time.monotonic() + self.WAIT_S) is Waited.STOPPED:
             self.events.append(("saw the stop", step))
         elif step == self.stop_at_step:
             self.events.append(("missed the stop", step))
 
-    def start(self):
+    def start(self, host):
         self.events.append("start")
         if self.stop_at_step == "start":
-            self.wait_for_a_peer("start")
+            self.wait_for_a_peer(host, "start")
         return None
 
-    def begin_running(self):
-        started = super().begin_running()  # StandIn's: "run"
+    def begin_running(self, host):
+        started = super().begin_running(host)  # StandIn's: "run"
         if self.stop_at_step == "run":
-            self.wait_for_a_peer("run")  # before the processes: none may start
+            self.wait_for_a_peer(host, "run")  # before the processes: none may start
         return started
 
-    def settle(self, outcome):
+    def settle(self, host, outcome):
         self.events.append(("settle", outcome.exit_code))
         if self.stop_at_step == "settle":
-            self.wait_for_a_peer("settle")
+            self.wait_for_a_peer(host, "settle")
         return outcome
 
-    def job_report(self, outcome):
+    def job_report(self, host, outcome):
         self.events.append("report")
         if self.stop_at_step == "report":
-            self.wait_for_a_peer("report")
+            self.wait_for_a_peer(host, "report")
         self.events.append("reported")
 
-    def close(self, outcome):
+    def close(self, host, outcome):
         written = [name for name in ("success", "failure") if (self.root / "output" / name).exists()]
         self.events.append(("close", outcome.exit_code, written))
         if self.stop_at_step in ("report", "close"):
-            self.wait_for_a_peer("close")  # a stop taken by the report is still the close's
+            self.wait_for_a_peer(host, "close")  # a stop taken by the report is still the close's
         self.events.append("closed")
 
 
@@ -287,9 +286,7 @@ def stopped_job(job, tmp_path, monkeypatch):
         write_tree(root, script=script)
         monkeypatch.setenv("SAGEMAKER_BASE_DIR", str(root))
         monkeypatch.setattr(orchestrate, "choose_role",
-                            lambda plan, collector, env, paths, stop: StoppedAt(
-                                plan, collector, env, paths, stop, "the script", False, events=events, root=root,
-                                stop_at_step=step))
+                            lambda plan: (StoppedAt(events=events, root=root, stop_at_step=step), "the script", False))
         return cli.main(["train"])
 
     return run, events, root
