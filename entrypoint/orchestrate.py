@@ -423,7 +423,9 @@ def build_capacity_over(plan: LaunchPlan) -> Outcome | None:
     stop_at, now = plan.capacity_stop_at, time.time()
     if stop_at is None or now < stop_at:
         return None
-    return Outcome(143, describe_capacity_over(plan.settings.capacity_ends_at, stop_at, now) + "\n")
+    # Stopped as the platform stops a job (SIGTERM): the one rule's exit code.
+    return Outcome(decide_stop_exit_code("SIGTERM"), describe_capacity_over(plan.settings.capacity_ends_at, stop_at,
+                                                                             now) + "\n")
 
 
 def build_stop_at(plan: LaunchPlan) -> tuple[float, str] | None:

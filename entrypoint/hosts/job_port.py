@@ -594,23 +594,31 @@ def send_to_each(hosts, port: int, key_hex: str, message_of, within_s: float, lo
     its own (send_until); Delivered(host, delivered, batch) posted on the loop (a HostLoop) for
     each as it ends. One at a time from the loop, a dead host cost every host after it its
     deadline; here it costs one."""
+    start_senders(list(hosts), lambda host: loop.post(Delivered(host, send_until(
+        host, port, key_hex, message_of(host), within_s, loop, settings), batch)))
+
+
+def start_senders(items: list, send_one, most: int = SENDERS) -> list[threading.Thread]:
+    """send_one(item) for each item, on at most `most` threads that only send, each taking the
+    next item as it is done with one; the threads, for a caller that joins them."""
     import queue
 
     todo: queue.SimpleQueue = queue.SimpleQueue()
-    for host in hosts:
-        todo.put(host)
+    for item in items:
+        todo.put(item)
 
     def work() -> None:
         while True:
             try:
-                host = todo.get_nowait()
+                item = todo.get_nowait()
             except queue.Empty:
                 return
-            loop.post(Delivered(host, send_until(host, port, key_hex, message_of(host), within_s, loop, settings),
-                                batch))
+            send_one(item)
 
-    for _ in range(min(SENDERS, len(hosts))):
-        threading.Thread(target=work, daemon=True, name="byoc-senders").start()
+    senders = [threading.Thread(target=work, daemon=True, name="byoc-senders") for _ in range(min(most, len(items)))]
+    for sender in senders:
+        sender.start()
+    return senders
 
 
 def start_root_cause_sender(record: dict, env: dict[str, str]) -> threading.Thread:
@@ -619,8 +627,7 @@ def start_root_cause_sender(record: dict, env: dict[str, str]) -> threading.Thre
     only sends; returned, for the run to join."""
     from entrypoint.rank.record_errors import send_root_cause
 
-    sender = threading.Thread(target=send_root_cause, args=(record, env), daemon=True, name="byoc-root-cause")
-    sender.start()
+    (sender,) = start_senders([record], lambda item: send_root_cause(item, env))
     return sender
 
 

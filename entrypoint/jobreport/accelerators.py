@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 
 from entrypoint.settings import DEFAULTS
 
@@ -59,8 +58,10 @@ def parse_neuron_report(text: str) -> list[float | None] | None:
 
 
 class StreamingTool:
-    """A vendor tool printing a reading per line, read in a daemon thread; `latest` holds the
-    last reading parsed. Its CPU counts as the sampler's (cpu_s)."""
+    """A vendor tool printing a reading per line; the sampler's thread reads what it printed so
+    far at each sample (read_available), so `latest` holds the last reading parsed then. No
+    thread of its own: its pipe is read without blocking. Its CPU counts as the sampler's
+    (cpu_s)."""
 
     def __init__(self, argv: list[str], take_line, cleanup: str | None = None):
         import subprocess
@@ -68,13 +69,26 @@ class StreamingTool:
         self.latest = None
         self._take_line = take_line
         self._cleanup = cleanup
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-                                     text=True, errors="replace")
-        threading.Thread(target=self._read, daemon=True).start()
+        self._partial = b""
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+        os.set_blocking(self.proc.stdout.fileno(), False)
 
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            self._take_line(self, line)
+    def read_available(self) -> None:
+        """Every whole line the tool printed since the last call, each taken in order."""
+        fd = self.proc.stdout.fileno()
+        while True:
+            try:
+                chunk = os.read(fd, 65536)
+            except BlockingIOError:
+                break
+            except OSError:
+                return
+            if not chunk:
+                break
+            self._partial += chunk
+        *lines, self._partial = self._partial.split(b"\n")
+        for line in lines:
+            self._take_line(self, line.decode("utf-8", "replace"))
 
     def cpu_s(self) -> float:
         try:
@@ -85,13 +99,10 @@ class StreamingTool:
             return 0.0
 
     def stop(self) -> None:
-        import subprocess
+        from entrypoint.run.processes import stop_process
 
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=DEFAULTS.tool_stop_wait_s)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        stop_process(self.proc, DEFAULTS.tool_stop_wait_s)
+        self.proc.stdout.close()
         if self._cleanup:
             try:
                 os.unlink(self._cleanup)

@@ -1,6 +1,8 @@
-"""This host's sampler: a thread reading its counters (counters.py) at BYOC_REPORT_INTERVAL_S
-(1 s by default), and the launch's phases. A role owns one (roles/) from the moment the plan is
-decided to the end of its part; what it gathered becomes the host's figures (figures.py).
+"""This host's sampler: the job report's one thread, reading its counters (counters.py) at
+BYOC_REPORT_INTERVAL_S (1 s by default), and the launch's phases; the live view's ticks run on
+it too, once attached (live/loop.py). The host's report (jobreport/host.py) owns one from the
+moment the plan is decided to the end of its part; what it gathered becomes the host's figures
+(figures.py).
 
 The sampler's own CPU is measured (its thread's CPU time and the streaming tools'), and goes
 in the report: the budget is 1% of one core.
@@ -52,6 +54,8 @@ class HostSampler:
         self._tools: dict = {}
         self._stop = threading.Event()
         self._lock = threading.Lock()
+        self._live = None  # live/loop.LiveLoop: ticked on this thread every live.tick_s, once attached
+        self._live_lock = threading.Lock()  # held through a tick: detach waits for the one under way
         self._thread = threading.Thread(target=self._run, daemon=True, name="byoc-report-sampler")
 
     def start(self) -> "HostSampler":
@@ -64,12 +68,41 @@ class HostSampler:
         with self._lock:
             self.phases.setdefault(phase, time.time() if when is None else when)
 
+    def attach(self, live) -> None:
+        """The live view's ticks run on this thread from now on (its first, a tick from now)."""
+        self._live = live
+
+    def detach(self, live, within_s: float = DEFAULTS.live_stop_wait_s) -> None:
+        """No more ticks of live here; one under way ends first, within within_s (a tick blocked
+        on a FIFO where its events go must not hold the host's end)."""
+        held = self._live_lock.acquire(timeout=within_s)
+        try:
+            if self._live is live:
+                self._live = None
+        finally:
+            if held:
+                self._live_lock.release()
+
     def _run(self) -> None:
-        started = time.thread_time()
+        started, ticks_cpu = time.thread_time(), 0.0
         self._tools = start_tools(self.interval_s, self._gpu_count, self._neuron_cores)
         disks = counters.probe_whole_disks()
         before = counters.probe_counters(time.time(), self.root_pid, disks, time.monotonic())
-        while not self._stop.wait(self.interval_s):
+        next_point, next_tick, ticked = time.monotonic() + self.interval_s, None, None
+        while True:
+            live = self._live
+            if live is not ticked:  # attached (or detached) since: its first tick is one from now
+                ticked, next_tick = live, None if live is None else time.monotonic() + live.tick_s
+            due = min(next_point, next_tick if next_tick is not None else next_point)
+            if self._stop.wait(max(0.0, due - time.monotonic())):
+                return
+            now = time.monotonic()
+            if next_tick is not None and now >= next_tick:
+                ticks_cpu += self._tick(live)
+                next_tick = time.monotonic() + live.tick_s
+            if now < next_point:
+                continue
+            next_point = now + self.interval_s
             after = counters.probe_counters(time.time(), self.root_pid, disks, time.monotonic())
             point = counters.build_rates(before, after)
             self._add_accelerators(point)
@@ -78,9 +111,19 @@ class HostSampler:
                 if len(self.points) >= MAX_POINTS:
                     self.points = halve_points(self.points)
             before = after
-            self.cpu_s = time.thread_time() - started
+            self.cpu_s = time.thread_time() - started - ticks_cpu  # the live view counts its own
+
+    def _tick(self, live) -> float:
+        """One tick of the live view, unless it was detached meanwhile; the CPU it took."""
+        started = time.thread_time()
+        with self._live_lock:
+            if self._live is live:
+                live.tick()
+        return time.thread_time() - started
 
     def _add_accelerators(self, point: dict) -> None:
+        for tool in self._tools.values():
+            tool.read_available()
         gpus = self._tools["gpu"].latest if "gpu" in self._tools else None
         if gpus:
             point["gpu_util_pct"] = [g["util"] for g in gpus]

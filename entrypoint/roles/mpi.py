@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -37,7 +36,7 @@ from entrypoint.hosts.job_port import (Ask, FollowRanks, HostFigures, HostLive, 
                                        PeerKeys, PeerLost, PeerWatch)
 from entrypoint.hosts.net import can_connect, resolve_addresses
 from entrypoint.log import log
-from entrypoint.loop import Burst, StacksRequested, Waited
+from entrypoint.loop import StacksRequested, Waited
 from entrypoint.outcome.hosts import describe_job_outcome, describe_worker_failure
 from entrypoint.outcome.records import SUCCESS, Outcome
 from entrypoint.outcome.stops import decide_stop_exit_code
@@ -45,6 +44,7 @@ from entrypoint.outcome.writer import load_failure_file, render_reason
 from entrypoint.roles.base import HostRole, begin_run, write_job_report
 from entrypoint.roles.peers import Peers, start_problem, take_worker_figures, take_worker_live
 from entrypoint.run import processes
+from entrypoint.run.supervise import Adopted, RunHooks, run_processes
 
 # Every host's key in messages of at most this many (PEER-KEYS): ~130 bytes each, so one
 # message stays well inside the port's 64 KiB.
@@ -108,16 +108,6 @@ def stop_worker(plan: LaunchPlan, sshd: subprocess.Popen | None) -> None:
         processes.stop_process_and_descendants(sshd, min(plan.settings.grace_period_s, plan.settings.failure_stop_s))
     finally:
         ssh.remove_private_key(plan.files.ssh)
-
-
-def forward_stop_to_ranks(signal_name: str, log) -> None:
-    """A stop request reaches the ranks on this host directly, at once: the platform stops
-    every host, and each host's ranks get the whole grace period to checkpoint. (Signalling
-    orted would start Open MPI's teardown instead, with its short kill timeout.)"""
-    table = processes.load_process_table()
-    groups = processes.decide_rank_groups(table, processes.decide_launcher_pids(table, os.getpid(), ("orted",)))
-    processes.signal_groups(groups, signal.Signals[signal_name])
-    log(f"forwarded {signal_name} to {len(groups)} rank(s) on this host")
 
 
 def prepare_mpi_host(host) -> None:
@@ -289,7 +279,6 @@ class MpiWorker(HostRole):
     def __init__(self) -> None:
         self.peers = Peers()
         self.sshd: subprocess.Popen | None = None
-        self.stack_requests = Burst()  # the leader's asks: a burst asks the ranks once
         self.key_parts: dict[int, tuple] = {}  # PEER-KEYS so far: part -> its keys
         self.key_parts_expected = 0
         self.told: WorkerOutcome | None = None  # the leader's JOB-OUTCOME
@@ -395,66 +384,45 @@ class MpiWorker(HostRole):
         line of its own either: the leader reports the job's)."""
         return None
 
-    def run_attempt(self, host, hooks) -> Outcome:
-        """Not the plan's processes: serve SSH until the leader's outcome; a stop goes to this
-        host's ranks; a SIGUSR1 here, or the leader's ask (on_leader_asked), asks them for their
-        stacks."""
-        handlers = host.loop.on({StacksRequested: lambda event: self.ask_ranks_for_stacks(host, event.at)})
-        try:
-            return self.build_outcome(host, self.wait_for_outcome(host))
-        finally:
-            host.loop.off(handlers)
-
-    def wait_for_outcome(self, host) -> WorkerOutcome:
-        plan, settings = host.plan, host.plan.settings
+    def run_attempt(self, host, hooks: RunHooks) -> Outcome:
+        """Not the plan's processes: the ranks mpirun on the leader starts here, adopted (a run
+        with no process of its own: run/supervise.Adopted), until the leader's outcome or its
+        loss; the run forwards a stop and SIGUSR1 to them, stops them as the capacity ends, and
+        collects the orphans."""
+        plan, settings, sshd = host.plan, host.plan.settings, self.sshd
         lost: list[str] = []  # the PeerWatch's PeerLost, taken on the loop
         handlers = host.loop.on({PeerLost: lambda event: lost.append(event.reason)})
         watch = PeerWatch([plan.leader], settings.job_port, settings.host_lost_timeout_s, settings.host_lost_timeout_s,
                           host.loop.post, seen_at_start=True, settings=settings, job_hosts=len(plan.hosts))
+        adopted = Adopted(("orted",), lambda: self.told is not None or bool(lost),
+                          lambda: {sshd.pid} if sshd.poll() is None else set())
         try:
-            outcome = self.serve_until_outcome(host, lost)
+            run = run_processes((), host.env, plan.cwd, host.collector, host.stop,
+                                self.build_run_hooks(host, hooks._replace(adopted=adopted, held=None,
+                                                                          hang_timeout_s=0.0)))
         finally:
             watch.close()
             host.loop.off(handlers)
-        if outcome.reason is None:
+        if self.told is not None:
             # mpirun has ended before the leader tells the outcome; the SSH sessions of this
             # host's daemon (its parent's, and its own to its children) may still be closing.
-            processes.wait_for_descendants_to_end(self.sshd.pid, settings.ssh_session_close_wait_s, settings.wait_poll_s)
-        return outcome
+            processes.wait_for_descendants_to_end(sshd.pid, settings.ssh_session_close_wait_s, settings.wait_poll_s)
+            return self.build_outcome(host, self.told)
+        if lost:
+            return self.build_outcome(host, WorkerOutcome(1, f"lost the leader {plan.leader}: no answer on its job "
+                                                             f"port for {settings.host_lost_timeout_s:g} s "
+                                                             f"(BYOC_HOST_LOST_TIMEOUT_S)"))
+        return self.build_outcome(host, WorkerOutcome(run.exit_code, f"stopped by {run.stopped_by}; the leader did "
+                                                                     f"not report an outcome within the grace period"))
 
-    def serve_until_outcome(self, host, lost: list[str]) -> WorkerOutcome:
-        plan, settings, sshd, loop = host.plan, host.plan.settings, self.sshd, host.loop
-        stopping, stop_deadline = None, None
-        while self.told is None:
-            now = time.monotonic()
-            if stopping is None:
-                stopping = loop.stop_name
-                if stopping is None and plan.capacity_stop_at is not None and time.time() >= plan.capacity_stop_at:
-                    log(f"{plan.current_host}: stopping this host's ranks before the training plan's capacity ends")
-                    stopping = "SIGTERM"  # as if the platform had stopped the job: its ranks checkpoint
-                if stopping is not None:
-                    forward_stop_to_ranks(stopping, log)
-                    # The ranks have the grace period; then the leader reports how the job ended.
-                    stop_deadline = now + settings.grace_period_s
-            if stop_deadline is not None and now >= stop_deadline:
-                return WorkerOutcome(143, f"stopped by {stopping}; the leader did not report an outcome within the "
-                                          f"grace period")
-            if lost:
-                return WorkerOutcome(1, f"lost the leader {plan.leader}: no answer on its job port for "
-                                        f"{settings.host_lost_timeout_s:g} s (BYOC_HOST_LOST_TIMEOUT_S)")
-            # As subreaper (and PID 1 in a container) we inherit orted, the ranks and their
-            # ended SSH sessions: collect them while the job runs, or they stay defunct until it ends.
-            # sshd is Popen's to collect (poll), and an exited one must not block the others.
-            sshd.poll()
-            processes.reap_orphans(set() if sshd.returncode is not None else {sshd.pid})
-            loop.take(settings.wait_poll_s)  # the outcome is an event; orphans are looked at each tick
-        return self.told
+    def on_processes_started(self, host, supervisor) -> None:
+        host.supervisor = supervisor  # no phase of its own: this host's ranks are the leader's mpirun's
 
     def on_leader_asked(self, host, asked: LeaderAsk) -> None:
         if not self.from_leader(host, asked.sender, f"an ask for {asked.ask.value}"):
             return
-        if asked.ask is Ask.STACKS:
-            self.ask_ranks_for_stacks(host, time.monotonic())
+        if asked.ask is Ask.STACKS:  # the current run asks this host's ranks, as on a SIGUSR1 here
+            host.loop.post(StacksRequested(time.monotonic()))
         elif host.report is not None:
             self.send_figures(host)
 
@@ -486,16 +454,6 @@ class MpiWorker(HostRole):
             return SUCCESS
         return Outcome(ended.exit_code, describe_job_outcome(describe_worker_failure(
             plan.current_host, plan.leader, ended.exit_code, ended.reason, ended.leader_failure)))
-
-    def ask_ranks_for_stacks(self, host, at: float | None = None) -> None:
-        """The ranks mpirun started here (under orted, which we adopted as subreaper) that can
-        answer; a burst of asks is one (at: when the ask came)."""
-        said = self.stack_requests.take(host.plan.settings.signal_burst_s, at)
-        if said is None:
-            return
-        asked = processes.signal_ranks_below([os.getpid()], signal.SIGUSR1)
-        log(f"SIGUSR1{said}: asked {len(asked.asked)} rank process(es) on {host.plan.current_host} for their "
-            f"Python stacks" + (f"; not asked, still starting: {', '.join(asked.starting)}" if asked.starting else ""))
 
     def send_figures(self, host) -> None:
         """This host's figures so far, to the leader, off the loop (nobody here waits for it)."""

@@ -31,7 +31,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 from entrypoint.run import processes
 from entrypoint.errors import EXIT_BAD_JOB
@@ -191,6 +191,19 @@ def _pump(pipe, sink, collector: OutputCollector, lines=None, quiet_s: float = D
         pipe.close()
 
 
+class Adopted(NamedTuple):
+    """Ranks this host runs but did not start: an MPI worker's, which mpirun on the leader starts
+    over SSH under this host's Open MPI daemon (adopted as subreaper). Such a run starts no
+    process of its own and ends when ended() says so (the leader's outcome, or its loss); a stop,
+    the capacity's stop time and SIGUSR1 reach the ranks below the launchers at once (signalling
+    orted would start Open MPI's teardown instead, with its short kill timeout), and the orphans
+    are collected, never kept() ones (sshd: its Popen reads its status)."""
+
+    launchers: tuple[str, ...]
+    ended: Callable[[], bool]
+    kept: Callable[[], set[int]]
+
+
 class RunHooks(NamedTuple):
     """What a run needs beside its processes: the settings, and the role's hooks."""
 
@@ -198,7 +211,9 @@ class RunHooks(NamedTuple):
     host: str = "this host"
     hang_timeout_s: float = 0.0  # 0: off (hangs.py)
     on_started: object = None  # called with the Supervisor once every process started
-    ask_other_hosts: object = None  # asks the other hosts' ranks for their stacks, or None
+    # Asks the other hosts' ranks for their stacks, or None; it returns at once (its sends run off
+    # the loop: hosts/job_port.send_to_each).
+    ask_other_hosts: object = None
     on_rank_killed: object = None  # the role's: a rank we started died of a signal
     # (epoch s, why): this host stops its processes then, as on SIGTERM (a training plan's
     # capacity ending, decide/capacity.py); stop_reason says why once it did.
@@ -213,6 +228,7 @@ class RunHooks(NamedTuple):
     # The host's held processes (run/held.HeldProcesses): a start takes the one that is exactly
     # it; once this attempt is under way, the next attempt's are started ahead. None: none.
     held: object = None
+    adopted: Adopted | None = None  # a run of ranks this host did not start (Adopted)
 
 
 class Supervisor:
@@ -249,6 +265,7 @@ class Supervisor:
         self.stop_bursts: dict[int, Burst] = {}  # by the signal forwarded: a burst of stops is forwarded once
         self.held = hooks.held
         self.held_start_at: float | None = None  # time.monotonic() when the next attempt's start ahead
+        self.adopted = hooks.adopted
 
     def start(self, spec: ProcessSpec, env: dict[str, str], cwd: str) -> None:
         if spec.rank_output:
@@ -293,7 +310,11 @@ class Supervisor:
         (mpirun) is passed over for the ranks it started here; SIGKILL (kill) takes them all,
         and every group below a launcher still running: torchrun starts each rank in a session
         of its own, so a rank that ignores SIGTERM would outlive its torchrun. The process
-        table is read once, and only when one of those needs it."""
+        table is read once, and only when one of those needs it. An adopted run's: its ranks."""
+        if self.adopted is not None:
+            table = processes.load_process_table()
+            return processes.decide_rank_groups(table, processes.decide_launcher_pids(table, os.getpid(),
+                                                                                      self.adopted.launchers))
         table = processes.load_process_table() if kill or any(s.signal_ranks for s, _ in self.children) else {}
         groups: list[int] = []
         for spec, proc in self.children:
@@ -318,6 +339,10 @@ class Supervisor:
 
     def is_running(self) -> bool:
         return any(proc.poll() is None for _, proc in self.children)
+
+    def has_processes(self) -> bool:
+        """Processes this run reaches: those it started, or the ranks it adopted."""
+        return bool(self.children) or self.adopted is not None
 
     def stop_after_failure(self, why: str) -> None:
         """One process failed or a host was lost: end the others within settings.failure_stop_s
@@ -344,7 +369,7 @@ class Supervisor:
     def ask_ranks_for_stacks(self, gap_s: float = 0.0) -> list[str]:
         """SIGUSR1 to every Python rank below our children that can answer it (each prints its
         stack); the ranks' labels in the order they were asked. One still starting is said."""
-        roots = [proc.pid for _, proc in self.children]
+        roots = [os.getpid()] if self.adopted is not None else [proc.pid for _, proc in self.children]
         asked = processes.signal_ranks_below(roots, signal.SIGUSR1, gap_s)
         if asked.starting:
             log(f"SIGUSR1: not asked, still starting (no handler for the signal yet): rank process(es) "
@@ -361,7 +386,7 @@ class Supervisor:
         log(f"SIGUSR1{said}: asking {len(asked)} rank process(es) on this host for their Python stacks"
             + (" and the other hosts' entrypoints for theirs" if self.ask_other_hosts else ""))
         if self.ask_other_hosts is not None:
-            threading.Thread(target=self.ask_other_hosts, daemon=True).start()  # ssh: not on the loop
+            self.ask_other_hosts()
 
     def check_for_hang(self) -> None:
         """No line from any child for hang_timeout_s: ask every rank for its stack;
@@ -377,7 +402,7 @@ class Supervisor:
             log(f"no output from any process for {self.hang_timeout_s:g} s (BYOC_HANG_TIMEOUT_S): asking every "
                 f"rank for its Python stack")
             if self.ask_other_hosts is not None:
-                threading.Thread(target=self.ask_other_hosts, daemon=True).start()
+                self.ask_other_hosts()
             ranks = processes.load_rank_pids_below([proc.pid for _, proc in self.children])
             gap = min(self.settings.stack_request_gap_s, 2.0 / max(1, len(ranks)))
             self.hang_rank_order = self.ask_ranks_for_stacks(gap)
@@ -402,13 +427,15 @@ class Supervisor:
             self.stopped_at = time.time()
             self.note_stopping()
             self.loop.stop_said = True
-            if self.children:
+            if self.adopted is not None:
+                log(f"received {name}: forwarding {what} to this host's ranks; the leader reports the outcome")
+            elif self.children:
                 log(f"received {name}: forwarding {what} to the job, SIGKILL in {self.grace_period_s:g} s")
             else:
                 log(f"received {name} before the processes started")
-        elif said is not None and self.children:
+        elif said is not None and self.has_processes():
             log(f"received {name}{said}: forwarding {what} to the job again")
-        if self.children and said is not None:
+        if self.has_processes() and said is not None:
             self.signal_all(forwarded, stop_request=True)
             self._kill_within(self.grace_period_s)
 
@@ -439,6 +466,8 @@ class Supervisor:
 
     def wait(self) -> int:
         """Wait for every child; the exit code of the first that failed, else 0."""
+        if self.adopted is not None:
+            return self.wait_adopted()
         first_failure: int | None = None
         running = list(self.children)
         while running:
@@ -481,6 +510,20 @@ class Supervisor:
         for follower in self.followers:  # every line the ranks wrote, before the outcome is decided
             follower.stop(self.settings.thread_join_s)
         return first_failure or 0
+
+    def wait_adopted(self) -> int:
+        """An adopted run (Adopted), until it has ended: 0; or, once a stop's grace period is
+        over with no end, the stop's exit code. Its ranks are not killed here: they are below
+        the launch's daemon, which the role's close ends with sshd."""
+        while not self.adopted.ended():
+            self.check_stop_time()
+            if self.kill_at is not None and time.monotonic() >= self.kill_at:
+                return decide_stop_exit_code(self.stopped_by)
+            # As subreaper (and PID 1 in a container) we inherit orted, the ranks and their ended
+            # SSH sessions: collected while the job runs, or they stay defunct until it ends.
+            processes.reap_orphans(self.adopted.kept())
+            self.loop.take(self.next_look_s())
+        return 0
 
     def next_look_s(self) -> float:
         """How long the run's wait may last before something here must be looked at."""
@@ -616,7 +659,7 @@ def start_and_wait(supervisor: Supervisor, processes_: tuple[ProcessSpec, ...], 
             follower.stop(supervisor.settings.thread_join_s)
         return RunResult(EXIT_BAD_JOB, launch_error=str(error))
     supervisor.loop.handle_pending()  # a stop posted as the last one started reaches it now
-    if not supervisor.children and supervisor.stopped_by is not None:  # stopped before the first start
+    if not supervisor.has_processes() and supervisor.stopped_by is not None:  # stopped before the first start
         name = supervisor.stopped_by
         return RunResult(decide_stop_exit_code(name), name, supervisor.stopped_at, started=False)
     if on_started is not None:

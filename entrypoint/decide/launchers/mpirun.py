@@ -146,7 +146,7 @@ def build_mpirun_argv(
         # SIGKILL), first on the leader and then on every worker: tying it to the 90 s grace
         # period made a failed rank take 6 minutes to end the job. The grace period is for
         # stop requests, which every host's entrypoint forwards to its own ranks directly
-        # (ProcessSpec.signal_ranks, roles/mpi.forward_stop_to_ranks). Open MPI's default, 1;
+        # (ProcessSpec.signal_ranks, run/supervise.Adopted). Open MPI's default, 1;
         # 0 where the failed attempt is restarted (decide_teardown_gap_s).
         "-mca", "odls_base_sigkill_timeout", str(teardown_gap_s),
     ]

@@ -1,5 +1,6 @@
-"""This host's live thread (jobreport/live/update.py says what moves): started with the host's part
-of the job report (jobreport/host.py), ended with it.
+"""This host's live view (jobreport/live/update.py says what moves), ticked on the report's
+thread (jobreport/sampler.py) from its start to its stop, both by the host's part of the job
+report (jobreport/host.py):
 
 - a worker of a job-port launch (torchrun, parameter server): every tick, its update to the
   leader (send, which returns the bytes sent);
@@ -60,12 +61,13 @@ class LiveLoop:
         self.cpu_s = 0.0  # this thread's CPU time, with the sampler's in the report
         self.next_status = time.monotonic() + spec.status_interval_s
         self.phases_said = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True, name="byoc-live")
+        self.stopped = False
+        self.attached = False  # ticked on the report's thread (start)
 
     def start(self) -> "LiveLoop":
         if self.tick_s is not None:
-            self._thread.start()
+            self.sampler.attach(self)
+            self.attached = True
         return self
 
     def take_remote(self, host: str, text: str) -> None:
@@ -76,10 +78,6 @@ class LiveLoop:
             if host in self.inbox:
                 self.replaced += 1
             self.inbox[host] = text
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.tick_s):
-            self.tick()
 
     def tick(self) -> None:
         started = time.thread_time()
@@ -145,13 +143,14 @@ class LiveLoop:
         self.notes_logged = len(self.notes.seen)
 
     def stop(self) -> None:
-        """The thread ends; the leader writes what came since its last tick (the finished job's
-        folder then holds everything); a worker says what its live figures cost. Idempotent."""
-        if self._stop.is_set():
+        """The ticks end (one under way first); the leader writes what came since its last tick
+        (the finished job's folder then holds everything); a worker says what its live figures
+        cost. Idempotent."""
+        if self.stopped:
             return
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=DEFAULTS.live_stop_wait_s)
+        self.stopped = True
+        if self.attached:
+            self.sampler.detach(self)
         if self.tick_s is None:
             return
         if self.send is None:

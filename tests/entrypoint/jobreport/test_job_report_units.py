@@ -4,6 +4,7 @@ word through a real job port (signed, bounded, refused when hostile)."""
 
 import json
 import math
+import os
 import socket
 import time
 
@@ -451,3 +452,67 @@ def test_the_time_a_failure_lost_is_never_less_than_the_failure_to_the_next_firs
     (cost,) = build_failure_costs(restarts, attempts, step_ms=500.0)
     assert cost["to_first_step_s"] == 5.0 and cost["steps_redone"] == 1
     assert cost["lost_s"] == pytest.approx(expected_lost_s) and cost["lost_s"] >= cost["to_first_step_s"]
+
+
+def test_a_streaming_tools_readings_are_read_by_the_sampler_without_a_thread_of_their_own(tmp_path):
+    """nvidia-smi --loop-ms as the sampler reads it (accelerators.StreamingTool): whole lines only,
+    in order, the reading complete at the next GPU 0; a line cut in two waits for its end; stop
+    ends the tool and leaves no thread behind."""
+    import select
+    import sys
+    import threading
+
+    tool_script = tmp_path / "nvidia-smi.py"
+    tool_script.write_text("import sys, time\n"
+                           "sys.stdout.write('0, 10, 100, 50.5\\n1, 20, 200, [N/A]\\n0, 30, 300, 70\\n1, 4')\n"
+                           "sys.stdout.flush()\n"
+                           "time.sleep(3600)\n")
+    threads = threading.active_count()
+    tool = accelerators.StreamingTool([sys.executable, str(tool_script)], accelerators.GpuReadings().take)
+    try:
+        assert threading.active_count() == threads
+        fd = tool.proc.stdout.fileno()
+        while tool._partial != b"1, 4":  # the tool's whole output, waited for on its pipe
+            select.select([fd], [], [])
+            tool.read_available()
+        assert tool.latest == [{"util": 10.0, "mem_mb": 100.0, "power_w": 50.5},
+                               {"util": 20.0, "mem_mb": 200.0, "power_w": None}]
+        assert tool._partial == b"1, 4"  # the cut line waits for its end
+    finally:
+        tool.stop()
+    assert tool.proc.returncode is not None
+
+
+def test_the_live_view_ticks_on_the_samplers_thread_until_it_is_detached():
+    """The job report's one thread (sampler.HostSampler): it samples and ticks the live view
+    once attached (live/loop.LiveLoop.start); detach waits for a tick under way, and no tick
+    comes after it."""
+    import threading
+
+    from entrypoint.jobreport.sampler import HostSampler
+
+    class StandInLive:
+        tick_s = 0.01
+
+        def __init__(self):
+            self.threads, self.third = [], threading.Event()
+
+        def tick(self):
+            self.threads.append(threading.current_thread().name)
+            if len(self.threads) == 3:
+                self.third.set()
+
+    sampler, live = HostSampler(0.02, os.getpid()).start(), StandInLive()
+    try:
+        sampler.attach(live)
+        assert live.third.wait(600)  # a failsafe, not a measure: the ticks come on their own
+        sampler.detach(live)
+        ticks = len(live.threads)
+        sampler.mark("after the detach")
+        assert set(live.threads) == {"byoc-report-sampler"}
+        points_before = len(sampler.snapshot()[0])
+        while len(sampler.snapshot()[0]) < points_before + 2:  # it goes on sampling, without ticks
+            time.sleep(0.01)
+        assert len(live.threads) == ticks
+    finally:
+        sampler.stop()

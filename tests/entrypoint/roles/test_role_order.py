@@ -84,13 +84,13 @@ def mpi_worker(host, monkeypatch):
         self.sshd = "sshd"
         return None
 
-    def wait_for_outcome(self, host):
+    def run_attempt(self, host, hooks):
         events.append(("serve until the outcome", self.sshd))
-        return mpi_role.WorkerOutcome(0)
+        return self.build_outcome(host, mpi_role.WorkerOutcome(0))
 
     monkeypatch.setattr(peers_role, "JobPort", StandInPort)
     monkeypatch.setattr(mpi_role.MpiWorker, "start_ssh", start_ssh)
-    monkeypatch.setattr(mpi_role.MpiWorker, "wait_for_outcome", wait_for_outcome)
+    monkeypatch.setattr(mpi_role.MpiWorker, "run_attempt", run_attempt)
     monkeypatch.setattr(mpi_role, "stop_worker", lambda plan, sshd: events.append(("stop sshd", sshd, written())))
     return main, events, written
 
