@@ -317,7 +317,7 @@ def run_attempt(host: Host) -> RunResult | Outcome:
     host.held.expect(Next(build_attempt_processes(plan.processes, host.attempt + 1), host.env, plan.cwd)
                      if restarted < plan.settings.max_restarts else None)
     hooks = RunHooks(plan.settings, plan.current_host, plan.settings.hang_timeout_s, stop_at=build_stop_at(plan),
-                     on_stopping=keeper.note_stop if keeper is not None else None, held=host.held)
+                     on_stopping=keeper.note_stop if keeper is not None else None, held=host.held, periodic=keeper)
     return host.role.run_attempt(host, hooks)
 
 
@@ -375,7 +375,7 @@ def start_compile_cache(host: Host):
     from entrypoint.decide.compile_cache import decide_folder_env
     from entrypoint.run.compile_cache import CacheKeeper
 
-    keeper = CacheKeeper(plan.compile_cache, plan.settings.stop_check_s)
+    keeper = CacheKeeper(plan.compile_cache)
     keeper.stop_asked = host.loop.stopped  # a stop posted while restoring ends the restore
     keeper.start()
     if keeper.folder != plan.compile_cache.folder:

@@ -35,6 +35,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import queue
 import re
 import stat
 import threading
@@ -576,23 +577,27 @@ def describe_graphs(before: list, after: list) -> str:
 
 class CacheKeeper:
     """This host's torch.compile cache for the length of the job: start() before the ranks,
-    end() after them. With an archive, a thread writes it every cache.save_every_s and as
-    soon as the run begins to stop (note_stop, from the main thread), while the ranks use their
-    grace period; one lock makes the thread's writes and end()'s one at a time."""
+    end() after them. With an archive, a thread writes it when the run asks: every
+    cache.save_every_s (the run's loop keeps that deadline: due_at, save_when_due) and as soon
+    as the run begins to stop (note_stop), while the ranks use their grace period. The thread
+    only writes what it is asked to, in order (no timer of its own); one lock makes its writes
+    and end()'s one at a time."""
 
-    def __init__(self, cache: CompileCache, stop_check_s: float):
-        self.cache, self.stop_check_s = cache, stop_check_s
+    def __init__(self, cache: CompileCache):
+        self.cache = cache
         # True once a stop came (the host loop's stopped, set by orchestrate.start_compile_cache):
         # looked at between two archives (a host's restore reads every host's, 256 at 256 hosts)
         # and within one, every STOP_CHECK_BYTES read (StopAwareStream).
         self.stop_asked = lambda: False
-        self.stopping = threading.Event()  # set by note_stop: the thread writes the archive now
+        self.todo: queue.SimpleQueue = queue.SimpleQueue()  # the writes asked for (why); None: no more
+        self.stop_noted = False  # a stop's write was asked for (once a job)
+        self.ended = False  # the thread was told to end (end_thread)
+        self.last_asked = time.monotonic()  # when the last periodic write was asked for (or the start)
         self.stamp: dict = {}
         self.lines: list[str] = []  # for the job report
         self.at_start: list = []
         self.saved: frozenset | None = None  # what the last archive held
         self.lock = threading.Lock()  # owns saved and the archive file
-        self.done = threading.Event()
         self.thread: threading.Thread | None = None
         self.folder: str | None = cache.folder  # what the ranks get (use_private_folder); None: torch's default
         self.private: str | None = None  # the private folder made for this job, removed by close()
@@ -624,6 +629,7 @@ class CacheKeeper:
         self.say(f"torch.compile cache: {cache.folder} holds {len(self.at_start)} file(s), {describe_mb(size)}, "
                  f"before the ranks start")
         if cache.archive is not None:
+            self.last_asked = time.monotonic()
             self.thread = threading.Thread(target=self._keep, name="compile-cache", daemon=True)
             self.thread.start()
 
@@ -708,28 +714,35 @@ class CacheKeeper:
                      f"{describe_mb(size)}, in {time.monotonic() - started:.1f} s")
 
     def _keep(self) -> None:
-        last, stop_saved = time.monotonic(), False
-        while not self.done.wait(self.stop_check_s):
-            every = self.cache.save_every_s
-            why = "a stop" if not stop_saved and self.stopping.is_set() else \
-                "periodic" if every and time.monotonic() - last >= every else None
-            if why is None:
-                continue
-            stop_saved = stop_saved or why == "a stop"
-            last = time.monotonic()
+        while (why := self.todo.get()) is not None:
             try:
                 self.save(why)
             except Exception as exc:  # noqa: BLE001 - the next save tries again
                 log(f"torch.compile cache: not written ({type(exc).__name__}: {exc})")
 
+    def due_at(self) -> float | None:
+        """When the next periodic write is due (time.monotonic()); None: none is (no archive, or
+        BYOC_COMPILE_CACHE_SAVE_EVERY_S=0)."""
+        every = self.cache.save_every_s
+        return self.last_asked + every if every and self.thread is not None else None
+
+    def save_when_due(self) -> None:
+        """The run's loop, at each look: the periodic write, once it is due."""
+        due = self.due_at()
+        if due is not None and time.monotonic() >= due:
+            self.last_asked = time.monotonic()
+            self.todo.put("periodic")
+
     def note_stop(self) -> None:
         """The run begins to stop (the main thread's Supervisor): the thread writes the archive."""
-        self.stopping.set()
+        if not self.stop_noted and self.thread is not None:
+            self.stop_noted = True
+            self.todo.put("a stop")
 
     def end(self, join_s: float) -> None:
         """After the ranks: the bound, this host's archive, and what the job's graphs did, off
         one walk of the folder; then close()."""
-        self.done.set()
+        self.end_thread()
         if self.thread is not None:
             self.thread.join(join_s)
         try:
@@ -749,9 +762,16 @@ class CacheKeeper:
         if self.cache.archive is not None:
             self.save("the end", after)
 
+    def end_thread(self) -> None:
+        """The thread ends once the writes asked for so far are done (once: a second call adds
+        nothing)."""
+        if self.thread is not None and not self.ended:
+            self.ended = True
+            self.todo.put(None)
+
     def close(self) -> None:
         """No more writes (the thread ends); the private folder, if one was made, removed."""
-        self.done.set()
+        self.end_thread()
         private, self.private = self.private, None
         if private is not None:
             import shutil

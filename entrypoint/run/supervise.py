@@ -229,6 +229,9 @@ class RunHooks(NamedTuple):
     # it; once this attempt is under way, the next attempt's are started ahead. None: none.
     held: object = None
     adopted: Adopted | None = None  # a run of ranks this host did not start (Adopted)
+    # What the run's loop asks for at its deadline: due_at() (time.monotonic(), or None) and
+    # save_when_due() (the compile cache's periodic archive, run/compile_cache.CacheKeeper).
+    periodic: object = None
 
 
 class Supervisor:
@@ -266,6 +269,7 @@ class Supervisor:
         self.held = hooks.held
         self.held_start_at: float | None = None  # time.monotonic() when the next attempt's start ahead
         self.adopted = hooks.adopted
+        self.periodic = hooks.periodic
 
     def start(self, spec: ProcessSpec, env: dict[str, str], cwd: str) -> None:
         if spec.rank_output:
@@ -488,6 +492,8 @@ class Supervisor:
             if running:
                 self.check_stop_time()
                 self.start_held_when_due()
+                if self.periodic is not None:
+                    self.periodic.save_when_due()
             if self.hang_timeout_s and running and self.stopped_by is None and self.hang_reason is None \
                     and (self.kill_at is None or self.hang_asked_at is not None):
                 self.check_for_hang()
@@ -528,7 +534,8 @@ class Supervisor:
     def next_look_s(self) -> float:
         """How long the run's wait may last before something here must be looked at."""
         look = self.settings.process_poll_s
-        for at in (self.kill_at, self.held_start_at):
+        due = self.periodic.due_at() if self.periodic is not None else None
+        for at in (self.kill_at, self.held_start_at, due):
             if at is not None and at != float("inf"):
                 look = min(look, max(0.0, at - time.monotonic()))
         return look

@@ -187,7 +187,7 @@ def make_cache(tmp_path, host: int = 0, max_bytes: int = 1 << 20) -> CompileCach
 
 
 def keeper(cache) -> keep.CacheKeeper:
-    return keep.CacheKeeper(cache, 0.05)
+    return keep.CacheKeeper(cache)
 
 
 def test_an_archive_round_trip_restores_the_entries_with_their_ages(tmp_path):
@@ -382,7 +382,7 @@ def test_a_kernel_torch_is_still_building_is_left_out_of_the_archive(tmp_path):
 def test_a_stop_writes_the_archive_while_the_ranks_still_run(tmp_path):
     cache = make_cache(tmp_path)
     fill(tmp_path / "local-0", {"fxgraph/ab/entry": 10})
-    k = keep.CacheKeeper(cache, 0.01)
+    k = keep.CacheKeeper(cache)
     k.start()
     k.note_stop()
     for _ in range(500):
@@ -392,6 +392,31 @@ def test_a_stop_writes_the_archive_while_the_ranks_still_run(tmp_path):
     assert os.path.exists(cache.archive) and any("written (a stop)" in line for line in k.lines)
     k.end(5)
     assert not any("written (the end)" in line for line in k.lines)  # nothing changed since
+
+
+def test_the_runs_loop_asks_for_the_periodic_archive_while_the_ranks_run(tmp_path):
+    """BYOC_COMPILE_CACHE_SAVE_EVERY_S: the run's loop keeps the keeper's deadline (due_at) and
+    asks for the write (save_when_due); the keeper's thread has no timer of its own. The rank
+    here ends only once the archive is there: it would wait for good without the periodic one."""
+    from entrypoint.decide.specs import ProcessSpec
+    from entrypoint.run.stop import Stop
+    from entrypoint.run.supervise import OutputCollector, RunHooks, run_processes
+
+    cache = make_cache(tmp_path)._replace(save_every_s=0.2)
+    fill(tmp_path / "local-0", {"fxgraph/ab/entry": 10})
+    k = keep.CacheKeeper(cache)
+    k.start()
+    assert k.due_at() is not None
+    rank = ("import os, select, sys, time\n"
+            "failsafe = time.monotonic() + 600\n"  # not a measure: a run that never asks ends failed
+            f"while not os.path.exists({cache.archive!r}):\n"
+            "    select.select([], [], [], 0.01)\n"
+            "    if time.monotonic() > failsafe: sys.exit(3)\n")
+    run = run_processes((ProcessSpec("rank", (sys.executable, "-c", rank)),), dict(os.environ), str(tmp_path),
+                        OutputCollector(), Stop(), RunHooks(periodic=k))
+    assert run.exit_code == 0 and any("written (periodic)" in line for line in k.lines), k.lines
+    k.end(5)
+    assert keep.CacheKeeper(make_cache(tmp_path)).due_at() is None  # no thread, no deadline
 
 
 def test_two_hosts_on_a_shared_folder_write_their_archives_at_once(tmp_path):

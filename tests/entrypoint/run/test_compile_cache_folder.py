@@ -105,7 +105,7 @@ def test_a_restore_never_writes_through_a_link_in_the_cache_folder(tmp_path, lev
     cache = make_cache(tmp_path)
     write_archive_bytes(tmp_path / "ckpt/byoc-compile-cache/host-0.tar.gz", MEMBERS)
     place_link(tmp_path / "local", out, level)
-    k = keep.CacheKeeper(cache, 0.05)
+    k = keep.CacheKeeper(cache)
     k.start()
     k.end(5)
     assert snapshot(out) == before, k.lines
@@ -130,7 +130,7 @@ def test_the_cache_folder_itself_a_link_is_not_used_the_ranks_get_a_private_fold
     cache = make_cache(tmp_path)
     write_archive_bytes(tmp_path / "ckpt/byoc-compile-cache/host-0.tar.gz", MEMBERS)
     os.symlink(out, tmp_path / "local")
-    k = keep.CacheKeeper(cache, 0.05)
+    k = keep.CacheKeeper(cache)
     k.start()
     private = k.folder
     assert private.startswith(str(tmp_path / keep.PRIVATE_PREFIX)) and os.path.isdir(private)
@@ -169,7 +169,7 @@ def test_writing_the_archive_never_writes_through_a_link(tmp_path, level):
         archives.mkdir(parents=True)
         name = f".host-0.tar.gz.{os.getpid()}.tmp" if level == "the archive's temporary name" else "host-0.tar.gz"
         os.symlink(out / "mine", archives / name)
-    k = keep.CacheKeeper(cache, 0.05)
+    k = keep.CacheKeeper(cache)
     k.start()
     k.end(5)
     assert snapshot(out) == before, k.lines
@@ -189,7 +189,7 @@ def test_a_folder_torch_could_not_write_is_replaced_by_a_private_one(tmp_path, m
               "a link to a file": tmp_path / "link"}[what]
     if what == "a link to a file":
         os.symlink(tmp_path / "file", folder)
-    k = keep.CacheKeeper(CompileCache(str(folder), None, None, 1 << 20, 0.0), 0.05)
+    k = keep.CacheKeeper(CompileCache(str(folder), None, None, 1 << 20, 0.0))
     k.start()
     assert k.folder != str(folder) and os.path.isdir(k.folder) and k.cache.folder == k.folder
     assert "the ranks use a private folder instead" in k.lines[0]
@@ -200,7 +200,7 @@ def test_a_folder_torch_could_not_write_is_replaced_by_a_private_one(tmp_path, m
 def test_without_any_usable_folder_the_ranks_get_torchs_default(tmp_path, monkeypatch):
     (tmp_path / "file").write_bytes(b"x")
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "file" / "tmp"))  # no private folder either
-    k = keep.CacheKeeper(CompileCache(str(tmp_path / "file" / "cache"), None, None, 1 << 20, 0.0), 0.05)
+    k = keep.CacheKeeper(CompileCache(str(tmp_path / "file" / "cache"), None, None, 1 << 20, 0.0))
     k.start()
     assert k.folder is None and "the ranks get torch's own default folder, nothing is kept" in k.lines[0]
     k.end(5)  # nothing to walk, nothing to write

@@ -152,7 +152,7 @@ def test_a_stop_while_the_large_member_is_read_leaves_the_folder_as_it_was(tmp_p
     before = snapshot(tmp_path / "local")
     stop = Stop()
     readers = read_with_a_stop_at(monkeypatch, archive, stop, start + (4 << 20))
-    k = keep.CacheKeeper(cache, 0.05)
+    k = keep.CacheKeeper(cache)
     k.stop_asked = stop.loop.stopped  # as orchestrate.start_compile_cache hands it
     k.start()
     k.close()
@@ -170,7 +170,7 @@ def test_without_a_stop_the_same_archive_is_restored_whole(tmp_path):
     cache = make_cache(tmp_path, BIG * 2)
     write_archive(Path(cache.archive), BIG)
     fill_earlier(tmp_path / "local")
-    k = keep.CacheKeeper(cache, 0.05)
+    k = keep.CacheKeeper(cache)
     k.start()
     k.close()
     local = tmp_path / "local"
