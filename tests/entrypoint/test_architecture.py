@@ -161,31 +161,179 @@ def test_no_wait_is_on_an_event_that_nothing_sets():
     assert not found, found
 
 
-# --- threads: who starts them --------------------------------------------------------------
+# --- threads and timers: how many, and never a role's ---------------------------------------
 
 
-# The modules that start threads, each for a reason: the loop's steps beside it (run_beside);
-# the transports' readers and senders (the job port, the watches, the rank-output pump); the
-# run's followers of its processes' output; what keeps a job's figures (the sampler, the live
-# view, the accelerators' reader) and caches. Every thread only posts on the loop or keeps
-# state of its own: none is started by a role or the orchestrator, whose state is the main thread's.
-THREAD_MODULES = {"loop/host_loop.py", "hosts/job_port.py", "hosts/worker_output.py", "run/supervise.py",
-                  "run/rank_stream.py", "run/rank_output.py", "run/compile_cache.py", "jobreport/sampler.py",
-                  "jobreport/live/loop.py", "jobreport/accelerators.py", "rank/record_errors.py",
-                  # torchrun's own process, not the entrypoint's: a held torchrun's imports at
-                  # the lowest priority (a thread's nice value is its own), joined at once
-                  "rank/launch_torchrun.py"}
+# A thread is state the loop does not see, and a timer a wait it does not own: each is counted,
+# outside rank/ (the user's processes, not the entrypoint's). What starts one: the loop's steps
+# beside it (run_beside); the job port's reader, its senders, the peer watches; the leader's
+# reader of its workers' rank output, a worker's stream of its own, the follower of mpirun's
+# files; the run's output pumps; the report's one thread; the compile cache's writer.
+MOST_THREAD_SITES = 10
+# A wait with a timeout outside the loop: a timer the loop does not own. Those left keep a pace
+# of their own off the loop: the report's samples, the peer watches' probes, the follower of the
+# ranks' files; and a process given its grace period (processes.stop_process).
+MOST_TIMED_WAITS = 4
 
 
 def find_thread_starts(tree: ast.Module) -> list[int]:
-    return sorted(n.lineno for n in ast.walk(tree) if isinstance(n, ast.Call) and name_of(n.func) in ("Thread", "Timer"))
+    """threading.Thread / Timer calls, and _thread.start_new_thread (the low-level way)."""
+    return sorted(n.lineno for n in ast.walk(tree) if isinstance(n, ast.Call)
+                  and name_of(n.func) in ("Thread", "Timer", "start_new_thread"))
 
 
-def test_threads_are_started_only_in_the_named_modules_and_never_by_a_role():
-    assert find_thread_starts(ast.parse("threading.Thread(target=f).start()\nThread(target=g)\nt.start()\n")) == [1, 2]
-    starting = {name for name, tree in modules().items() if find_thread_starts(tree)}
-    assert starting <= THREAD_MODULES, starting - THREAD_MODULES
-    assert not {n for n in starting if n.startswith("roles/") or n in ("orchestrate.py", "cli.py")}
+def outside_rank(name: str) -> bool:
+    return not name.startswith("rank/")
+
+
+def test_at_most_ten_places_start_a_thread_and_none_is_a_role_or_the_orchestrator():
+    sample = "threading.Thread(target=f).start()\nThread(target=g)\nt.start()\n_thread.start_new_thread(h, ())\n"
+    assert find_thread_starts(ast.parse(sample)) == [1, 2, 4]
+    sites = [f"{name}:{line}" for name, tree in modules().items() if outside_rank(name)
+             for line in find_thread_starts(tree)]
+    assert len(sites) <= MOST_THREAD_SITES, sites
+    assert not [s for s in sites if s.startswith("roles/") or s.split(":")[0] in ("orchestrate.py", "cli.py")]
+
+
+def find_timed_waits(tree: ast.Module) -> list[int]:
+    """`x.wait(...)` with an argument, on anything but the loop (`loop.wait(until, deadline)`
+    is the loop's own wait: its deadline is the loop's)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "wait" and \
+                (node.args or node.keywords) and name_of(node.func.value) != "loop":
+            found.append(node.lineno)
+    return sorted(found)
+
+
+def test_at_most_four_timed_waits_outside_the_loop():
+    sample = "stop.wait(1.0)\nself._stop.wait(timeout=2)\nloop.wait(done, deadline)\nself.loop.wait(d)\nt.wait()\n"
+    assert find_timed_waits(ast.parse(sample)) == [1, 2]
+    waits = [f"{name}:{line}" for name, tree in modules().items() if outside_rank(name) and not name.startswith("loop/")
+             for line in find_timed_waits(tree)]
+    assert len(waits) <= MOST_TIMED_WAITS, waits
+
+
+# --- who owns a host's state: Host, the roles flat beside it --------------------------------------
+
+
+def class_bases(trees: dict[str, ast.Module]) -> dict[str, tuple[str, list[str]]]:
+    """Each class of entrypoint/: (its module, the names of its bases)."""
+    return {node.name: (name, [name_of(b) for b in node.bases]) for name, tree in trees.items()
+            for node in ast.walk(tree) if isinstance(node, ast.ClassDef)}
+
+
+def class_depth(classes: dict, name: str) -> int:
+    """1 for a class whose bases are none of entrypoint's; one more for each of its own above it."""
+    if name not in classes:
+        return 0
+    return 1 + max([class_depth(classes, b) for b in classes[name][1] if b != name] or [0])
+
+
+def self_attributes(node: ast.ClassDef) -> set[str]:
+    """The names a class's methods set on self (self.x = ..., self.x += ..., self.x: T = ...)."""
+    found = set()
+    for n in ast.walk(node):
+        targets = n.targets if isinstance(n, ast.Assign) else [n.target] if isinstance(n, (ast.AugAssign,
+                                                                                             ast.AnnAssign)) else []
+        for target in targets:
+            for t in ast.walk(target):
+                if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
+                    found.add(t.attr)
+    return found
+
+
+def class_nodes(trees: dict[str, ast.Module]) -> dict[str, ast.ClassDef]:
+    return {node.name: node for tree in trees.values() for node in ast.walk(tree) if isinstance(node, ast.ClassDef)}
+
+
+def attributes_with_inherited(classes: dict, nodes: dict, name: str) -> set[str]:
+    if name not in nodes:
+        return set()
+    found = self_attributes(nodes[name])
+    for base in classes[name][1]:
+        if base != name:
+            found |= attributes_with_inherited(classes, nodes, base)
+    return found
+
+
+def test_the_readers_of_classes_see_a_breach():
+    sample = {"a.py": ast.parse("class A:\n    pass\nclass B(A):\n    def f(self):\n        self.x = 1\n"
+                                "class C(B):\n    def g(self):\n        self.y: int = 2\n        self.x += 1\n")}
+    classes, nodes = class_bases(sample), class_nodes(sample)
+    assert [class_depth(classes, c) for c in "ABC"] == [1, 2, 3]
+    assert attributes_with_inherited(classes, nodes, "C") == {"x", "y"}
+
+
+def test_no_class_is_deeper_than_two_and_every_role_subclasses_hostrole_directly():
+    trees = modules()
+    classes = class_bases(trees)
+    deep = {c: class_depth(classes, c) for c in classes if class_depth(classes, c) > 2}
+    assert not deep, deep
+    roles = {c for c, (module, _) in classes.items() if module.startswith("roles/") and "HostRole" in
+             attributes_chain(classes, c)}
+    assert roles >= {"SingleHost", "JobPortLeader", "JobPortWorker", "MpiLeader", "MpiWorker"}
+    assert all(classes[c][1] == ["HostRole"] for c in roles - {"HostRole"}), {c: classes[c][1] for c in roles}
+
+
+def attributes_chain(classes: dict, name: str) -> set[str]:
+    """name and every entrypoint class above it."""
+    found = {name}
+    for base in classes.get(name, ("", []))[1]:
+        if base in classes and base != name:
+            found |= attributes_chain(classes, base)
+    return found
+
+
+def role_leaves(classes: dict) -> set[str]:
+    roles = {c for c, (module, _) in classes.items() if module.startswith("roles/") and "HostRole" in
+             attributes_chain(classes, c)}
+    parents = {b for c in roles for b in classes[c][1]}
+    return roles - parents
+
+
+def test_a_hosts_state_is_set_on_host_only_and_a_role_keeps_at_most_fifteen_attributes():
+    """orchestrate.Host owns the plan, the environment, the stop, the output, the attempt, the
+    report's parts and the current run: no roles/ class sets a name Host sets (two copies kept in
+    step by hand). A role keeps what its own family adds beside them: 15 names at most, its
+    bases' included."""
+    trees = modules()
+    classes, nodes = class_bases(trees), class_nodes(trees)
+    host = self_attributes(nodes["Host"])
+    assert {"plan", "env", "stop", "collector", "paths", "attempt", "supervisor", "report", "restarts"} <= host
+    both = {f"{c}.{a}" for c, (module, _) in classes.items() if module.startswith("roles/")
+            for a in self_attributes(nodes[c]) & host}
+    assert not both, both
+    leaves = {c: sorted(attributes_with_inherited(classes, nodes, c)) for c in role_leaves(classes)}
+    assert len(leaves) == 5 and all(len(a) <= 15 for a in leaves.values()), leaves
+
+
+def find_loop_takes(tree: ast.Module) -> list[int]:
+    return [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+            and n.func.attr == "take" and name_of(n.func.value) == "loop"]
+
+
+def test_one_process_wait_loop_takes_from_the_hosts_loop():
+    """loop.take (the run's wait: until a child exits, an event, or its next look) is the
+    Supervisor's alone; every other wait is loop.wait(until, deadline)."""
+    assert find_loop_takes(ast.parse("self.loop.take(1)\nloop.take()\nqueue.take()\n")) == [1, 2]
+    takes = {name for name, tree in modules().items() if not name.startswith("loop/") and find_loop_takes(tree)}
+    assert takes == {"run/supervise.py"}, takes
+
+
+def find_supervisor_reads(tree: ast.Module) -> list[str]:
+    """`supervisor.x` or `host.supervisor.x` read, not called: a role reading a run's state."""
+    called = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+    return [n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and id(n) not in called
+            and name_of(n.value) == "supervisor"]
+
+
+def test_a_role_reads_no_attribute_of_the_run_it_only_calls_its_methods():
+    assert find_supervisor_reads(ast.parse("supervisor.kill_at\nhost.supervisor.stop_after_failure(w)\n"
+                                           "host.supervisor.followers.append(f)\n")) == ["kill_at", "followers"]
+    reads = {f"{name}: {a}" for name, tree in modules().items() if name.startswith("roles/")
+             for a in find_supervisor_reads(tree)}
+    assert not reads, reads
 
 
 def test_a_sender_started_off_the_loop_pauses_on_the_loop():
