@@ -369,7 +369,7 @@ def start_compile_cache(host: Host):
     """torch.compile's caches (run/compile_cache.py), restored before the role starts the ranks
     (an MPI worker before it lets the leader in); the keeper writes them back meanwhile and at
     the end. A folder it could not use is replaced (or left out) in the processes' environment
-    and the role's plan (whose environment an MPI host's ranks get: roles/mpi.write_host_env),
+    and the host's plan (whose environment an MPI host's ranks get: roles/mpi.write_host_env),
     so no rank is handed a folder torch cannot write."""
     plan, env = host.plan, host.env
     from entrypoint.decide.compile_cache import decide_folder_env

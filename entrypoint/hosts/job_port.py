@@ -396,7 +396,7 @@ class JobPort:
     (decide_backlog) and a replay memory of at least SEEN_PER_HOST signatures a host.
 
     It writes no log line of its own, whatever it reads: a Refused is logged by the role that
-    takes it (roles/job_port.JobPortRole.refuse), the first few a line each and the rest
+    takes it (roles/peers.Peers.refuse), the first few a line each and the rest
     counted, so refused messages cannot grow a host's log without bound."""
 
     def __init__(self, port: int, post, job_key: str = "", settings: LaunchSettings = DEFAULTS, hosts: int = 1):

@@ -17,7 +17,7 @@ def build_missing_host(host: str) -> dict:
 
 
 def build_restarts(restarts: list[dict]) -> list[dict]:
-    """The failed attempts the job was restarted after (roles/base.note_restart), each with the
+    """The failed attempts the job was restarted after (orchestrate.note_restart), each with the
     launcher's part of its cost: from the failure (its first root cause, or its processes'
     end) to the next attempt's processes started (None when none started)."""
     built = []
