@@ -248,19 +248,27 @@ def start_problem(host, problem: str, stopped_by: str | None) -> Outcome:
     return Outcome(1, describe_host_failure(host, f"{host.what}: starting the workers", RunResult(1, stopped_by)))
 
 
+def from_worker(host, peers: Peers, sender: str, worker: str, what: str, taken_already: bool = False) -> bool:
+    """Whether a word about `worker` is one of this leader's workers' own, sent from its own
+    address (the job's key is in every rank's environment, so a signature alone does not tell a
+    host from a rank elsewhere claiming to be it); else it is refused (what: the word)."""
+    if worker not in host.plan.peers or taken_already:
+        peers.refuse(sender, f"{what} for {worker!r}: not one of this leader's workers" +
+                     (", or again" if what == "figures" else ""))
+        return False
+    if not peers.is_from(sender, worker):
+        peers.refuse(sender, f"{what} for {worker!r} sent from another address")
+        return False
+    return True
+
+
 def take_worker_figures(host, peers: Peers, taken: dict[str, dict], figures: HostFigures) -> None:
-    """A worker's figures for the job report: only a leader takes them, from its workers, sent
-    from that worker's own address (the job's key is in every rank's environment, so a signature
-    alone does not tell a host from a rank elsewhere claiming to be it), keeping only what it
-    knows of them (jobreport/figures.parse_host_figures)."""
+    """A worker's figures for the job report (only a leader takes them: from_worker), keeping
+    only what it knows of them (jobreport/figures.parse_host_figures)."""
     from entrypoint.jobreport.figures import parse_host_figures
 
     worker, sender = figures.host, figures.sender
-    if worker not in host.plan.peers or worker in taken:
-        peers.refuse(sender, f"figures for {worker!r}: not one of this leader's workers, or again")
-        return
-    if not peers.is_from(sender, worker):
-        peers.refuse(sender, f"figures for {worker!r} sent from another address")
+    if not from_worker(host, peers, sender, worker, "figures", taken_already=worker in taken):
         return
     try:
         parsed, failed = parse_host_figures(figures.figures, worker), ""
@@ -274,15 +282,11 @@ def take_worker_figures(host, peers: Peers, taken: dict[str, dict], figures: Hos
 
 
 def take_worker_live(host, peers: Peers, live_figures: HostLive) -> None:
-    """A worker's live figures (jobreport/live/): only a leader takes them, from that worker's
-    own address, as take_worker_figures; the live thread parses them."""
-    worker, sender = live_figures.host, live_figures.sender
+    """A worker's live figures (jobreport/live/), from the worker itself (from_worker), while
+    this host's live view runs; the live thread parses them."""
     live = host.report.live if host.report is not None else None
-    if worker not in host.plan.peers or live is None:
-        peers.refuse(sender, f"live figures for {worker!r}: not one of this leader's workers")
+    if live is None:
+        peers.refuse(live_figures.sender, f"live figures for {live_figures.host!r}: no live view here")
         return
-    if not peers.is_from(sender, worker):
-        peers.refuse(sender, f"live figures for {worker!r} sent from another address")
-        return
-    live.take_remote(worker, live_figures.figures)
-
+    if from_worker(host, peers, live_figures.sender, live_figures.host, "live figures"):
+        live.take_remote(live_figures.host, live_figures.figures)
