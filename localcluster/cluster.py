@@ -55,6 +55,8 @@ from localcluster.processes import (
     LineEcho,
     build_nsenter_argv,
     kill_namespace_members,
+    probe_pid_namespace,
+    wait_for_namespaces_to_empty,
     probe_children,
 )
 from localcluster.requirements import probe_requirements
@@ -74,6 +76,7 @@ class _Init:
     popen: subprocess.Popen  # `ip netns exec ... unshare ...`, the init's parent
     pid: int | None  # the init itself (PID 1 inside the host); None until it said "ready"
     start: int | None
+    pid_ns: str | None = None  # its PID namespace (/proc/<init>/ns/pid): every process of the host
 
 
 class EmulatedCluster:
@@ -188,6 +191,8 @@ class EmulatedCluster:
         for proc in self._procs:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=5)
+        # Every host's processes gone, not only its init (the kernel ends them a moment later).
+        wait_for_namespaces_to_empty({i.pid_ns for i in self._inits.values()} - {None})
         with registry.registry_lock():
             remove_cluster_resources(self._record)
 
@@ -359,6 +364,9 @@ class EmulatedCluster:
             raise ClusterError(f"{host}: init {init.pid} survived SIGKILL")
         with contextlib.suppress(subprocess.TimeoutExpired):
             init.popen.wait(timeout=5)
+        left = wait_for_namespaces_to_empty({init.pid_ns} - {None})
+        if left:
+            raise ClusterError(f"{host}: processes {left} outlived its init")
 
     def disconnect(self, host: str) -> None:
         """Pull the host's network cable (its bridge-side veth goes down); it stays up."""
@@ -432,7 +440,8 @@ class EmulatedCluster:
                 raise ClusterError(f"{host}: the host's init vanished right after starting")
             assert popen.stdout is not None
             popen.stdout.close()
-            self._inits[host] = _Init(popen, children[0], registry.probe_process_start(children[0]))
+            self._inits[host] = _Init(popen, children[0], registry.probe_process_start(children[0]),
+                                      probe_pid_namespace(children[0]))
         assert self._record is not None
         self._record["inits"] = [[i.pid, i.start] for i in self._inits.values()]
         registry.write_record(self._record)

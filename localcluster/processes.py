@@ -244,6 +244,18 @@ def probe_namespace_members(init_pid: int) -> list[int]:
     return members
 
 
+def wait_for_namespaces_to_empty(namespaces: set[str], timeout_s: float = 10.0) -> list[int]:
+    """After their inits were killed: until no process is left in any of these PID namespaces
+    (the kernel ends every member of a namespace whose init died, each a moment later under
+    load); the pids still there at timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = [int(e) for e in os.listdir("/proc") if e.isdigit() and probe_pid_namespace(int(e)) in namespaces]
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.02)
+
+
 def kill_namespace_members(init_pid: int, rounds: int = 20) -> None:
     """SIGKILL everything on a host except its init (a container stopping, the host staying up).
     Repeated because a process may fork while we look."""

@@ -132,6 +132,10 @@ class V3JobResult:
     output_dir: Path | None  # compressed_artifacts/output.tar.gz, extracted
     timed_out: bool = False
     spec: dict = field(default_factory=dict)
+    # host -> what its container printed, from the container (docker logs): compose's merged
+    # stream (log) can miss a container that ended as compose attached (seen on a loaded fresh
+    # root: algo-2 exited 2 having refused the job, none of its lines in the log).
+    container_logs: dict[str, str] = field(default_factory=dict)
 
     @property
     def failed(self) -> bool:
@@ -238,6 +242,7 @@ def run_v3_job(
     wall = time.monotonic() - started
     try:
         exits = load_container_exits(container_root, env)
+        container_logs = load_container_logs(container_root, env)
     finally:
         run_compose_down(container_root, env)
     result = json.loads(result_path.read_text()) if result_path.exists() else {}
@@ -253,15 +258,32 @@ def run_v3_job(
         output_dir=extract(container_root / "compressed_artifacts" / "output.tar.gz", tmp_path / "output"),
         timed_out=timed_out,
         spec=asdict(spec),
+        container_logs=container_logs,
     )
 
 
-def load_container_exits(container_root: Path, env: Mapping[str, str]) -> dict[str, int]:
+def load_container_ids(container_root: Path, env: Mapping[str, str]) -> list[str]:
     if not (container_root / COMPOSE_FILE).exists():
-        return {}
-    ids = subprocess.run(
+        return []
+    return subprocess.run(
         build_compose_argv(container_root, "ps", "-q"), capture_output=True, text=True, env=dict(env),
     ).stdout.split()
+
+
+def load_container_logs(container_root: Path, env: Mapping[str, str]) -> dict[str, str]:
+    """Each host's own output, as its container kept it (stdout and stderr, in order)."""
+    logs = {}
+    for container in load_container_ids(container_root, env):
+        service = subprocess.run(["docker", "inspect", "-f", '{{index .Config.Labels "com.docker.compose.service"}}',
+                                  container], capture_output=True, text=True, env=dict(env)).stdout.strip()
+        done = subprocess.run(["docker", "logs", container], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, errors="replace", env=dict(env))
+        logs[service] = done.stdout
+    return logs
+
+
+def load_container_exits(container_root: Path, env: Mapping[str, str]) -> dict[str, int]:
+    ids = load_container_ids(container_root, env)
     if not ids:
         return {}
     done = subprocess.run(
