@@ -272,10 +272,6 @@ class LaunchSettings(NamedTuple):
     # How long a helper thread (an output pump, a watch, the job report's sampler beyond its
     # interval) may take to end once told to.
     thread_join_s: float = 5.0
-    # The job report's streaming tools (nvidia-smi, neuron-monitor) get this long to exit after
-    # SIGTERM, then SIGKILL: both exit at once on it, and the report's end does not wait on a
-    # stuck one.
-    tool_stop_wait_s: float = 2.0
     # Stopping the live thread waits this long for a tick in progress (a worker's one send to the
     # leader, each connection within peer_probe_timeout_s; the leader's TensorBoard write), so
     # the last tick does not run beside it; a tick takes far less, so only a stuck disk waits it.

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 
-from entrypoint.settings import DEFAULTS
 
 GPU_QUERY = "index,utilization.gpu,memory.used,power.draw"
 
@@ -99,9 +98,10 @@ class StreamingTool:
             return 0.0
 
     def stop(self) -> None:
-        from entrypoint.run.processes import stop_process
-
-        stop_process(self.proc, DEFAULTS.tool_stop_wait_s)
+        """The tool only reads the devices: it is ended outright (SIGKILL), and collected."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
         self.proc.stdout.close()
         if self._cleanup:
             try:

@@ -25,7 +25,7 @@ from entrypoint.outcome.hosts import describe_worker_host_failure
 from entrypoint.outcome.records import Outcome
 from entrypoint.roles.attempts import AttemptBoard, Taken
 from entrypoint.roles.base import HostRole, begin_run, write_job_report
-from entrypoint.roles.peers import Peers, take_worker_figures, take_worker_live
+from entrypoint.roles.peers import Peers, decide_job_key, take_worker_figures, take_worker_live
 
 
 def start_attempt_run(host, board: AttemptBoard, supervisor) -> None:
@@ -240,7 +240,8 @@ class JobPortWorker(HostRole):
     def start_live(self, host) -> None:
         """This host's live figures go to the leader's job port every interval (from the live
         thread: one try each, nothing of this role's touched)."""
-        plan, settings, key = host.plan, host.plan.settings, self.peers.key
+        # The job's key from the plan: the report starts before the port opens (Peers.key).
+        plan, settings, key = host.plan, host.plan.settings, decide_job_key(host.plan)
 
         def send(text: str) -> int:
             return job_port.send_live_figures(plan.leader, settings.job_port, key, plan.current_host, text, settings)
