@@ -25,7 +25,6 @@ import sys
 
 CHECKED_ON = "torch 2.13.0 (CPython 3.11)"
 LOG_PREFIX = "[entrypoint] "
-NOTES_ENV = "BYOC_INTERNALS_NOTES"  # a file every fallback's line is appended to, where set
 
 _noted = set()  # the internals this process's log named already (note_fallback)
 _verdicts = {}  # internal -> its check's verdict, made at first use (check_once)
@@ -33,27 +32,16 @@ _verdicts = {}  # internal -> its check's verdict, made at first use (check_once
 
 def note_fallback(internal: str, why: str, fallback: str) -> None:
     """One line on stderr, the first time this process falls back from internal: the rank's log
-    (its stderr travels with its output to the entrypoint, as record_errors.py's own lines do).
-    Also appended to the file NOTES_ENV names, where set (scripts/check-torch-versions.sh
-    collects every process's there, the ranks' included)."""
+    (its stderr travels with its output to the entrypoint, as record_errors.py's own lines do)."""
     if internal in _noted:
         return
     _noted.add(internal)
-    line = f"{LOG_PREFIX}{internal} is not what this image checked on {CHECKED_ON}: {why}; {fallback}\n"
     try:
-        sys.stderr.write(line)
+        sys.stderr.write(f"{LOG_PREFIX}{internal} is not what this image checked on {CHECKED_ON}: {why}; "
+                         f"{fallback}\n")
         sys.stderr.flush()
     except (OSError, ValueError, AttributeError):  # no stderr left: the fallback holds all the same
         pass
-    import os
-
-    notes = os.environ.get(NOTES_ENV)
-    if notes:
-        try:
-            with open(notes, "a") as f:
-                f.write(line)
-        except OSError:
-            pass
 
 
 def check_once(internal: str, check) -> bool:
