@@ -12,9 +12,10 @@ fallback: the public way, or nothing where there is none, the user's program unc
 way; and the rank's log says so in one line on stderr, once per process, naming the internal
 (note_fallback). The user's stdout is never written.
 
-Checked on (CHECKED_ON): torch 2.13.0 under CPython 3.11.7 (the dev venv); each torch it
-names is checked in a venv of its own by scripts/check-torch-versions.sh. The CPython reaches
-are the interpreter's, the same under each torch.
+Checked on (CHECKED_ON): torch 2.9.1, 2.13.0 and 2.14.1 under CPython 3.11.7, each in a venv
+of its own (scripts/check-torch-versions.sh, its result in docs/development.md). The CPython
+reaches are the interpreter's, the same under each torch; CPython 3.12 (the GPU and trn1
+images') is not checked here.
 
 Named byoc_internals, not internals: run by path (every rank), it is imported by its bare name
 beside record_errors, and a user's own module named `internals` must stay the user's.
@@ -23,7 +24,7 @@ Standard library only, and nothing imported at load but _thread: this runs in ev
 import _thread
 import sys
 
-CHECKED_ON = "torch 2.13.0 (CPython 3.11)"
+CHECKED_ON = "torch 2.9.1, 2.13.0, 2.14.1 (CPython 3.11)"
 LOG_PREFIX = "[entrypoint] "
 
 _noted = set()  # the internals this process's log named already (note_fallback)
@@ -69,7 +70,8 @@ def start_thread(fn) -> bool:
     Why not threading.Thread: importing threading costs every rank's start (tests/entrypoint/
     test_startup_imports.py keeps it out of a rank), and such a thread is no thread of the
     program's (threading.enumerate never lists it, nothing joins it at exit).
-    Checked on: CHECKED_ON. Check: _thread.start_new_thread is callable.
+    Checked on: torch 2.9.1, 2.13.0, 2.14.1 (CPython 3.11).
+    Check: _thread.start_new_thread is callable.
     Fallback: False, nothing started; the caller starts a daemon threading.Thread (public)."""
     internal = "_thread.start_new_thread"
     if not check_once(internal, lambda: _callable_attribute(_thread, "start_new_thread")):
@@ -82,7 +84,8 @@ def start_thread(fn) -> bool:
 def thread_local():
     """A thread-local object, `_thread._local()`: what threading.local is, without importing
     threading (step_figures.start, in every rank that writes step figures).
-    Checked on: CHECKED_ON. Check: _thread._local is a type.
+    Checked on: torch 2.9.1, 2.13.0, 2.14.1 (CPython 3.11).
+    Check: _thread._local is a type.
     Fallback: threading.local() (public; a rank under torch has threading loaded already)."""
     internal = "_thread._local"
     if check_once(internal, lambda: isinstance(getattr(_thread, "_local", None), type)):
@@ -100,7 +103,8 @@ def has_x_option(name: str) -> bool:
     """Whether Python was started with `-X name` (`-X faulthandler`), from `sys._xoptions`.
     Why: no public attribute says so (sys.flags has no faulthandler); record_errors.py leaves a
     program started with it its own faulthandler.
-    Checked on: CHECKED_ON. Check: sys._xoptions is a dict.
+    Checked on: torch 2.9.1, 2.13.0, 2.14.1 (CPython 3.11).
+    Check: sys._xoptions is a dict.
     Fallback: the interpreter's own command line, sys.orig_argv (public since 3.10): `-X name`,
     `-Xname`, `-X name=value`."""
     internal = "sys._xoptions"
@@ -108,7 +112,8 @@ def has_x_option(name: str) -> bool:
         return name in sys._xoptions
     note_fallback(internal, "not a dict", "read from sys.orig_argv instead")
     argv = list(getattr(sys, "orig_argv", ()))
-    given = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "-X"] + [a[2:] for a in argv if a.startswith("-X") and a != "-X"]
+    given = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "-X"]
+    given += [a[2:] for a in argv if a.startswith("-X") and a != "-X"]
     return any(option.split("=", 1)[0] == name for option in given)
 
 
@@ -119,7 +124,8 @@ SIGNAL_NAMES = ("signal", "getsignal", "SIG_DFL", "SIG_IGN", "default_int_handle
 def signal_module():
     """The C module `_signal`, with signal's functions and numbers: `signal` itself imports enum,
     about 2 ms of every rank's start (record_errors.py sets a rank's handlers with it).
-    Checked on: CHECKED_ON. Check: _signal has every name of SIGNAL_NAMES.
+    Checked on: torch 2.9.1, 2.13.0, 2.14.1 (CPython 3.11).
+    Check: _signal has every name of SIGNAL_NAMES.
     Fallback: the public module signal (same functions; its numbers are IntEnums)."""
     internal = "_signal"
 
@@ -143,7 +149,8 @@ def io_base_type() -> type:
     _flush_open_files flushes each one the interpreter would have, with issubclass on every
     object the collector tracks; io.IOBase is an ABC whose check would ask every other class
     about its subclasses.
-    Checked on: CHECKED_ON. Check: _io._IOBase is a type and io.IOBase's base.
+    Checked on: torch 2.9.1, 2.13.0, 2.14.1 (CPython 3.11).
+    Check: _io._IOBase is a type and io.IOBase's base.
     Fallback: io.IOBase (public; the same answer, more slowly)."""
     internal = "_io._IOBase"
 
@@ -171,7 +178,8 @@ def join_non_daemon_threads() -> None:
     """What Py_Finalize does first, `threading._shutdown()`: join the program's non-daemon
     threads (record_errors.end_without_teardown ends the process after, without the teardown).
     No public function does exactly this (it also marks the main thread done).
-    Checked on: CHECKED_ON. Check: threading._shutdown is callable.
+    Checked on: torch 2.9.1, 2.13.0, 2.14.1 (CPython 3.11).
+    Check: threading._shutdown is callable.
     Fallback: each non-daemon thread but this one joined, from threading.enumerate (public)."""
     threading = sys.modules.get("threading")
     if threading is None:
@@ -191,7 +199,8 @@ def run_exit_handlers() -> bool:
     """The atexit handlers, now, as the interpreter runs them at its end: `atexit._run_exitfuncs()`
     (record_errors.end_without_teardown; a forked rank's KeyboardInterrupt, which then dies of
     SIGINT: no ending of the interpreter's would run them). No public function runs them.
-    Checked on: CHECKED_ON. Check: atexit._run_exitfuncs is callable.
+    Checked on: torch 2.9.1, 2.13.0, 2.14.1 (CPython 3.11).
+    Check: atexit._run_exitfuncs is callable.
     Fallback: False, none run: the caller lets the interpreter end the process its own way."""
     import atexit
 
@@ -231,7 +240,8 @@ def hand_torchrun_the_return(frame=None) -> bool:
     (torch.distributed.elastic.multiprocessing.api._wrap, below the rank on its stack) holds in
     its local `ret_val_`, the return it would put at its end (record_errors.
     _hand_torchrun_the_return says why). torch gives no public handle on that queue.
-    Checked on: CHECKED_ON. Check: a frame of `_wrap` in that module, its `ret_val_` with a
+    Checked on: torch 2.9.1, 2.13.0, 2.14.1 (CPython 3.11).
+    Check: a frame of `_wrap` in that module, its `ret_val_` with a
     callable put (a SimpleQueue).
     Fallback: False, nothing put: the wrapper's own way (the rank's return, at its end).
     frame: where to look from (the tests' stand-in); default the caller's."""
@@ -253,14 +263,15 @@ def fork_sentinel_fd(frame=None):
     `child_w` of multiprocessing.popen_fork.Popen._launch, below the rank on its stack
     (record_errors._keep_exit_visible_to_torchrun closes it in the rank's own forks).
     multiprocessing gives the child no public handle on it.
-    Checked on: CHECKED_ON. Check: a frame of `_launch` in that module, its `child_w` an int.
+    Checked on: torch 2.9.1, 2.13.0, 2.14.1 (CPython 3.11).
+    Check: a frame of `_launch` in that module, its `child_w` an int.
     Fallback: None: nothing is closed in the rank's forks (torchrun then waits for a rank's
     child that outlives it, as before this was done).
     frame: where to look from (the tests' stand-in); default the caller's."""
     fd = find_caller_local(FORK_LAUNCH, lambda v: isinstance(v, int) and not isinstance(v, bool), frame)
     if fd is None:
-        note_fallback("multiprocessing.popen_fork.Popen._launch's local child_w", "no such frame and local on the stack",
-                      "the pipe stays open in the rank's own forks")
+        note_fallback("multiprocessing.popen_fork.Popen._launch's local child_w",
+                      "no such frame and local on the stack", "the pipe stays open in the rank's own forks")
     return fd
 
 
@@ -268,7 +279,8 @@ def clear_exit_handlers() -> bool:
     """Forget every atexit handler the rank inherited from its torchrun: `atexit._clear()`
     (record_errors._keep_import_exit_handlers registers again those a started rank has).
     atexit.unregister needs each function, and nothing public lists them.
-    Checked on: CHECKED_ON. Check: atexit._clear is callable.
+    Checked on: torch 2.9.1, 2.13.0, 2.14.1 (CPython 3.11).
+    Check: atexit._clear is callable.
     Fallback: False, nothing cleared: the rank keeps all it inherited (its imports' among them),
     and the caller registers none again."""
     import atexit
@@ -286,7 +298,8 @@ def multiprocessing_exit_function():
     (it ends the process's daemonic children, joins the others): a started rank has it, so the
     forked rank registers it again after clear_exit_handlers. None when multiprocessing.util is
     not loaded. Nothing public names it.
-    Checked on: CHECKED_ON. Check: callable.
+    Checked on: torch 2.9.1, 2.13.0, 2.14.1 (CPython 3.11).
+    Check: callable.
     Fallback: None: not registered again (a rank's own children then end by their own exit)."""
     util = sys.modules.get("multiprocessing.util")
     if util is None:
@@ -303,7 +316,8 @@ def become_main_process() -> bool:
     _current_process` a new `_MainProcess` (no parent, an authentication key of its own) and
     `_parent_process` None, as in a program of its own (record_errors._become_main_process).
     No public function makes a process its own main process.
-    Checked on: CHECKED_ON. Check: the class _MainProcess (a BaseProcess subclass: the module
+    Checked on: torch 2.9.1, 2.13.0, 2.14.1 (CPython 3.11).
+    Check: the class _MainProcess (a BaseProcess subclass: the module
     deletes its own name for it), and both module attributes exist.
     Fallback: False, nothing changed: multiprocessing still sees the rank as torchrun's child
     (parent_process() is torchrun's)."""
@@ -335,7 +349,8 @@ def record_exit_handlers(load, handlers: list) -> None:
     in their order, less what atexit.unregister took back: atexit.register and atexit.unregister
     replaced by noting ones for its duration, then put back, however load() ends
     (launch_torchrun.record_import_exit_handlers says why). Nothing public lists atexit's handlers.
-    Checked on: CHECKED_ON. Check: atexit.register and atexit.unregister are callable.
+    Checked on: torch 2.9.1, 2.13.0, 2.14.1 (CPython 3.11).
+    Check: atexit.register and atexit.unregister are callable.
     Fallback: load() alone, none noted (a forked rank then registers multiprocessing's only)."""
     import atexit
 
@@ -366,7 +381,8 @@ def import_dynamo() -> bool:
     """Import `torch._dynamo` (launch_torchrun.preload_for_forked_ranks: made once before the
     ranks fork, where each rank and torch's agent would import it later). It has no public name
     to import it by (torch.compile imports it at its first call).
-    Checked on: CHECKED_ON. Check: the import succeeds.
+    Checked on: torch 2.9.1, 2.13.0, 2.14.1 (CPython 3.11).
+    Check: the import succeeds.
     Fallback: False, not imported ahead (each rank imports it where it needs it)."""
     import importlib
 
@@ -402,7 +418,8 @@ def wrap_collectives(module, names, wrap) -> list:
     when that is the same function (step_figures.patch_collectives times them as the step's wait).
     torch has no public hook around a collective's call. A function wrapped already (wrap's
     mark __byoc_timed__) is left. Returns the names wrapped.
-    Checked on: CHECKED_ON. Check, for each: a Python function of that module.
+    Checked on: torch 2.9.1, 2.13.0, 2.14.1 (CPython 3.11).
+    Check, for each: a Python function of that module.
     Fallback, for each that is not: left as it is (not counted as wait)."""
     package = sys.modules.get("torch.distributed")
     wrapped = []
@@ -427,7 +444,8 @@ def wrap_autograd_backward(module, wrap) -> bool:
     backward time, where DDP's all-reduce waits). Tensor.backward calls it by the module's
     attribute, so every backward() passes through. torch has no public hook around a whole
     backward call.
-    Checked on: CHECKED_ON. Check: a Python function of torch.autograd, first parameter `tensors`.
+    Checked on: torch 2.9.1, 2.13.0, 2.14.1 (CPython 3.11).
+    Check: a Python function of torch.autograd, first parameter `tensors`.
     Fallback: False, left as it is (no backward time in the figures)."""
     fn = getattr(module, "backward", None)
     if getattr(fn, "__byoc_timed__", False):
@@ -446,7 +464,8 @@ def wrap_ddp_forward(module, on_forward) -> bool:
     (step_figures.patch_ddp: the rank runs DDP, so its backward time holds the gradients'
     all-reduce). A forward hook would be the public way per model, but the rank never sees the
     model; a global module hook would put every module's call of the script on torch's slow path.
-    Checked on: CHECKED_ON. Check: DistributedDataParallel defines forward itself, a Python
+    Checked on: torch 2.9.1, 2.13.0, 2.14.1 (CPython 3.11).
+    Check: DistributedDataParallel defines forward itself, a Python
     function taking (self, *inputs, **kwargs).
     Fallback: False, left as it is (the rank is not known to run DDP)."""
     ddp = getattr(module, "DistributedDataParallel", None)
@@ -480,7 +499,8 @@ def run_after_exec(spec, then) -> bool:
     the loader object itself stays the module's (module.__loader__, its resources), only its
     exec_module is replaced, on this one loader (step_figures._AfterImport). A wrapping loader
     would be the public way, but the module would then carry it as its __loader__.
-    Checked on: CHECKED_ON. Check: spec.loader has a callable exec_module that can be set.
+    Checked on: torch 2.9.1, 2.13.0, 2.14.1 (CPython 3.11).
+    Check: spec.loader has a callable exec_module that can be set.
     Fallback: False, nothing changed: the module imports as it would, and then() is not called
     (the caller lets the normal finders import it)."""
     loader = getattr(spec, "loader", None)
