@@ -35,7 +35,6 @@ within DEATH_POLL_S).
 Run by path, like record_errors.py, whose functions it uses.
 """
 
-import _thread
 import os
 import sys
 import time
@@ -44,6 +43,7 @@ try:
     import record_errors  # run by path: this folder is sys.path[0]
 except ImportError:  # imported as entrypoint.rank.launch_torchrun (the tests)
     from entrypoint.rank import record_errors
+internals = record_errors.internals  # torch's and CPython's internals, behind one seam (byoc_internals.py)
 
 DEATH_POLL_S = 0.02
 _deaths: dict = {}  # pid -> time.time() when this process first saw it exited
@@ -146,13 +146,8 @@ def preload_for_forked_ranks() -> None:
     fails: its log formatter reads torch._dynamo.config to print the failure's traceback. In a
     restart both imports lay on the way from the failure to the next step; here they are made
     once, before the ranks start, and a held torchrun makes them while the attempt before runs."""
-    import importlib
-
     environ = dict(os.environ)
-    try:
-        importlib.import_module("torch._dynamo")
-    except Exception:  # a torch without it (or broken): torch's own code says so, where it needs it
-        pass
+    internals.import_dynamo()  # where it cannot, each rank imports it where it needs it
     # What the import set in the environment (inductor's TORCHINDUCTOR_CACHE_DIR, its default
     # folder) is not the job's: a started rank, which imports it later, has none of it.
     os.environ.clear()
@@ -179,25 +174,11 @@ def record_import_exit_handlers(load) -> None:
     shutdown, multiprocessing's, torch's), which a started rank registers as it imports them,
     and a forked rank registers again after it clears torchrun's (record_errors.
     _keep_import_exit_handlers reads them from record_errors.IMPORT_EXIT_HANDLERS). atexit's
-    own functions are back in place before any rank is forked."""
-    import atexit
-
+    own functions are back in place before any rank is forked (byoc_internals.record_exit_handlers)."""
     handlers = []
-    register, unregister = atexit.register, atexit.unregister
-
-    def noting_register(func, *args, **kwargs):
-        handlers.append((func, args, kwargs))
-        return register(func, *args, **kwargs)
-
-    def noting_unregister(func):
-        handlers[:] = [h for h in handlers if h[0] != func]
-        return unregister(func)
-
-    atexit.register, atexit.unregister = noting_register, noting_unregister
     try:
-        load()
+        internals.record_exit_handlers(load, handlers)
     finally:
-        atexit.register, atexit.unregister = register, unregister
         setattr(record_errors, record_errors.IMPORT_EXIT_HANDLERS, handlers)
 
 
@@ -283,7 +264,10 @@ def main(argv: list) -> None:
     from torch.distributed.run import main as run_torchrun
 
     sys.argv = ["torchrun", *argv]
-    _thread.start_new_thread(_watch_children, ())
+    if not internals.start_thread(_watch_children):
+        import threading
+
+        threading.Thread(target=_watch_children, daemon=True).start()
     import shutil
     import tempfile
 

@@ -25,6 +25,16 @@ import runpy
 import sys
 import time
 
+# torch's and CPython's internals, behind one seam (byoc_internals.py, beside this file).
+if __package__:  # imported as entrypoint.rank.record_errors: the entrypoint, the tests, the image's .pth
+    from entrypoint.rank import byoc_internals as internals
+else:  # run by path (every rank) or imported by its bare name (launch_torchrun.py)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # this folder: under -P or -I it is not first
+    try:
+        import byoc_internals as internals
+    finally:
+        del sys.path[0]
+
 MARKER = "BYOC-ROOT-CAUSE "
 # A root cause sent to a job port is `BYOC-SIGNED <hmac> BYOC-ROOT-CAUSE {json}`: the HMAC-SHA256
 # of the record line with the job's key (BYOC_JOB_PORT_KEY, hex; made by the
@@ -371,14 +381,14 @@ def _print_stacks_on_request() -> None:
     entrypoint shows where each rank is (python -m entrypoint: `kill -USR1` the entrypoint).
     faulthandler answers in C, so it works even while the rank is stuck in a call. A program
     that installs its own SIGUSR1 handler replaces this one."""
-    import _signal  # the C module: `signal` would import enum, ~2 ms of every rank's start
     import atexit
     import faulthandler
 
+    signals = internals.signal_module()  # the C module: `signal` would import enum, ~2 ms of every rank's start
     # Ignored first: faulthandler keeps what was there before as the handler it puts back (at
     # unregister, and at the interpreter's end), and the default would end the rank.
-    _signal.signal(_signal.SIGUSR1, _signal.SIG_IGN)
-    faulthandler.register(_signal.SIGUSR1, file=sys.stderr, all_threads=True, chain=False)
+    signals.signal(signals.SIGUSR1, signals.SIG_IGN)
+    faulthandler.register(signals.SIGUSR1, file=sys.stderr, all_threads=True, chain=False)
     # The entrypoint asks only a rank that handles SIGUSR1 (run/processes.signal_ranks_below);
     # at the interpreter's end its handlers go back to the default, which ends the process: a
     # question in that window would turn a rank that succeeded into "killed by signal 10".
@@ -389,11 +399,11 @@ def _print_stacks_on_request() -> None:
 def _stop_answering() -> None:
     """SIGUSR1 ignored from here to the process's end: the rank cannot answer any more, and must
     not die of the question."""
-    import _signal
     import faulthandler
 
-    faulthandler.unregister(_signal.SIGUSR1)  # puts back SIG_IGN (registered over it)
-    _signal.signal(_signal.SIGUSR1, _signal.SIG_IGN)  # a program's own handler, too
+    signals = internals.signal_module()
+    faulthandler.unregister(signals.SIGUSR1)  # puts back SIG_IGN (registered over it)
+    signals.signal(signals.SIGUSR1, signals.SIG_IGN)  # a program's own handler, too
 
 
 # Where a rank killed by SIGSEGV, SIGABRT, SIGBUS, SIGFPE or SIGILL leaves its Python stacks, set
@@ -486,7 +496,8 @@ def start_whole_lines() -> None:
         stop.release()
         stopped.acquire(timeout=5 * PARTIAL_LINE_FLUSH_S)
 
-    _thread.start_new_thread(flush_partial_lines, ())
+    if not internals.start_thread(flush_partial_lines):
+        _stdlib("threading").Thread(target=flush_partial_lines, daemon=True).start()
     atexit.register(stop_flushing)
 
 
@@ -510,11 +521,10 @@ def _log_torchrun_restart(environ) -> None:
 def _flush_open_files() -> None:
     """Flush every Python file object still open: the interpreter's teardown would have (a file
     the program never closed is flushed when it is freed), and end_without_teardown skips it."""
-    import _io  # the C base of every file object; io.IOBase's ABC check would ask other objects questions
-
+    base = internals.io_base_type()  # the C base of every file object (io.IOBase's ABC check asks others)
     gc = _stdlib("gc")
     for obj in gc.get_objects():
-        if issubclass(type(obj), _io._IOBase):
+        if issubclass(type(obj), base):
             try:
                 if not obj.closed and obj.writable():
                     obj.flush()
@@ -537,11 +547,12 @@ def end_without_teardown(code: int) -> None:
     own), flush every open file, finalize MPI where mpi4py started it (mpirun calls a rank
     that exits without MPI_Finalize a failure). Only the module teardown is skipped. Used only
     once torch.distributed is loaded: other programs end as Python ends them. torchrun ends
-    this way too (launch_torchrun.run_and_end): there the teardown is time on a restart's path."""
-    threading = sys.modules.get("threading")
-    if threading is not None:
-        threading._shutdown()  # what Py_Finalize calls first: joins the non-daemon threads
-    _stdlib("atexit")._run_exitfuncs()
+    this way too (launch_torchrun.run_and_end): there the teardown is time on a restart's path.
+    Where the interpreter's exit handlers cannot be run from here (byoc_internals.
+    run_exit_handlers), the interpreter ends the process its own way (SystemExit), teardown and all."""
+    internals.join_non_daemon_threads()  # what Py_Finalize does first
+    if not internals.run_exit_handlers():
+        raise SystemExit(code)
     mpi = sys.modules.get("mpi4py.MPI")
     try:
         if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
@@ -555,10 +566,9 @@ def end_without_teardown(code: int) -> None:
         # return that never comes. Not handed ahead (another torch: _hand_torchrun_the_return):
         # the wrapper's own way, where a stop's close (torchrun's SIGTERM) ends the waiting
         # rank at once at least.
-        import _signal
-
+        signals = internals.signal_module()
         for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"):
-            _signal.signal(getattr(_signal, name), _signal.SIG_DFL)
+            signals.signal(getattr(signals, name), signals.SIG_DFL)
         return
     os._exit(code)
 
@@ -577,18 +587,8 @@ def _hand_torchrun_the_return() -> bool:
     finished until torchrun's SIGKILL 30 s later, past the grace period (tests/multihost/
     test_jobs.py: 137 where torchrun's 1 is due). With every return in, torchrun waits for the
     ranks' exits instead (torch.multiprocessing's join), which tells a failure as before. The
-    queue is a pipe written at once (SimpleQueue)."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        if (frame.f_code.co_name == "_wrap" and "ret_val_" in frame.f_locals
-                and frame.f_globals.get("__name__") == "torch.distributed.elastic.multiprocessing.api"):
-            try:
-                frame.f_locals["ret_val_"].put(None)
-            except Exception:  # noqa: BLE001 - then the wrapper's own way
-                return False
-            return True
-        frame = frame.f_back
-    return False
+    queue is a pipe written at once (SimpleQueue): byoc_internals.hand_torchrun_the_return."""
+    return internals.hand_torchrun_the_return()
 
 
 def decide_exit_code(exit_arg) -> int:
@@ -648,22 +648,16 @@ def _keep_exit_visible_to_torchrun() -> None:
     own multiprocessing child) would hold the pipe open past the rank's death, and torchrun
     would wait for it (for ever, for a child that outlives the rank). Every fork of the rank
     closes it in the child (os.register_at_fork); a program the rank runs closes it at exec
-    (subprocess's close_fds)."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        if frame.f_code.co_name == "_launch" and "child_w" in frame.f_locals \
-                and frame.f_globals.get("__name__") == "multiprocessing.popen_fork":
-            fd = frame.f_locals["child_w"]
-            if isinstance(fd, int):
-                def close_in_child(fd=fd):
-                    try:
-                        os.close(fd)
-                    except OSError:
-                        pass
+    (subprocess's close_fds). The pipe: byoc_internals.fork_sentinel_fd."""
+    fd = internals.fork_sentinel_fd()
+    if fd is not None:
+        def close_in_child(fd=fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
-                os.register_at_fork(after_in_child=close_in_child)
-            return
-        frame = frame.f_back
+        os.register_at_fork(after_in_child=close_in_child)
 
 
 # Where torchrun's launcher keeps the exit handlers its imports registered (launch_torchrun.py:
@@ -676,15 +670,17 @@ def _keep_import_exit_handlers() -> None:
     (logging's shutdown, which flushes and closes the log's handlers; multiprocessing's; torch's
     own), registered again in their order after torchrun's own handlers are cleared. torchrun
     imported those modules, and its launcher kept their registrations; multiprocessing's is
-    registered in any case (the rank's own children end at its exit)."""
+    registered in any case (the rank's own children end at its exit). Where torchrun's cannot be
+    cleared, all it had are kept (byoc_internals.clear_exit_handlers), and none registered again."""
     import atexit
 
-    atexit._clear()
+    if not internals.clear_exit_handlers():
+        return
     launcher = sys.modules.get("record_errors")  # torchrun's launcher's copy of this module
     handlers = list(getattr(launcher, IMPORT_EXIT_HANDLERS, None) or ())
-    mp_util = sys.modules.get("multiprocessing.util")
-    if mp_util is not None and not any(func is mp_util._exit_function for func, _, _ in handlers):
-        handlers.insert(0, (mp_util._exit_function, (), {}))
+    exit_function = internals.multiprocessing_exit_function()
+    if exit_function is not None and not any(func is exit_function for func, _, _ in handlers):
+        handlers.insert(0, (exit_function, (), {}))
     for func, args, kwargs in handlers:
         atexit.register(func, *args, **kwargs)
 
@@ -693,16 +689,13 @@ def _become_main_process() -> None:
     """multiprocessing as a program of its own finds it: the main process (`MainProcess`, no
     parent, an authentication key of its own), its start method not yet chosen, so that a
     program's `set_start_method("spawn")` (torch.multiprocessing's too: the same context) works
-    as in a started rank, not `RuntimeError: context has already been set`."""
-    mp_process = sys.modules.get("multiprocessing.process")
-    # The module deletes its name for the class once it made its main process: found by it.
-    main_type = [t for t in getattr(mp_process, "BaseProcess", type).__subclasses__() if t.__name__ == "_MainProcess"]
-    if main_type:
-        mp_process._current_process = main_type[0]()
-        mp_process._parent_process = None
-    mp_context = sys.modules.get("multiprocessing.context")
-    if mp_context is not None:
-        mp_context._default_context._actual_context = None
+    as in a started rank, not `RuntimeError: context has already been set`. The main process:
+    byoc_internals.become_main_process; the start method forgotten the public way
+    (set_start_method(None, force=True) sets no context, as a new process has)."""
+    internals.become_main_process()
+    mp = sys.modules.get("multiprocessing")
+    if mp is not None and "multiprocessing.context" in sys.modules:
+        mp.set_start_method(None, force=True)
 
 
 def _draw_fresh_seeds() -> None:
@@ -749,9 +742,9 @@ def _become_forked_rank() -> None:
     objects, live on in the rank, and one freed later (a cycle's collection) closes its number
     again, by then another file's (tried: a ProcessPoolExecutor's and a DataLoader's workers
     failed reading their queues, EBADF)."""
-    import _signal
     import faulthandler
 
+    signals = internals.signal_module()
     global _handed_ahead, _forked
     _forked = True
     _keep_import_exit_handlers()
@@ -765,9 +758,9 @@ def _become_forked_rank() -> None:
     _become_main_process()
     _draw_fresh_seeds()
     for name in ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR2"):
-        _signal.signal(getattr(_signal, name), _signal.SIG_DFL)
-    _signal.signal(_signal.SIGINT, _signal.default_int_handler)
-    if not (os.environ.get("PYTHONFAULTHANDLER") or "faulthandler" in sys._xoptions):
+        signals.signal(getattr(signals, name), signals.SIG_DFL)
+    signals.signal(signals.SIGINT, signals.default_int_handler)
+    if not (os.environ.get("PYTHONFAULTHANDLER") or internals.has_x_option("faulthandler")):
         faulthandler.disable()
     try:
         with open("/proc/self/comm", "w") as f:
@@ -826,12 +819,11 @@ def main(argv: list) -> int:
             # handed ahead: die of SIGINT, as a started rank does (after its exit handlers).
             _stdlib("traceback").print_exc()
             sys.stderr.flush()
-            _stdlib("atexit")._run_exitfuncs()
+            internals.run_exit_handlers()  # where it cannot, none run: the rank dies of SIGINT all the same
             _flush_open_files()
-            import _signal
-
-            _signal.signal(_signal.SIGINT, _signal.SIG_DFL)
-            os.kill(os.getpid(), _signal.SIGINT)
+            signals = internals.signal_module()
+            signals.signal(signals.SIGINT, signals.SIG_DFL)
+            os.kill(os.getpid(), signals.SIGINT)
         raise
     except BaseException as exc:  # noqa: BLE001 - recorded, printed, then the job fails
         _program_end = exc

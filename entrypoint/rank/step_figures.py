@@ -30,6 +30,24 @@ import os
 import sys
 import time
 
+
+def _load_internals():
+    """byoc_internals.py beside this file (torch's and CPython's internals, behind one seam):
+    the rank wrapper's copy, which imported it first; else loaded by path, as this module is."""
+    for name in ("byoc_internals", "entrypoint.rank.byoc_internals"):
+        if sys.modules.get(name) is not None:
+            return sys.modules[name]
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "byoc_internals.py")
+    spec = importlib.util.spec_from_file_location("byoc_internals", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+internals = _load_internals()
+
 REPORT_DIR_ENV = "BYOC_REPORT_DIR"
 WRITE_EVERY_S = 5.0
 MAX_POINTS = 512
@@ -306,15 +324,8 @@ def _gpu_call(method, *args):
 def patch_collectives(module) -> None:
     """Wrap torch.distributed's collectives where they are defined (distributed_c10d), before
     torch.distributed re-exports them; where it already has (a rank torchrun forked, torch
-    imported: start), its re-exports too."""
-    package = sys.modules.get("torch.distributed")
-    for name in COLLECTIVES:
-        fn = getattr(module, name, None)
-        if callable(fn) and not getattr(fn, "__byoc_timed__", False):
-            wrapped = timed(fn, "wait")
-            setattr(module, name, wrapped)
-            if package is not None and getattr(package, name, None) is fn:
-                setattr(package, name, wrapped)
+    imported: start), its re-exports too (byoc_internals.wrap_collectives)."""
+    internals.wrap_collectives(module, COLLECTIVES, lambda fn: timed(fn, "wait"))
 
 
 def on_step_start(optimizer, args, kwargs) -> None:
@@ -350,22 +361,17 @@ def patch_optimizer(module) -> None:
 
 
 def patch_autograd(module) -> None:
-    if callable(getattr(module, "backward", None)):
-        module.backward = timed(module.backward, "backward")
+    internals.wrap_autograd_backward(module, lambda fn: timed(fn, "backward"))
+
+
+def note_ddp() -> None:
+    """DDP's forward ran in this rank: its backward holds the gradients' all-reduce."""
+    if _figures is not None:
+        _figures.ddp = True
 
 
 def patch_ddp(module) -> None:
-    ddp = getattr(module, "DistributedDataParallel", None)
-    if ddp is None:
-        return
-    forward = ddp.forward
-
-    def ddp_forward(self, *args, **kwargs):
-        if _figures is not None:
-            _figures.ddp = True
-        return forward(self, *args, **kwargs)
-
-    ddp.forward = ddp_forward
+    internals.wrap_ddp_forward(module, note_ddp)
 
 
 PATCHES = {"torch.distributed.distributed_c10d": patch_collectives, "torch.optim.optimizer": patch_optimizer,
@@ -384,17 +390,16 @@ class _AfterImport:
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is None or spec.loader is None:
             return None
-        exec_module = spec.loader.exec_module
 
-        def exec_then_patch(module):
-            exec_module(module)
+        def patch(module):
             try:
                 PATCHES[name](module)
             except Exception:  # noqa: BLE001 - another torch: no figures, never a failed import
                 pass
 
-        spec.loader.exec_module = exec_then_patch
-        return spec
+        # Where the loader cannot take the step (byoc_internals.run_after_exec), the normal
+        # finders import the module, untouched.
+        return spec if internals.run_after_exec(spec, patch) else None
 
 
 def start(environ, module) -> None:
@@ -406,7 +411,7 @@ def start(environ, module) -> None:
     rank = environ.get("RANK") or environ.get("OMPI_COMM_WORLD_RANK") or environ.get("PMI_RANK") or "0"
     local = environ.get("LOCAL_RANK") or environ.get("OMPI_COMM_WORLD_LOCAL_RANK") or "0"
     host = environ.get("SM_CURRENT_HOST") or environ.get("HOSTNAME") or ""
-    _nesting = _thread._local()  # threading.local without importing threading
+    _nesting = internals.thread_local()  # threading.local without importing threading
     _figures = Figures(os.path.join(folder, f"rank-{rank}.json"), rank, local, host)
     attempt = environ.get(ATTEMPT_ENV, "")
     _figures.attempt = int(attempt) if attempt.isdecimal() else None
