@@ -17,6 +17,12 @@ write_build_local() {
     local want=${1:-} repo dir cert find_links folder wheel
     repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
     dir=$repo/docker/build-local
+    # One build of this checkout at a time uses docker/build-local/: the lock is taken here and
+    # held until the calling script ends (its build has read the folder by then). Two at once
+    # (the test suite's workers) wrote one pip.conf together: `find-links` twice, pip refused it.
+    mkdir -p "$repo/.work"
+    exec {BUILD_LOCAL_LOCK_FD}>"$repo/.work/build-local.lock"
+    flock "$BUILD_LOCAL_LOCK_FD"
     find "$dir" -mindepth 1 ! -name README.md -delete
     cert=${PIP_CERT:-$(python3 -m pip config get global.cert 2>/dev/null || true)}
     find_links=${PIP_FIND_LINKS:-$(python3 -m pip config get global.find-links 2>/dev/null || true)}

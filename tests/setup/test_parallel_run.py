@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -209,3 +210,43 @@ def test_hypothesis_judges_no_test_by_its_speed():
     assert settings.default.deadline is None and HealthCheck.too_slow in settings.default.suppress_health_check
     own = settings(max_examples=5)
     assert own.deadline is None and HealthCheck.too_slow in own.suppress_health_check
+
+
+def test_two_image_builds_of_one_checkout_take_docker_build_local_in_turn(tmp_path):
+    """scripts/lib/build-local.sh: a build holds docker/build-local/ from the moment it writes it
+    until it ends, so a second build of the same checkout waits (seen: the main job's build and
+    a stage build, side by side in a fresh root, wrote one pip.conf together, `find-links`
+    twice, and pip refused it). Here the first 'build' keeps the folder until the second has
+    started and asked for it, and finds it as it wrote it; the second writes only after."""
+    (tmp_path / "scripts" / "lib").mkdir(parents=True)
+    shutil.copy(REPO / "scripts" / "lib" / "build-local.sh", tmp_path / "scripts" / "lib" / "build-local.sh")
+    (tmp_path / "docker" / "build-local").mkdir(parents=True)
+    (tmp_path / "wheels-here").mkdir()
+    (tmp_path / "wheels-here" / "torch-2.13.0+cpu-cp311-none-any.whl").write_bytes(b"wheel")
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    build = textwrap.dedent(f"""\
+        set -euo pipefail
+        source {tmp_path}/scripts/lib/build-local.sh
+        touch {marks}/$1-asks
+        write_build_local 'torch-*.whl'
+        touch {marks}/$1-wrote
+        if [ "$1" = first ]; then
+            while [ ! -e {marks}/second-asks ]; do sleep 0.01; done
+            sleep 0.5  # the second build's turn, were the folder not held
+            [ ! -e {marks}/second-wrote ] || exit 3
+        fi
+        cat {tmp_path}/docker/build-local/pip.conf
+        """)
+    env = dict(os.environ, PIP_FIND_LINKS=str(tmp_path / "wheels-here"), PIP_CERT="")
+    first = subprocess.Popen(["bash", "-c", build, "build", "first"], env=env, stdout=subprocess.PIPE, text=True)
+    while not (marks / "first-wrote").exists():
+        assert first.poll() is None, first.communicate()
+        time.sleep(0.01)
+    second = subprocess.Popen(["bash", "-c", build, "build", "second"], env=env, stdout=subprocess.PIPE, text=True)
+    out_first, _ = first.communicate(timeout=300)
+    out_second, _ = second.communicate(timeout=300)
+    assert (first.returncode, second.returncode) == (0, 0), (out_first, out_second)
+    for out in (out_first, out_second):
+        assert out.count("find-links = /opt/byoc-build-local/wheels") == 1, out
+    assert (marks / "second-wrote").stat().st_mtime >= (marks / "first-wrote").stat().st_mtime
