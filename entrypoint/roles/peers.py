@@ -248,13 +248,14 @@ def start_problem(host, problem: str, stopped_by: str | None) -> Outcome:
     return Outcome(1, describe_host_failure(host, f"{host.what}: starting the workers", RunResult(1, stopped_by)))
 
 
-def from_worker(host, peers: Peers, sender: str, worker: str, what: str, taken_already: bool = False) -> bool:
+def from_worker(host, peers: Peers, sender: str, worker: str, what: str, again: bool | None = None) -> bool:
     """Whether a word about `worker` is one of this leader's workers' own, sent from its own
     address (the job's key is in every rank's environment, so a signature alone does not tell a
-    host from a rank elsewhere claiming to be it); else it is refused (what: the word)."""
-    if worker not in host.plan.peers or taken_already:
+    host from a rank elsewhere claiming to be it); else it is refused (what: the word). again:
+    for a word taken once only, whether this worker's was taken already (None: any number)."""
+    if worker not in host.plan.peers or again:
         peers.refuse(sender, f"{what} for {worker!r}: not one of this leader's workers" +
-                     (", or again" if what == "figures" else ""))
+                     (", or again" if again is not None else ""))
         return False
     if not peers.is_from(sender, worker):
         peers.refuse(sender, f"{what} for {worker!r} sent from another address")
@@ -268,7 +269,7 @@ def take_worker_figures(host, peers: Peers, taken: dict[str, dict], figures: Hos
     from entrypoint.jobreport.figures import parse_host_figures
 
     worker, sender = figures.host, figures.sender
-    if not from_worker(host, peers, sender, worker, "figures", taken_already=worker in taken):
+    if not from_worker(host, peers, sender, worker, "figures", again=worker in taken):
         return
     try:
         parsed, failed = parse_host_figures(figures.figures, worker), ""
