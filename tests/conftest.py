@@ -126,6 +126,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
+@pytest.fixture(autouse=True)
+def environ_as_the_test_found_it():
+    """Each test leaves os.environ as it found it. torch writes it as it runs: inductor's
+    cache_dir() sets TORCHINDUCTOR_CACHE_DIR, which an in-process Adam step reaches (seen in CI:
+    tests/train's checkpoint writer ran first on a worker, and every job that worker started after
+    it got that folder, which the entrypoint rightly keeps as the job's own)."""
+    saved = dict(os.environ)
+    yield
+    if os.environ != saved:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def worker_tmpdir():
     """Under workers, each worker's processes get a TMPDIR of their own. Open MPI makes its

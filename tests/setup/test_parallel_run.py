@@ -212,6 +212,27 @@ def test_hypothesis_judges_no_test_by_its_speed():
     assert own.deadline is None and HealthCheck.too_slow in own.suppress_health_check
 
 
+def test_what_one_test_writes_to_os_environ_no_later_test_inherits(tmp_path):
+    """tests/conftest.py's environ_as_the_test_found_it: the second test, in the same process,
+    finds neither the variable the first one set nor lost the one it removed."""
+    (tmp_path / "test_order.py").write_text(textwrap.dedent("""\
+        import os
+
+        def test_first_writes():
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = "/tmp/torchinductor_root"
+            del os.environ["BYOC_KEPT"]
+
+        def test_second_reads():
+            assert "TORCHINDUCTOR_CACHE_DIR" not in os.environ and os.environ["BYOC_KEPT"] == "yes"
+        """))
+    env = {**os.environ, "PYTHONPATH": str(REPO / "tests"), "BYOC_KEPT": "yes"}
+    env.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "conftest",
+                           "-n", "0", "test_order.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and "2 passed" in done.stdout, done.stdout[-3000:] + done.stderr[-2000:]
+
+
 def test_two_image_builds_of_one_checkout_take_docker_build_local_in_turn(tmp_path):
     """scripts/lib/build-local.sh: a build holds docker/build-local/ from the moment it writes it
     until it ends, so a second build of the same checkout waits (seen: the main job's build and
