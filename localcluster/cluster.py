@@ -191,8 +191,6 @@ class EmulatedCluster:
         for proc in self._procs:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=5)
-        # Every host's processes gone, not only its init (the kernel ends them a moment later).
-        wait_for_namespaces_to_empty({i.pid_ns for i in self._inits.values()} - {None})
         with registry.registry_lock():
             remove_cluster_resources(self._record)
 
@@ -443,7 +441,7 @@ class EmulatedCluster:
             self._inits[host] = _Init(popen, children[0], registry.probe_process_start(children[0]),
                                       probe_pid_namespace(children[0]))
         assert self._record is not None
-        self._record["inits"] = [[i.pid, i.start] for i in self._inits.values()]
+        self._record["inits"] = [[i.pid, i.start, i.pid_ns] for i in self._inits.values()]
         registry.write_record(self._record)
 
 

@@ -121,6 +121,14 @@ def probe_link_names() -> set[str]:
     return {link["ifname"] for link in json.loads(done.stdout or "[]")}
 
 
+def probe_netns_link(name: str) -> str | None:
+    """The network namespace `ip netns` calls name, as /proc/<pid>/ns/net names it; None when gone."""
+    try:
+        return f"net:[{os.stat(os.path.join(NETNS_RUN, name)).st_ino}]"
+    except OSError:
+        return None
+
+
 def probe_netns_names() -> set[str]:
     try:
         return set(os.listdir(NETNS_RUN))

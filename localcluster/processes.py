@@ -244,13 +244,23 @@ def probe_namespace_members(init_pid: int) -> list[int]:
     return members
 
 
+def probe_namespace_links(pid: int) -> set[str]:
+    """The PID and network namespaces pid is in (/proc/<pid>/ns/{pid,net}); empty once it is gone."""
+    links = set()
+    for kind in ("pid", "net"):
+        with contextlib.suppress(OSError):
+            links.add(os.readlink(f"/proc/{pid}/ns/{kind}"))
+    return links
+
+
 def wait_for_namespaces_to_empty(namespaces: set[str], timeout_s: float = 10.0) -> list[int]:
-    """After their inits were killed: until no process is left in any of these PID namespaces
-    (the kernel ends every member of a namespace whose init died, each a moment later under
-    load); the pids still there at timeout_s."""
+    """After their inits were killed: until no process is left in any of these PID or network
+    namespaces (the kernel ends every member of a namespace whose init died, each a moment later
+    under load, and the `unshare` that waited for the init, in its host's network, exits after
+    it); the pids still there at timeout_s."""
     deadline = time.monotonic() + timeout_s
     while True:
-        left = [int(e) for e in os.listdir("/proc") if e.isdigit() and probe_pid_namespace(int(e)) in namespaces]
+        left = [int(e) for e in os.listdir("/proc") if e.isdigit() and probe_namespace_links(int(e)) & namespaces]
         if not left or time.monotonic() >= deadline:
             return left
         time.sleep(0.02)

@@ -9,16 +9,25 @@ import sys
 
 from localcluster import network, registry
 from localcluster.errors import ClusterError
+from localcluster.processes import wait_for_namespaces_to_empty
 
 
 def remove_cluster_resources(record: dict) -> None:
     """Kill the host inits (every process of every host dies with them), delete the network,
     the /etc/netns entries, the workdir unless kept, and finally the record itself."""
     errors = []
-    inits = [(int(p), s) for p, s in record.get("inits", [])]
+    inits = [(int(init[0]), init[1]) for init in record.get("inits", [])]
     left = registry.kill_processes(inits)
     if left:
         errors.append(f"processes {left} survived SIGKILL")
+    # Every host's processes gone, not only its init: the kernel ends a namespace's members a
+    # moment after its init, and the init's `unshare` after that, later under load (seen: one
+    # still in a host's network after `cleanup` returned).
+    namespaces = {init[2] for init in record.get("inits", []) if len(init) > 2 and init[2]}
+    namespaces |= {network.probe_netns_link(name) for name in record["netns"]} - {None}
+    members = wait_for_namespaces_to_empty(namespaces)
+    if members:
+        errors.append(f"processes {members} still in the hosts' namespaces")
     try:
         network.stop_network(record["bridge"], record["netns"], record["veths"])
     except (ClusterError, subprocess.CalledProcessError) as e:

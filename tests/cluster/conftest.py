@@ -28,7 +28,7 @@ class Footprint:
 
 def footprint_from_record(record: dict) -> Footprint:
     links = set()
-    for pid, _start in record["inits"]:
+    for pid, *_ in record["inits"]:
         for kind in ("pid", "net"):
             links.add(os.readlink(f"/proc/{pid}/ns/{kind}"))
     return Footprint(

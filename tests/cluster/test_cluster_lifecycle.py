@@ -144,9 +144,12 @@ def test_a_host_that_cannot_start_leaves_nothing():
 
 OWNER = textwrap.dedent(
     """
-    import sys, time
+    import subprocess, sys, time
     from localcluster import EmulatedCluster
     cluster = EmulatedCluster(["algo-1", "algo-2"]).start()
+    # A process in a host's network that outlives its init by a moment, as the init's own
+    # `unshare` does: cleanup waits for it.
+    subprocess.Popen(["ip", "netns", "exec", cluster.plan.hosts[0].netns, "sleep", "2"], start_new_session=True)
     print(cluster.cluster_id, flush=True)
     time.sleep(60)
     """
@@ -163,7 +166,7 @@ def test_a_killed_owner_is_cleaned_up(footprint, assert_no_leftovers):
         owner.kill()  # SIGKILL: no teardown runs
         owner.wait()
     # The hosts die with their owner: their lifeline (stdin) closes ...
-    inits = [(int(pid), start) for pid, start in record["inits"]]
+    inits = [(int(pid), start) for pid, start, *_ns in record["inits"]]
     deadline = time.monotonic() + 5
     while any(registry.is_alive(pid, start) for pid, start in inits):
         assert time.monotonic() < deadline, "hosts outlived their owner"
