@@ -255,7 +255,7 @@ def container_log(env, name) -> str:
     return done.stdout + done.stderr
 
 
-def test_docker_stop_checkpoints_and_exits_within_the_stop_timeout(tmp_path, byoc_image):
+def test_docker_stop_checkpoints_and_the_container_ends_itself_before_its_sigkill(tmp_path, byoc_image):
     import json
 
     from jobs.main_job import ENTRY_SCRIPT, build_job_files, build_resource_config, write_job
@@ -281,13 +281,17 @@ def test_docker_stop_checkpoints_and_exits_within_the_stop_timeout(tmp_path, byo
         assert docker(env, "inspect", "--format", "{{.State.Pid}}", name).stdout.strip() != "0"
         assert "python3 -m entrypoint train" in docker(env, "exec", name, "cat", "/proc/1/cmdline").stdout.replace("\0", " ")
 
-        docker(env, "stop", name)  # SIGTERM to PID 1, SIGKILL after 10 s
+        # SIGTERM to PID 1, SIGKILL after StopTrainingJob's 120 s (docker's own 10 s is a bound
+        # on wall time: CI saw a loaded machine take longer to end torch's processes).
+        docker(env, "stop", "-t", "120", name, timeout=300)
         logs = container_log(env, name)
         exit_code = int(docker(env, "inspect", "--format", "{{.State.ExitCode}}", name).stdout)
-        # Non-zero, and not docker's SIGKILL (137) at its 10 s: the container ended itself before
-        # it. torchrun, which runs the digits trainer even on one host, exits 1 when it is
-        # stopped; a plain script's own code (143) is kept.
+        # Non-zero, and not docker's SIGKILL (137): the container ended itself, and nothing in it
+        # was killed either (the entrypoint's grace, torchrun's own). torchrun, which runs the
+        # digits trainer even on one host, exits 1 when it is stopped; a plain script's own code
+        # (143) is kept.
         assert exit_code not in (0, 137), f"exit {exit_code}\n{logs[-3000:]}"
+        assert "sending SIGKILL" not in logs and "forcefully exiting" not in logs, logs[-3000:]
         assert (root / "checkpoints" / "checkpoint.pt").is_file()
         assert (root / "output" / "failure").read_text().startswith("Training was stopped by SIGTERM.")
         assert "[entrypoint] received SIGTERM" in logs
