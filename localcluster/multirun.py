@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import sys
 import time
 
 from localcluster.errors import ClusterError
 from localcluster.outcome import ClusterResult, decide_stop_reason
-from localcluster.processes import HostProcess
+from localcluster.processes import HostProcess, write_stacks
 
 POLL_SECONDS = 0.05
 
@@ -33,8 +34,11 @@ class ClusterRun:
         same. Interrupting (Ctrl-C) leaves the hosts running: call stop() then."""
         while True:
             codes = self.exit_codes()
-            reason = decide_stop_reason(codes, time.monotonic() - self._started, timeout, fail_fast)
+            elapsed = time.monotonic() - self._started
+            reason = decide_stop_reason(codes, elapsed, timeout, fail_fast)
             if reason is not None:
+                if timeout is not None and elapsed >= timeout:
+                    write_stacks(list(self.procs.values()), sys.stderr)  # where it was stuck
                 return self.stop(reason, grace)
             if all(code is not None for code in codes.values()):
                 return self._collect(None)

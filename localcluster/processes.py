@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -223,6 +225,36 @@ def probe_children(pid: int) -> list[int]:
             if int(stat[stat.rindex(")") + 2 :].split()[1]) == pid:
                 found.append(int(entry))
     return found
+
+
+def probe_descendants(pid: int) -> list[int]:
+    """pid's children, theirs, and so on (those that have not been adopted elsewhere)."""
+    found, todo = [], [pid]
+    while todo:
+        children = probe_children(todo.pop())
+        found += children
+        todo += children
+    return found
+
+
+def write_stacks(procs: list[HostProcess], out: TextIO) -> None:
+    """The threads' stacks (py-spy, native frames too) of every process under each host's
+    command, to out: a job that ran past its time says where it was stuck, which a hang seen
+    once in a full run needs (the development venv has py-spy; without it, one line says so)."""
+    spy = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
+    if not os.access(spy, os.X_OK):
+        out.write("localcluster: no py-spy here: the stuck processes' stacks are not shown\n")
+        return
+    for proc in procs:
+        for pid in probe_descendants(proc.pid):
+            try:
+                done = subprocess.run([spy, "dump", "--native", "--pid", str(pid)], capture_output=True,
+                                      text=True, timeout=60)
+                text = done.stdout + done.stderr
+            except subprocess.TimeoutExpired:
+                text = "py-spy took more than 60 s\n"
+            out.write(f"localcluster: {proc.host}: stacks of pid {pid}:\n{text}\n")
+    out.flush()
 
 
 def probe_pid_namespace(pid: int) -> str | None:

@@ -103,6 +103,30 @@ def test_timeout_then_sigkill_after_grace():
             cluster.run_on("algo-1", ["sleep", "60"], timeout=0.3)
 
 
+STUCK = textwrap.dedent(
+    """
+    import time
+    def stuck_in_its_rendezvous():
+        print("stuck", flush=True)
+        time.sleep(600)
+    stuck_in_its_rendezvous()
+    """
+)
+
+
+def test_a_job_past_its_time_says_where_each_process_was_stuck(capfd):
+    with EmulatedCluster(["algo-1", "algo-2"]) as cluster:
+        run = cluster.start_all([PYTHON, "-c", STUCK])
+        for proc in run.procs.values():
+            assert proc.wait_for_text("stuck", 60), proc.output
+        result = run.wait(timeout=0.1, grace=0.5)
+    assert result.stop_reason == "the job ran past its 0.1 s limit"
+    err = capfd.readouterr().err
+    for host in ("algo-1", "algo-2"):
+        assert f"localcluster: {host}: stacks of pid " in err, err[-3000:]
+    assert err.count("stuck_in_its_rendezvous") >= 2, err[-3000:]
+
+
 def test_stop_host_on_exit_ends_what_the_command_left_running():
     with EmulatedCluster(["algo-1"]) as cluster:
         init = cluster.init_pid("algo-1")
