@@ -120,6 +120,11 @@ class Host:
         self.attempt += 1
         return self.attempt
 
+    def processes_of(self, attempt: int) -> tuple:
+        """What attempt starts on this host: the plan's processes, each with that attempt's number."""
+        return build_attempt_processes(self.plan.processes, attempt)
+
+
 class Launch:
     """What cli.main closes once the outcome is written, whatever happened before: this
     host (its role's last steps), once made, and the job's runtime folders, once made."""
@@ -314,7 +319,7 @@ def run_attempt(host: Host) -> RunResult | Outcome:
     keeper, plan, restarted = host.keeper, host.plan, host.attempt - 1
     # What the next attempt would start, while a restart is left: its launchers may be started
     # ahead during this one (run/held.py).
-    host.held.expect(Next(build_attempt_processes(plan.processes, host.attempt + 1), host.env, plan.cwd)
+    host.held.expect(Next(host.processes_of(host.attempt + 1), host.env, plan.cwd)
                      if restarted < plan.settings.max_restarts else None)
     hooks = RunHooks(plan.settings, plan.current_host, plan.settings.hang_timeout_s, stop_at=build_stop_at(plan),
                      on_stopping=keeper.note_stop if keeper is not None else None, held=host.held, periodic=keeper)

@@ -56,9 +56,7 @@ class HostRole:
         orchestrator decides a restart on); an Outcome where this host's part is not its own
         processes (an MPI worker serves mpirun until the leader's word). hooks: the run's
         settings, which the role adds its callbacks to (build_run_hooks)."""
-        from entrypoint.decide.restarts import build_attempt_processes
-
-        return run_processes(build_attempt_processes(host.plan.processes, host.attempt), host.env, host.plan.cwd,
+        return run_processes(host.processes_of(host.attempt), host.env, host.plan.cwd,
                              host.collector, host.stop, self.build_run_hooks(host, hooks))
 
     def build_run_hooks(self, host, hooks: RunHooks) -> RunHooks:
@@ -68,7 +66,8 @@ class HostRole:
 
     def restart(self, host, line: str) -> str | None:
         """The attempt this host is in failed and may be started again: this role's part of the
-        restart. None when the next attempt may start; why not, else. Here every process of the
+        restart. None when the next attempt may start; why not, else. host.restarts[-1] is this
+        restart's record (orchestrate.note_restart), line its log line. Here every process of the
         job is this host's: its own to make."""
         log(line)
         host.next_attempt()

@@ -272,10 +272,10 @@ class JobPortWorker(HostRole):
         for its `start` (or `end`), within BYOC_PEER_WAIT_TIMEOUT_S; a stop signal or a lost
         leader ends the wait."""
         plan, settings, attempt, board = host.plan, host.plan.settings, host.attempt, self.board
-        run = host.run
-        log(f"{plan.current_host}: attempt {attempt} ended on this host with exit code {run.exit_code} "
-            f"({host.restarts[-1]['cause']}); waiting for the leader's word on a restart (BYOC_MAX_RESTARTS)")
-        if not self.peers.send_word(host, plan.leader, Word.ENDED, attempt, run.exit_code):
+        failed = host.restarts[-1]  # this restart's record: the failed attempt's exit code and cause
+        log(f"{plan.current_host}: attempt {attempt} ended on this host with exit code {failed['exit_code']} "
+            f"({failed['cause']}); waiting for the leader's word on a restart (BYOC_MAX_RESTARTS)")
+        if not self.peers.send_word(host, plan.leader, Word.ENDED, attempt, failed["exit_code"]):
             return f"the leader {plan.leader} could not be told (it has ended, or is unreachable)"
         waited = host.loop.wait(lambda: board.word is not None or host.lost is not None,
                                 time.monotonic() + settings.peer_wait_timeout_s)

@@ -591,7 +591,6 @@ class CacheKeeper:
         self.stop_asked = lambda: False
         self.todo: queue.SimpleQueue = queue.SimpleQueue()  # the writes asked for (why); None: no more
         self.stop_noted = False  # a stop's write was asked for (once a job)
-        self.ended = False  # the thread was told to end (end_thread)
         self.last_asked = time.monotonic()  # when the last periodic write was asked for (or the start)
         self.stamp: dict = {}
         self.lines: list[str] = []  # for the job report
@@ -763,10 +762,9 @@ class CacheKeeper:
             self.save("the end", after)
 
     def end_thread(self) -> None:
-        """The thread ends once the writes asked for so far are done (once: a second call adds
-        nothing)."""
-        if self.thread is not None and not self.ended:
-            self.ended = True
+        """The thread ends once the writes asked for so far are done (at the first None: one
+        that a second call adds is never read)."""
+        if self.thread is not None:
             self.todo.put(None)
 
     def close(self) -> None:
