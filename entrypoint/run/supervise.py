@@ -513,9 +513,12 @@ class Supervisor:
         self.signal_all(signal.SIGKILL)
         processes.reap_orphans(set())
         self.join_pumps()
-        for follower in self.followers:  # every line the ranks wrote, before the outcome is decided
-            follower.stop(self.settings.thread_join_s)
+        self.stop_followers()  # every line the ranks wrote, before the outcome is decided
         return first_failure or 0
+
+    def stop_followers(self) -> None:
+        for follower in self.followers:
+            follower.stop(self.settings.thread_join_s)
 
     def wait_adopted(self) -> int:
         """An adopted run (Adopted), until it has ended: 0; or, once a stop's grace period is
@@ -612,7 +615,7 @@ def run_processes(processes_: tuple[ProcessSpec, ...], env: dict[str, str], cwd:
     try:
         loop.handle_pending()
         if loop.stopped():  # said when it was taken (on_stop, or the phase's handler before the run)
-            return RunResult(decide_stop_exit_code(loop.stop_signum), loop.stop_name, stop.at, started=False)
+            return build_not_started(loop.stop_name, stop.at)
         code = start_beside(supervisor, hooks.before_start, loop, stop) or \
             start_and_wait(supervisor, processes_, env, cwd, hooks.on_started)
         # What was posted as the run ended (another host's root cause, a lost host) is
@@ -634,6 +637,11 @@ def run_processes(processes_: tuple[ProcessSpec, ...], env: dict[str, str], cwd:
                      stop_reason=supervisor.stop_reason, signaled=supervisor.first_failure_signaled)
 
 
+def build_not_started(name: str, at) -> RunResult:
+    """A run that a stop (its signal's name) ended before any process started."""
+    return RunResult(decide_stop_exit_code(name), name, at, started=False)
+
+
 def start_beside(supervisor: Supervisor, before_start, loop: HostLoop, stop: Stop) -> RunResult | None:
     """The role's part before the processes start; a RunResult, starting nothing, when a stop
     came while it waited."""
@@ -643,9 +651,8 @@ def start_beside(supervisor: Supervisor, before_start, loop: HostLoop, stop: Sto
     loop.handle_pending()
     if supervisor.stopped_by is None:
         return None
-    for follower in supervisor.followers:
-        follower.stop(supervisor.settings.thread_join_s)
-    return RunResult(decide_stop_exit_code(supervisor.stopped_by), supervisor.stopped_by, stop.at, started=False)
+    supervisor.stop_followers()
+    return build_not_started(supervisor.stopped_by, stop.at)
 
 
 def start_and_wait(supervisor: Supervisor, processes_: tuple[ProcessSpec, ...], env: dict[str, str], cwd: str,
@@ -662,13 +669,11 @@ def start_and_wait(supervisor: Supervisor, processes_: tuple[ProcessSpec, ...], 
         supervisor.signal_all(signal.SIGKILL)  # what did start cannot run without the rest
         for _, proc in supervisor.children:
             proc.wait()
-        for follower in supervisor.followers:
-            follower.stop(supervisor.settings.thread_join_s)
+        supervisor.stop_followers()
         return RunResult(EXIT_BAD_JOB, launch_error=str(error))
     supervisor.loop.handle_pending()  # a stop posted as the last one started reaches it now
     if not supervisor.has_processes() and supervisor.stopped_by is not None:  # stopped before the first start
-        name = supervisor.stopped_by
-        return RunResult(decide_stop_exit_code(name), name, supervisor.stopped_at, started=False)
+        return build_not_started(supervisor.stopped_by, supervisor.stopped_at)
     if on_started is not None:
         on_started(supervisor)
     if supervisor.held is not None and supervisor.held.next is not None:
