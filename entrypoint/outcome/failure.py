@@ -15,6 +15,7 @@ import re
 from typing import Iterable, Mapping
 
 from entrypoint.outcome.records import RootCause, StepEnding
+from entrypoint.outcome.stops import SIGNAL_EXIT_BASE
 from entrypoint.rank.record_errors import MARKER as ROOT_CAUSE  # the rank's copy of the job port's word
 from entrypoint.rank.record_errors import (build_masked, build_secret_forms, build_secret_pattern,
                                            build_secret_values, describe_signal, find_secret_spans)
@@ -42,9 +43,10 @@ def describe_exit_code(code: int, oom_kills: int | None = None, killed_by_us: bo
     signaled: whether a signal ended the process (False: it returned the code itself, as
     `os._exit(137)` or mpirun do; None: unknown). 137 is called out-of-memory only when the
     kernel's counter says so, and a signal only when one was seen."""
-    if signaled is False and 128 < code <= 192 and not killed_by_us and not oom_kills:
+    signum = code - SIGNAL_EXIT_BASE  # the signal, were the code a signal's
+    if signaled is False and 0 < signum <= 64 and not killed_by_us and not oom_kills:
         return (f"exit code {code}, which the process returned itself: no signal ended it (a shell or launcher "
-                f"returns 128 + {code - 128} when a process it ran was killed by {describe_signal(code - 128)[0]})")
+                f"returns {SIGNAL_EXIT_BASE} + {signum} when a process it ran was killed by {describe_signal(signum)[0]})")
     if code == 137:
         if killed_by_us:
             return ("exit code 137: killed by SIGKILL, sent by this entrypoint when the grace period after "
@@ -57,8 +59,8 @@ def describe_exit_code(code: int, oom_kills: int | None = None, killed_by_us: bo
                     "memory cgroup counted no OOM kill): something outside the job sent it")
         return ("exit code 137: killed by SIGKILL (the out-of-memory killer is the usual cause; this "
                 "container's memory cgroup could not be read to tell)")
-    if code > 128 and code - 128 < 65:
-        return f"exit code {code}: killed by {describe_signal(code - 128)[1]}"
+    if 0 < signum < 65:
+        return f"exit code {code}: killed by {describe_signal(signum)[1]}"
     return f"exit code {code}"
 
 

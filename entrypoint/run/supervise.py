@@ -37,7 +37,7 @@ from entrypoint.run import processes
 from entrypoint.errors import EXIT_BAD_JOB
 from entrypoint.hosts.job_port import ROOT_CAUSE, parse_root_cause_line
 from entrypoint.outcome.failure import SecretLines
-from entrypoint.outcome.stops import decide_stop_exit_code
+from entrypoint.outcome.stops import SIGNAL_EXIT_BASE, decide_stop_exit_code
 from entrypoint.log import log
 from entrypoint.decide.specs import ProcessSpec
 from entrypoint.job.probe import load_oom_kill_count
@@ -483,7 +483,7 @@ class Supervisor:
                 running.remove(item)
                 if code < 0:
                     self._report_signal_death(proc, -code)
-                signaled, code = code < 0, 128 - code if code < 0 else code
+                signaled, code = code < 0, SIGNAL_EXIT_BASE - code if code < 0 else code
                 if code != 0 and first_failure is None:
                     self.first_failure_signaled = signaled
                     first_failure = code

@@ -115,15 +115,16 @@ def test_a_restart_word_is_never_compared_as_text():
 
 
 def find_signal_exit_arithmetic(tree: ast.Module) -> list[int]:
-    """`128 + x` (or `x + 128`): the exit code of a signal, made by hand."""
-    return [node.lineno for node in ast.walk(tree) if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add)
+    """`128 + x`, `x + 128` or `128 - x` (x a negative returncode): the exit code of a signal,
+    made by hand."""
+    return [node.lineno for node in ast.walk(tree) if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub))
             and any(isinstance(side, ast.Constant) and side.value == 128 for side in (node.left, node.right))]
 
 
 def test_a_stop_exit_code_is_made_in_one_function():
     from entrypoint.outcome.stops import decide_stop_exit_code
 
-    assert find_signal_exit_arithmetic(ast.parse("code = 128 + signum\nx = n + 128\ny = 128 - n\n")) == [1, 2]
+    assert find_signal_exit_arithmetic(ast.parse("code = 128 + signum\nx = n + 128\ny = 128 - n\nz = n * 128\n")) == [1, 2, 3]
     found = {name for name, tree in modules().items() if find_signal_exit_arithmetic(tree)}
     assert not found, found
     import signal
