@@ -490,10 +490,7 @@ class Supervisor:
                     if running:
                         self.stop_after_failure(f"{spec.name} exited with code {code}")
             if running:
-                self.check_stop_time()
-                self.start_held_when_due()
-                if self.periodic is not None:
-                    self.periodic.save_when_due()
+                self.look_at_deadlines()
             if self.hang_timeout_s and running and self.stopped_by is None and self.hang_reason is None \
                     and (self.kill_at is None or self.hang_asked_at is not None):
                 self.check_for_hang()
@@ -525,7 +522,7 @@ class Supervisor:
         over with no end, the stop's exit code. Its ranks are not killed here: they are below
         the launch's daemon, which the role's close ends with sshd."""
         while not self.adopted.ended():
-            self.check_stop_time()
+            self.look_at_deadlines()
             if self.kill_at is not None and time.monotonic() >= self.kill_at:
                 return decide_stop_exit_code(self.stopped_by)
             # As subreaper (and PID 1 in a container) we inherit orted, the ranks and their ended
@@ -533,6 +530,15 @@ class Supervisor:
             processes.reap_orphans(self.adopted.kept())
             self.loop.take(self.next_look_s())
         return 0
+
+    def look_at_deadlines(self) -> None:
+        """Between two waits of a run, its own processes' or adopted ranks': the capacity's stop
+        time, the next attempt's start ahead, the periodic write; next_look_s wakes the loop for
+        each (one it woke for and did not look at would wake it at once, again and again)."""
+        self.check_stop_time()
+        self.start_held_when_due()
+        if self.periodic is not None:
+            self.periodic.save_when_due()
 
     def next_look_s(self) -> float:
         """How long the run's wait may last before something here must be looked at."""

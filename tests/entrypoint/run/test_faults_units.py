@@ -596,3 +596,36 @@ def test_a_root_cause_of_an_earlier_attempt_that_lands_after_the_restart_is_not_
     assert collector.root_causes == []
     collector.add_line_text(line("attempt 2's", collector.causes_since + 0.001))
     assert [c.message for c in collector.root_causes] == ["attempt 2's"]
+
+
+# An MPI worker's run (Adopted: ranks it did not start) with the compile cache's periodic write
+# overdue: the run asks for the write, as a run of its own processes does. ended() counts the
+# run's looks; without the ask the loop wakes at once for ever, and the count ends it.
+ADOPTED_PERIODIC = textwrap.dedent(
+    """
+    import json, sys, time
+    sys.path.insert(0, sys.argv[1])
+    from entrypoint.run.supervise import Adopted, OutputCollector, RunHooks, Supervisor
+
+    class Periodic:
+        asked = 0
+        def due_at(self):
+            return None if self.asked else time.monotonic() - 1.0
+        def save_when_due(self):
+            if self.due_at() is not None:
+                self.asked += 1
+
+    periodic, looks = Periodic(), []
+    def ended():
+        looks.append(periodic.asked)
+        return periodic.asked > 0 or len(looks) > 1000
+    supervisor = Supervisor(OutputCollector(), RunHooks(adopted=Adopted((), ended, set), periodic=periodic))
+    print(json.dumps({"code": supervisor.wait(), "looks": looks}))
+    """
+)
+
+
+def test_an_adopted_run_asks_for_the_periodic_write_when_it_is_due():
+    done = subprocess.run([PYTHON, "-c", ADOPTED_PERIODIC, str(REPO)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"code": 0, "looks": [0, 1]}  # asked at the first look, ended at the next
